@@ -1,0 +1,103 @@
+/* flashattn C ABI: a plain-C mirror of include/flashattn/flashattn.hpp for other languages
+ * (the Python module binds to this). Functions return a status code; on failure
+ * fa_last_error() returns the message of the calling thread's last error, which names the
+ * argument, what was expected and what was given. Nothing is written when a call fails.
+ *
+ * Structs that may grow carry `struct_size`: fill them with the matching *_init function,
+ * which sets it, so that a newer library can read an older caller's struct. */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fa_status {
+  FA_OK = 0,
+  FA_ERROR_INVALID_ARGUMENT = 1,
+  FA_ERROR_UNSUPPORTED = 2,
+  FA_ERROR_BACKEND = 3,
+  FA_ERROR_INTERNAL = 4
+} fa_status;
+
+typedef enum fa_dtype {
+  FA_FLOAT32 = 0,
+  FA_FLOAT16 = 1,
+  FA_BFLOAT16 = 2,
+  FA_INT32 = 3
+} fa_dtype;
+
+typedef enum fa_device_type { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 } fa_device_type;
+
+typedef enum fa_backend { FA_BACKEND_AUTO = 0, FA_BACKEND_CPU = 1, FA_BACKEND_CUDA = 2 } fa_backend;
+
+#define FA_MAX_DIMS 6
+
+/* A non-owning strided view; sizes and strides in elements. */
+typedef struct fa_tensor {
+  void* data;
+  int32_t dtype;        /* fa_dtype */
+  int32_t device_type;  /* fa_device_type */
+  int32_t device_index;
+  int32_t ndim;
+  int64_t sizes[FA_MAX_DIMS];
+  int64_t strides[FA_MAX_DIMS];
+} fa_tensor;
+
+typedef struct fa_options {
+  size_t struct_size;
+  int32_t has_softmax_scale; /* 0: use 1/sqrt(D) */
+  float softmax_scale;
+  int32_t causal;
+  int32_t window_left;  /* -1: unbounded */
+  int32_t window_right; /* -1: unbounded */
+  float softcap;        /* 0: off */
+  const fa_tensor* alibi_slopes; /* NULL: off; fp32 (H) or (B, H) */
+  float dropout_p;
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
+} fa_options;
+
+typedef struct fa_execution {
+  size_t struct_size;
+  int32_t backend; /* fa_backend */
+  void* stream;    /* cudaStream_t for the CUDA backend */
+  int32_t num_threads;
+} fa_execution;
+
+typedef struct fa_run_info {
+  size_t struct_size;
+  int32_t backend; /* the backend that ran */
+  size_t workspace_bytes;
+} fa_run_info;
+
+void fa_options_init(fa_options* options);
+void fa_execution_init(fa_execution* execution);
+void fa_run_info_init(fa_run_info* info);
+
+/* Dense forward. lse, options, execution and info may be NULL (defaults / not wanted). */
+fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                     const fa_tensor* out, const fa_tensor* lse, const fa_options* options,
+                     const fa_execution* execution, fa_run_info* info);
+
+/* Varlen forward. seqused_k may be NULL. */
+fa_status fa_forward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                            const fa_tensor* out, const fa_tensor* lse,
+                            const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
+                            int64_t max_seqlen_q, int64_t max_seqlen_k,
+                            const fa_tensor* seqused_k, const fa_options* options,
+                            const fa_execution* execution, fa_run_info* info);
+
+/* The calling thread's last error message ("" when none). Valid until its next call. */
+const char* fa_last_error(void);
+const char* fa_version(void);
+int fa_cuda_compiled(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHATTN_H */

@@ -1,0 +1,145 @@
+// flashattn: exact attention that never materialises the Sq x Sk score matrix.
+//
+// The C++ API. Tensors are non-owning views (pointer, dtype, device, sizes, strides in
+// elements); the library never allocates or frees the caller's tensors. Every entry point
+// validates all of its arguments before it writes anything: a bad call throws
+// flashattn::Error naming the argument, what was expected and what was given.
+//
+// Semantics: shared/SPEC.md. Layouts (the last dimension of every tensor is contiguous):
+//   dense   q (B, Sq, H, D)   k (B, Sk, Hk, D)   v (B, Sk, Hk, Dv)   out (B, Sq, H, Dv)
+//           lse (B, H, Sq) fp32, contiguous
+//   varlen  q (total_q, H, D) k/v (total_k, Hk, D) out (total_q, H, Dv)
+//           lse (H, total_q) fp32, contiguous
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace flashattn {
+
+enum class DType : int32_t { Float32 = 0, Float16 = 1, BFloat16 = 2, Int32 = 3 };
+enum class DeviceType : int32_t { CPU = 0, CUDA = 1 };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int32_t index = 0;
+};
+
+inline constexpr int kMaxDims = 6;
+
+// A non-owning view of a strided tensor. Sizes and strides count elements and are 64-bit.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::Float32;
+  Device device{};
+  int32_t ndim = 0;
+  std::array<int64_t, kMaxDims> sizes{};
+  std::array<int64_t, kMaxDims> strides{};
+
+  // A view with row-major (C-contiguous) strides.
+  static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> sizes,
+                               Device device = {});
+  // A view with explicit strides (one per size).
+  static TensorView strided(void* data, DType dtype, std::initializer_list<int64_t> sizes,
+                            std::initializer_list<int64_t> strides, Device device = {});
+
+  int64_t size(int dim) const { return sizes[static_cast<size_t>(dim)]; }
+  int64_t stride(int dim) const { return strides[static_cast<size_t>(dim)]; }
+  int64_t numel() const;
+};
+
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+
+// What went wrong, for callers that branch on it (the C ABI maps these to status codes).
+enum class ErrorCode : int32_t {
+  InvalidArgument = 1,  // shape, dtype, device, stride, range or combination is wrong
+  Unsupported = 2,      // valid by the contract but not available in this build/backend
+  Backend = 3,          // the backend failed at run time (for example a CUDA error)
+  Internal = 4,         // a bug in flashattn
+};
+
+// Thrown by every entry point. what() reads "<argument>: expected <expected>, given <given>".
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, std::string argument, std::string expected, std::string given);
+  ErrorCode code() const { return code_; }
+  const std::string& argument() const { return argument_; }
+  const std::string& expected() const { return expected_; }
+  const std::string& given() const { return given_; }
+
+ private:
+  ErrorCode code_;
+  std::string argument_, expected_, given_;
+};
+
+// Every forward feature of SPEC.md.
+struct Options {
+  std::optional<float> softmax_scale;  // default 1/sqrt(D)
+  bool causal = false;                 // right window = 0, bottom-right aligned
+  int32_t window_left = -1;            // -1: unbounded
+  int32_t window_right = -1;           // -1: unbounded (forced to 0 by causal)
+  float softcap = 0.0f;                // 0: off; c > 0: s = c * tanh(s / c)
+  std::optional<TensorView> alibi_slopes;  // fp32, (H) or (B, H)
+  float dropout_p = 0.0f;              // only 0 is accepted until dropout lands
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
+};
+
+enum class Backend : int32_t { Auto = 0, CPU = 1, CUDA = 2 };
+const char* backend_name(Backend backend);
+
+// Where and how the call runs.
+struct Execution {
+  Backend backend = Backend::Auto;  // Auto: CUDA when the tensors live on a GPU, else CPU
+  void* stream = nullptr;           // cudaStream_t for the CUDA backend; ignored on the CPU
+  int32_t num_threads = 0;          // CPU threads; 0 = all available
+};
+
+// Ragged batches: sequence b occupies rows cu_seqlens[b] .. cu_seqlens[b+1]-1.
+struct Varlen {
+  TensorView cu_seqlens_q;  // int32 (B+1), starts at 0, non-decreasing
+  TensorView cu_seqlens_k;  // int32 (B+1), starts at 0, non-decreasing
+  int64_t max_seqlen_q = 0;  // >= every query length
+  int64_t max_seqlen_k = 0;  // >= every key length
+  std::optional<TensorView> seqused_k;  // int32 (B): only the first seqused_k[b] keys take part
+};
+
+// What a call did.
+struct RunInfo {
+  Backend backend = Backend::CPU;  // the backend that ran
+  size_t workspace_bytes = 0;      // peak memory the engine allocated beyond the caller's tensors
+};
+
+// out = softmax(mask(scale * q k^T)) v, and lse = logsumexp of each row (skipped when absent).
+RunInfo forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& out, const std::optional<TensorView>& lse,
+                const Options& options = {}, const Execution& execution = {});
+
+RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const std::optional<TensorView>& lse,
+                       const Varlen& varlen, const Options& options = {},
+                       const Execution& execution = {});
+
+// What this build holds and what it can see.
+struct CudaDevice {
+  int32_t index = 0;
+  std::string name;
+  int32_t compute_capability = 0;  // e.g. 90 for sm_90
+  size_t memory_bytes = 0;
+  int32_t multiprocessors = 0;
+};
+
+const char* version();
+bool cuda_compiled();
+std::vector<std::string> cuda_architectures();  // the SASS targets compiled in
+// The visible CUDA devices; when none can be listed, `why` (if given) says why.
+std::vector<CudaDevice> cuda_devices(std::string* why = nullptr);
+
+}  // namespace flashattn

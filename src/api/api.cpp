@@ -1,0 +1,134 @@
+// The public entry points: validate, then hand the normalised params to the chosen backend.
+#include <cstddef>
+#include <string>
+
+#include "api/validate.hpp"
+#include "cpu/forward.hpp"
+#include "cuda/devices.hpp"
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn {
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> sizes,
+                                  Device device) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.ndim = static_cast<int32_t>(sizes.size());
+  if (sizes.size() > kMaxDims) throw Error(ErrorCode::InvalidArgument, "sizes",
+                                           "at most 6 dimensions", std::to_string(sizes.size()));
+  size_t i = 0;
+  for (int64_t s : sizes) t.sizes[i++] = s;
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    t.strides[static_cast<size_t>(d)] = stride;
+    stride *= t.sizes[static_cast<size_t>(d)];
+  }
+  return t;
+}
+
+TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<int64_t> sizes,
+                               std::initializer_list<int64_t> strides, Device device) {
+  if (sizes.size() != strides.size())
+    throw Error(ErrorCode::InvalidArgument, "strides",
+                "one stride per size (" + std::to_string(sizes.size()) + ")",
+                std::to_string(strides.size()) + " strides");
+  TensorView t = contiguous(data, dtype, sizes, device);
+  size_t i = 0;
+  for (int64_t s : strides) t.strides[i++] = s;
+  return t;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int d = 0; d < ndim && d < kMaxDims; ++d) n *= sizes[static_cast<size_t>(d)];
+  return n;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::Float32:
+      return "fp32";
+    case DType::Float16:
+      return "fp16";
+    case DType::BFloat16:
+      return "bf16";
+    case DType::Int32:
+      return "int32";
+  }
+  return "unknown";
+}
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::Float32:
+    case DType::Int32:
+      return 4;
+    case DType::Float16:
+    case DType::BFloat16:
+      return 2;
+  }
+  return 0;
+}
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::Auto:
+      return "auto";
+    case Backend::CPU:
+      return "cpu";
+    case Backend::CUDA:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+Error::Error(ErrorCode code, std::string argument, std::string expected, std::string given)
+    : std::runtime_error(argument + ": expected " + expected + ", given " + given),
+      code_(code),
+      argument_(std::move(argument)),
+      expected_(std::move(expected)),
+      given_(std::move(given)) {}
+
+namespace {
+
+RunInfo run(const detail::ValidatedForward& call) {
+  RunInfo info;
+  info.backend = call.backend;
+  switch (call.backend) {
+    case Backend::CPU:
+      info.workspace_bytes = detail::cpu::forward(call.params);
+      return info;
+    case Backend::Auto:
+    case Backend::CUDA:
+      break;
+  }
+  throw Error(ErrorCode::Internal, "backend", "a resolved backend with a forward kernel",
+              backend_name(call.backend));
+}
+
+}  // namespace
+
+RunInfo forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& out, const std::optional<TensorView>& lse,
+                const Options& options, const Execution& execution) {
+  return run(detail::validate_forward(q, k, v, out, lse, nullptr, options, execution));
+}
+
+RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const std::optional<TensorView>& lse,
+                       const Varlen& varlen, const Options& options,
+                       const Execution& execution) {
+  return run(detail::validate_forward(q, k, v, out, lse, &varlen, options, execution));
+}
+
+const char* version() { return FLASHATTN_VERSION; }
+
+bool cuda_compiled() { return detail::cuda::compiled(); }
+
+std::vector<std::string> cuda_architectures() { return detail::cuda::architectures(); }
+
+std::vector<CudaDevice> cuda_devices(std::string* why) { return detail::cuda::devices(why); }
+
+}  // namespace flashattn

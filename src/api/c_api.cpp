@@ -1,0 +1,162 @@
+// The C ABI: converts the plain-C structs to the C++ API and every exception to a status
+// code plus a thread-local message. No exception crosses this boundary.
+#include <new>
+#include <string>
+
+#include "flashattn/flashattn.h"
+#include "flashattn/flashattn.hpp"
+
+namespace {
+
+using flashattn::Error;
+using flashattn::ErrorCode;
+
+thread_local std::string last_error;
+
+flashattn::TensorView to_view(const fa_tensor* t, const char* name) {
+  if (t == nullptr) throw Error(ErrorCode::InvalidArgument, name, "a tensor", "NULL");
+  if (t->ndim < 0 || t->ndim > FA_MAX_DIMS)
+    throw Error(ErrorCode::InvalidArgument, name, "0 to 6 dimensions",
+                std::to_string(t->ndim) + " dimensions");
+  flashattn::TensorView v;
+  v.data = t->data;
+  v.dtype = static_cast<flashattn::DType>(t->dtype);
+  v.device = {static_cast<flashattn::DeviceType>(t->device_type), t->device_index};
+  v.ndim = t->ndim;
+  for (int d = 0; d < t->ndim; ++d) {
+    v.sizes[static_cast<size_t>(d)] = t->sizes[d];
+    v.strides[static_cast<size_t>(d)] = t->strides[d];
+  }
+  return v;
+}
+
+std::optional<flashattn::TensorView> to_optional_view(const fa_tensor* t, const char* name) {
+  if (t == nullptr) return std::nullopt;
+  return to_view(t, name);
+}
+
+template <typename Struct>
+void check_struct_size(const Struct* s, const char* name, const char* init) {
+  if (s != nullptr && s->struct_size != sizeof(Struct))
+    throw Error(ErrorCode::InvalidArgument, name,
+                "struct_size " + std::to_string(sizeof(Struct)) + " (fill it with " + init + ")",
+                std::to_string(s->struct_size));
+}
+
+flashattn::Options to_options(const fa_options* o) {
+  flashattn::Options options;
+  if (o == nullptr) return options;
+  check_struct_size(o, "options", "fa_options_init");
+  if (o->has_softmax_scale) options.softmax_scale = o->softmax_scale;
+  options.causal = o->causal != 0;
+  options.window_left = o->window_left;
+  options.window_right = o->window_right;
+  options.softcap = o->softcap;
+  options.alibi_slopes = to_optional_view(o->alibi_slopes, "alibi_slopes");
+  options.dropout_p = o->dropout_p;
+  options.dropout_seed = o->dropout_seed;
+  options.dropout_offset = o->dropout_offset;
+  return options;
+}
+
+flashattn::Execution to_execution(const fa_execution* e) {
+  flashattn::Execution execution;
+  if (e == nullptr) return execution;
+  check_struct_size(e, "execution", "fa_execution_init");
+  execution.backend = static_cast<flashattn::Backend>(e->backend);
+  execution.stream = e->stream;
+  execution.num_threads = e->num_threads;
+  return execution;
+}
+
+void report(fa_run_info* info, const flashattn::RunInfo& result) {
+  if (info == nullptr) return;
+  info->backend = static_cast<int32_t>(result.backend);
+  info->workspace_bytes = result.workspace_bytes;
+}
+
+// Runs `body`, turning exceptions into a status and the thread's last error message.
+template <typename Body>
+fa_status guarded(Body&& body) {
+  try {
+    body();
+    last_error.clear();
+    return FA_OK;
+  } catch (const Error& e) {
+    last_error = e.what();
+    return static_cast<fa_status>(e.code());
+  } catch (const std::bad_alloc&) {
+    last_error = "memory: expected an allocation to succeed, given out of memory";
+    return FA_ERROR_BACKEND;
+  } catch (const std::exception& e) {
+    last_error = std::string("internal error: ") + e.what();
+    return FA_ERROR_INTERNAL;
+  } catch (...) {
+    last_error = "internal error: unknown exception";
+    return FA_ERROR_INTERNAL;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void fa_options_init(fa_options* options) {
+  if (options == nullptr) return;
+  *options = fa_options{};
+  options->struct_size = sizeof(fa_options);
+  options->window_left = -1;
+  options->window_right = -1;
+}
+
+void fa_execution_init(fa_execution* execution) {
+  if (execution == nullptr) return;
+  *execution = fa_execution{};
+  execution->struct_size = sizeof(fa_execution);
+}
+
+void fa_run_info_init(fa_run_info* info) {
+  if (info == nullptr) return;
+  *info = fa_run_info{};
+  info->struct_size = sizeof(fa_run_info);
+}
+
+fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                     const fa_tensor* out, const fa_tensor* lse, const fa_options* options,
+                     const fa_execution* execution, fa_run_info* info) {
+  return guarded([&] {
+    check_struct_size(info, "info", "fa_run_info_init");
+    report(info, flashattn::forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                                    to_view(out, "out"), to_optional_view(lse, "lse"),
+                                    to_options(options), to_execution(execution)));
+  });
+}
+
+fa_status fa_forward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                            const fa_tensor* out, const fa_tensor* lse,
+                            const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
+                            int64_t max_seqlen_q, int64_t max_seqlen_k,
+                            const fa_tensor* seqused_k, const fa_options* options,
+                            const fa_execution* execution, fa_run_info* info) {
+  return guarded([&] {
+    check_struct_size(info, "info", "fa_run_info_init");
+    flashattn::Varlen varlen;
+    varlen.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
+    varlen.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
+    varlen.max_seqlen_q = max_seqlen_q;
+    varlen.max_seqlen_k = max_seqlen_k;
+    varlen.seqused_k = to_optional_view(seqused_k, "seqused_k");
+    report(info, flashattn::forward_varlen(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                                           to_view(out, "out"), to_optional_view(lse, "lse"),
+                                           varlen, to_options(options),
+                                           to_execution(execution)));
+  });
+}
+
+const char* fa_last_error(void) { return last_error.c_str(); }
+
+const char* fa_version(void) { return flashattn::version(); }
+
+int fa_cuda_compiled(void) { return flashattn::cuda_compiled() ? 1 : 0; }
+
+}  // extern "C"

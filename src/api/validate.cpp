@@ -1,0 +1,441 @@
+#include "api/validate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace flashattn::detail {
+namespace {
+
+std::string shape_string(const TensorView& t) {
+  std::string s = "(";
+  for (int i = 0; i < t.ndim; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(t.sizes[static_cast<size_t>(i)]);
+  }
+  return s + ")";
+}
+
+std::string strides_string(const TensorView& t) {
+  std::string s = "(";
+  for (int i = 0; i < t.ndim; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(t.strides[static_cast<size_t>(i)]);
+  }
+  return s + ")";
+}
+
+std::string shape_string(std::initializer_list<int64_t> sizes) {
+  std::string s = "(";
+  bool first = true;
+  for (int64_t x : sizes) {
+    if (!first) s += ", ";
+    s += std::to_string(x);
+    first = false;
+  }
+  return s + ")";
+}
+
+std::string device_string(Device d) {
+  switch (d.type) {
+    case DeviceType::CPU:
+      return "cpu";
+    case DeviceType::CUDA:
+      return "cuda:" + std::to_string(d.index);
+  }
+  return "unknown device type " + std::to_string(static_cast<int>(d.type));
+}
+
+std::string number_string(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+[[noreturn]] void fail(const std::string& argument, const std::string& expected,
+                       const std::string& given) {
+  throw Error(ErrorCode::InvalidArgument, argument, expected, given);
+}
+
+[[noreturn]] void unsupported(const std::string& argument, const std::string& expected,
+                              const std::string& given) {
+  throw Error(ErrorCode::Unsupported, argument, expected, given);
+}
+
+bool is_known_dtype(DType d) {
+  return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16 || d == DType::Int32;
+}
+
+// [lowest, highest] element offsets a view can touch; false when it touches nothing.
+struct Extent {
+  int64_t lo = 0, hi = 0;
+  bool empty = true;
+};
+
+// Structural checks every tensor argument gets: known dtype and device, rank, sizes,
+// strides, a non-null pointer when it has elements, and offsets that fit in 64 bits.
+Extent check_view(const std::string& name, const TensorView& t, int ndim) {
+  if (t.ndim != ndim)
+    fail(name, std::to_string(ndim) + " dimensions", std::to_string(t.ndim) + " dimensions " +
+                                                         (t.ndim >= 0 && t.ndim <= kMaxDims
+                                                              ? shape_string(t)
+                                                              : std::string()));
+  if (!is_known_dtype(t.dtype))
+    fail(name, "a dtype among fp32, fp16, bf16, int32",
+         "dtype code " + std::to_string(static_cast<int>(t.dtype)));
+  if (t.device.type != DeviceType::CPU && t.device.type != DeviceType::CUDA)
+    fail(name, "device type cpu or cuda", device_string(t.device));
+  if (t.device.index < 0)
+    fail(name, "a device index >= 0", std::to_string(t.device.index));
+  for (int i = 0; i < ndim; ++i) {
+    if (t.sizes[static_cast<size_t>(i)] < 0)
+      fail(name, "sizes >= 0", shape_string(t));
+    if (t.strides[static_cast<size_t>(i)] < 0)
+      fail(name, "strides >= 0", "strides " + strides_string(t));
+  }
+  const size_t last = static_cast<size_t>(ndim - 1);
+  if (t.sizes[last] > 1 && t.strides[last] != 1)
+    fail(name, "a contiguous last dimension (stride 1)", "strides " + strides_string(t));
+
+  Extent e;
+  if (t.numel() == 0) return e;
+  if (t.data == nullptr) fail(name, "a non-null data pointer", "null with shape " + shape_string(t));
+  int64_t hi = 0;
+  for (int i = 0; i < ndim; ++i) {
+    int64_t span = 0;
+    if (__builtin_mul_overflow(t.sizes[static_cast<size_t>(i)] - 1,
+                               t.strides[static_cast<size_t>(i)], &span) ||
+        __builtin_add_overflow(hi, span, &hi))
+      fail(name, "element offsets that fit in 64 bits",
+           "shape " + shape_string(t) + " with strides " + strides_string(t));
+  }
+  e.lo = 0;
+  e.hi = hi;
+  e.empty = false;
+  return e;
+}
+
+// Distinct elements of an output must not share memory, or one write would clobber another.
+void check_no_self_overlap(const std::string& name, const TensorView& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims with size > 1
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.sizes[static_cast<size_t>(i)] > 1)
+      dims.emplace_back(t.strides[static_cast<size_t>(i)], t.sizes[static_cast<size_t>(i)]);
+  std::sort(dims.begin(), dims.end());
+  int64_t covered = 1;  // elements spanned by the faster dims so far
+  for (auto [stride, size] : dims) {
+    if (stride < covered)
+      fail(name, "strides under which no two elements share memory",
+           "shape " + shape_string(t) + " with strides " + strides_string(t));
+    covered = stride * size;
+  }
+}
+
+struct Range {
+  const char* begin;
+  const char* end;  // one past the last byte
+};
+
+Range byte_range(const TensorView& t, const Extent& e) {
+  const char* base = static_cast<const char*>(t.data);
+  const size_t elem = dtype_size(t.dtype);
+  return {base + e.lo * static_cast<int64_t>(elem), base + (e.hi + 1) * static_cast<int64_t>(elem)};
+}
+
+// An output that overlaps an input would change the input while it is still being read.
+void check_disjoint(const std::string& out_name, const TensorView& out, const Extent& out_extent,
+                    const std::string& in_name, const TensorView& in, const Extent& in_extent) {
+  if (out_extent.empty || in_extent.empty || out.device.type != in.device.type) return;
+  const Range a = byte_range(out, out_extent), b = byte_range(in, in_extent);
+  if (a.begin < b.end && b.begin < a.end)
+    fail(out_name, "memory disjoint from " + in_name,
+         "a view overlapping " + in_name + "'s memory");
+}
+
+void check_dtype(const std::string& name, const TensorView& t, DType expected) {
+  if (t.dtype != expected)
+    fail(name, std::string("dtype ") + dtype_name(expected),
+         std::string("dtype ") + dtype_name(t.dtype));
+}
+
+void check_same_device(const std::string& name, const TensorView& t, const TensorView& q) {
+  if (t.device.type != q.device.type || t.device.index != q.device.index)
+    fail(name, "the device of q (" + device_string(q.device) + ")", device_string(t.device));
+}
+
+void check_shape(const std::string& name, const TensorView& t,
+                 std::initializer_list<int64_t> expected, const std::string& layout) {
+  size_t i = 0;
+  for (int64_t size : expected) {
+    if (t.sizes[i] != size)
+      fail(name, "shape " + shape_string(expected) + " " + layout, "shape " + shape_string(t));
+    ++i;
+  }
+}
+
+bool is_row_major(const TensorView& t) {
+  int64_t expected = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    const size_t d = static_cast<size_t>(i);
+    if (t.sizes[d] > 1 && t.strides[d] != expected) return false;
+    expected *= t.sizes[d];
+  }
+  return true;
+}
+
+void check_contiguous(const std::string& name, const TensorView& t) {
+  if (!is_row_major(t))
+    fail(name, "a contiguous (row-major) tensor",
+         "shape " + shape_string(t) + " with strides " + strides_string(t));
+}
+
+void check_options(const Options& o) {
+  if (o.softmax_scale && !std::isfinite(*o.softmax_scale))
+    fail("softmax_scale", "a finite number", number_string(*o.softmax_scale));
+  if (!std::isfinite(o.softcap) || o.softcap < 0)
+    fail("softcap", "a finite number >= 0 (0 turns it off)", number_string(o.softcap));
+  if (o.window_left < -1)
+    fail("window_left", "-1 (unbounded) or a key count >= 0", std::to_string(o.window_left));
+  if (o.window_right < -1)
+    fail("window_right", "-1 (unbounded) or a key count >= 0", std::to_string(o.window_right));
+  if (!(o.dropout_p >= 0.0f && o.dropout_p < 1.0f))
+    fail("dropout_p", "a probability in [0, 1)", number_string(o.dropout_p));
+  if (o.dropout_p > 0.0f)
+    unsupported("dropout_p", "0 (dropout is not implemented in this version)",
+                number_string(o.dropout_p));
+}
+
+// Reads a host int32 vector (cu_seqlens, seqused_k); device tensors are checked by the backend.
+const int32_t* host_int32(const TensorView& t) {
+  return t.device.type == DeviceType::CPU ? static_cast<const int32_t*>(t.data) : nullptr;
+}
+
+// Checks cu_seqlens (and seqused_k) values against the rows and max_seqlen they describe.
+void check_cu_seqlens(const std::string& name, const TensorView& cu, int64_t total_rows,
+                      int64_t max_seqlen, const std::string& max_name) {
+  const int32_t* c = host_int32(cu);
+  if (c == nullptr) return;
+  const int64_t n = cu.sizes[0];
+  if (c[0] != 0) fail(name, "cu_seqlens[0] == 0", name + "[0] = " + std::to_string(c[0]));
+  for (int64_t b = 0; b + 1 < n; ++b) {
+    const int64_t len = static_cast<int64_t>(c[b + 1]) - c[b];
+    if (len < 0)
+      fail(name, "non-decreasing prefix sums",
+           name + "[" + std::to_string(b + 1) + "] = " + std::to_string(c[b + 1]) + " < " +
+               name + "[" + std::to_string(b) + "] = " + std::to_string(c[b]));
+    if (len > max_seqlen)
+      fail(max_name, "at least every sequence length in " + name,
+           std::to_string(max_seqlen) + " while sequence " + std::to_string(b) + " has " +
+               std::to_string(len));
+  }
+  if (c[n - 1] > total_rows)
+    fail(name, "a last entry <= the " + std::to_string(total_rows) + " rows of the tensor",
+         name + "[" + std::to_string(n - 1) + "] = " + std::to_string(c[n - 1]));
+}
+
+}  // namespace
+
+ValidatedForward validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& out, const std::optional<TensorView>& lse,
+                                  const Varlen* varlen, const Options& options,
+                                  const Execution& execution) {
+  check_options(options);
+  if (execution.num_threads < 0)
+    fail("num_threads", "0 (all cores) or a thread count >= 1",
+         std::to_string(execution.num_threads));
+  if (execution.backend != Backend::Auto && execution.backend != Backend::CPU &&
+      execution.backend != Backend::CUDA)
+    fail("backend", "auto, cpu or cuda",
+         "backend code " + std::to_string(static_cast<int>(execution.backend)));
+
+  const bool is_varlen = varlen != nullptr;
+  const int rank = is_varlen ? 3 : 4;
+  const std::string q_layout = is_varlen ? "= (total_q, H, D)" : "= (B, Sq, H, D)";
+  const Extent q_extent = check_view("q", q, rank);
+  const Extent k_extent = check_view("k", k, rank);
+  const Extent v_extent = check_view("v", v, rank);
+  const Extent out_extent = check_view("out", out, rank);
+
+  // Dtypes and devices.
+  if (q.dtype != DType::Float32 && q.dtype != DType::Float16 && q.dtype != DType::BFloat16)
+    fail("q", "dtype fp32, fp16 or bf16", std::string("dtype ") + dtype_name(q.dtype));
+  check_dtype("k", k, q.dtype);
+  check_dtype("v", v, q.dtype);
+  check_dtype("out", out, q.dtype);
+  check_same_device("k", k, q);
+  check_same_device("v", v, q);
+  check_same_device("out", out, q);
+
+  if (is_varlen) {  // B comes from cu_seqlens_q, so check its structure first
+    check_view("cu_seqlens_q", varlen->cu_seqlens_q, 1);
+    if (varlen->cu_seqlens_q.sizes[0] < 1)
+      fail("cu_seqlens_q", "B + 1 >= 1 entries", "shape " + shape_string(varlen->cu_seqlens_q));
+  }
+
+  // Shapes.
+  const int r = is_varlen ? 0 : 1;  // index of the first dim after the batch dim
+  const int64_t batch = is_varlen ? varlen->cu_seqlens_q.sizes[0] - 1 : q.sizes[0];
+  const int64_t rows_q = q.sizes[static_cast<size_t>(r)];
+  const int64_t rows_k = k.sizes[static_cast<size_t>(r)];
+  const int64_t heads = q.sizes[static_cast<size_t>(r + 1)];
+  const int64_t head_dim = q.sizes[static_cast<size_t>(r + 2)];
+  const int64_t heads_k = k.sizes[static_cast<size_t>(r + 1)];
+  if (!is_varlen && k.sizes[0] != batch)
+    fail("k", "batch size B = " + std::to_string(batch) + " like q", "shape " + shape_string(k));
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0)
+    fail("q", "a head dim D that is a multiple of 8 in [8, 256]",
+         "D = " + std::to_string(head_dim) + " in shape " + shape_string(q));
+  if (heads < 1) fail("q", "at least one head", "shape " + shape_string(q));
+  if (heads_k < 1) fail("k", "at least one key/value head", "shape " + shape_string(k));
+  if (heads % heads_k != 0)
+    fail("k",
+         "a key/value head count Hk that divides the query head count H = " +
+             std::to_string(heads),
+         "Hk = " + std::to_string(heads_k));
+  if (k.sizes[static_cast<size_t>(r + 2)] != head_dim)
+    fail("k", "head dim D = " + std::to_string(head_dim) + " like q", "shape " + shape_string(k));
+  if (is_varlen) {
+    check_shape("v", v, {rows_k, heads_k, head_dim}, "= (total_k, Hk, D) like k");
+    check_shape("out", out, {rows_q, heads, head_dim}, "= (total_q, H, D) like q");
+  } else {
+    check_shape("v", v, {batch, rows_k, heads_k, head_dim}, "= (B, Sk, Hk, D) like k");
+    check_shape("out", out, {batch, rows_q, heads, head_dim}, "= (B, Sq, H, D) like q");
+  }
+  check_no_self_overlap("out", out);
+  check_disjoint("out", out, out_extent, "q", q, q_extent);
+  check_disjoint("out", out, out_extent, "k", k, k_extent);
+  check_disjoint("out", out, out_extent, "v", v, v_extent);
+
+  if (lse) {
+    const Extent lse_extent = check_view("lse", *lse, is_varlen ? 2 : 3);
+    check_dtype("lse", *lse, DType::Float32);
+    check_same_device("lse", *lse, q);
+    if (is_varlen)
+      check_shape("lse", *lse, {heads, rows_q}, "= (H, total_q)");
+    else
+      check_shape("lse", *lse, {batch, heads, rows_q}, "= (B, H, Sq)");
+    check_contiguous("lse", *lse);
+    check_disjoint("lse", *lse, lse_extent, "q", q, q_extent);
+    check_disjoint("lse", *lse, lse_extent, "k", k, k_extent);
+    check_disjoint("lse", *lse, lse_extent, "v", v, v_extent);
+    check_disjoint("lse", *lse, lse_extent, "out", out, out_extent);
+  }
+
+  if (options.alibi_slopes) {
+    const TensorView& a = *options.alibi_slopes;
+    if (a.ndim != 1 && a.ndim != 2)
+      fail("alibi_slopes", "shape (H) or (B, H)", std::to_string(a.ndim) + " dimensions");
+    check_view("alibi_slopes", a, a.ndim);
+    check_dtype("alibi_slopes", a, DType::Float32);
+    check_same_device("alibi_slopes", a, q);
+    if (a.ndim == 1)
+      check_shape("alibi_slopes", a, {heads}, "= (H)");
+    else
+      check_shape("alibi_slopes", a, {batch, heads}, "= (B, H)");
+    check_contiguous("alibi_slopes", a);
+  }
+
+  if (is_varlen) {
+    const TensorView& cq = varlen->cu_seqlens_q;
+    const TensorView& ck = varlen->cu_seqlens_k;
+    check_view("cu_seqlens_k", ck, 1);
+    check_dtype("cu_seqlens_q", cq, DType::Int32);
+    check_dtype("cu_seqlens_k", ck, DType::Int32);
+    check_same_device("cu_seqlens_q", cq, q);
+    check_same_device("cu_seqlens_k", ck, q);
+    check_shape("cu_seqlens_k", ck, {batch + 1}, "= (B + 1) like cu_seqlens_q");
+    check_contiguous("cu_seqlens_q", cq);
+    check_contiguous("cu_seqlens_k", ck);
+    if (varlen->max_seqlen_q < 0)
+      fail("max_seqlen_q", "a length >= 0", std::to_string(varlen->max_seqlen_q));
+    if (varlen->max_seqlen_k < 0)
+      fail("max_seqlen_k", "a length >= 0", std::to_string(varlen->max_seqlen_k));
+    check_cu_seqlens("cu_seqlens_q", cq, rows_q, varlen->max_seqlen_q, "max_seqlen_q");
+    check_cu_seqlens("cu_seqlens_k", ck, rows_k, varlen->max_seqlen_k, "max_seqlen_k");
+    if (varlen->seqused_k) {
+      const TensorView& su = *varlen->seqused_k;
+      check_view("seqused_k", su, 1);
+      check_dtype("seqused_k", su, DType::Int32);
+      check_same_device("seqused_k", su, q);
+      check_shape("seqused_k", su, {batch}, "= (B)");
+      check_contiguous("seqused_k", su);
+      const int32_t* used = host_int32(su);
+      const int32_t* ckv = host_int32(ck);
+      for (int64_t b = 0; used != nullptr && ckv != nullptr && b < batch; ++b) {
+        const int64_t len = static_cast<int64_t>(ckv[b + 1]) - ckv[b];
+        if (used[b] < 0 || used[b] > len)
+          fail("seqused_k",
+               "0 <= seqused_k[b] <= the key length of sequence b (" + std::to_string(len) +
+                   " for b = " + std::to_string(b) + ")",
+               std::to_string(used[b]));
+      }
+    }
+  }
+
+  // Backend.
+  Backend backend = execution.backend;
+  if (backend == Backend::Auto)
+    backend = q.device.type == DeviceType::CUDA ? Backend::CUDA : Backend::CPU;
+  if (backend == Backend::CPU && q.device.type != DeviceType::CPU)
+    fail("q", "a tensor in host memory for the cpu backend", "a tensor on " +
+                                                               device_string(q.device));
+  if (backend == Backend::CUDA) {
+    if (!cuda_compiled())
+      unsupported("backend", "cpu or auto (this build has no CUDA backend)", "cuda");
+    unsupported("backend", "cpu or auto (this version has no CUDA forward kernels yet)", "cuda");
+  }
+
+  ValidatedForward result;
+  result.backend = backend;
+  ForwardParams& p = result.params;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.out = out.data;
+  p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+  p.dtype = q.dtype;
+  p.batch = static_cast<int32_t>(batch);
+  p.heads = static_cast<int32_t>(heads);
+  p.heads_k = static_cast<int32_t>(heads_k);
+  p.head_dim = static_cast<int32_t>(head_dim);
+  p.head_dim_v = static_cast<int32_t>(head_dim);
+  p.seqlen_q = is_varlen ? varlen->max_seqlen_q : rows_q;
+  p.seqlen_k = is_varlen ? varlen->max_seqlen_k : rows_k;
+  const auto strides_of = [&](const TensorView& t, int64_t& batch_stride, int64_t& row_stride,
+                              int64_t& head_stride) {
+    batch_stride = is_varlen ? 0 : t.strides[0];
+    row_stride = t.strides[static_cast<size_t>(r)];
+    head_stride = t.strides[static_cast<size_t>(r + 1)];
+  };
+  strides_of(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  strides_of(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  strides_of(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  strides_of(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
+  if (is_varlen) {
+    p.lse_batch_stride = 0;
+    p.lse_head_stride = rows_q;
+    p.cu_seqlens_q = static_cast<const int32_t*>(varlen->cu_seqlens_q.data);
+    p.cu_seqlens_k = static_cast<const int32_t*>(varlen->cu_seqlens_k.data);
+    p.seqused_k =
+        varlen->seqused_k ? static_cast<const int32_t*>(varlen->seqused_k->data) : nullptr;
+  } else {
+    p.lse_batch_stride = heads * rows_q;
+    p.lse_head_stride = rows_q;
+  }
+  p.softmax_scale = options.softmax_scale ? *options.softmax_scale
+                                          : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  p.softcap = options.softcap;
+  p.window_left = options.window_left;
+  p.window_right = options.causal ? 0 : options.window_right;
+  if (options.alibi_slopes) {
+    p.alibi_slopes = static_cast<const float*>(options.alibi_slopes->data);
+    p.alibi_batch_stride = options.alibi_slopes->ndim == 2 ? heads : 0;
+  }
+  p.num_threads = execution.num_threads;
+  p.stream = execution.stream;
+  return result;
+}
+
+}  // namespace flashattn::detail

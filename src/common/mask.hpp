@@ -1,0 +1,69 @@
+// The masking rule and the score modifiers of SPEC.md, written once for every backend.
+// (The float64 reference in src/reference deliberately re-implements them literally, so
+// that it can catch a mistake made here.)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/host_device.hpp"
+
+namespace flashattn::detail {
+
+// The keys query row i may see: [begin, end). The diagonal is aligned to the bottom-right
+// corner: row i sits at key position d = i + seqlen_k - seqlen_q, and sees keys
+// d - left .. d + right (a bound of -1 is unbounded). begin and end never decrease as i
+// grows, which is what lets a block of rows be summarised by its first and last row.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+  FA_HOST_DEVICE bool empty() const { return end <= begin; }
+};
+
+FA_HOST_DEVICE int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+FA_HOST_DEVICE KeyRange visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_k,
+                                     int32_t left, int32_t right) {
+  const int64_t d = i + seqlen_k - seqlen_q;
+  KeyRange r;
+  r.begin = left >= 0 ? clamp64(d - left, 0, seqlen_k) : 0;
+  r.end = right >= 0 ? clamp64(d + right + 1, 0, seqlen_k) : seqlen_k;
+  if (r.end < r.begin) r.end = r.begin;
+  return r;
+}
+
+// Keys seen by at least one of the rows [i0, i1) (i1 > i0): everything outside can be skipped.
+FA_HOST_DEVICE KeyRange visible_keys_of_rows(int64_t i0, int64_t i1, int64_t seqlen_q,
+                                             int64_t seqlen_k, int32_t left, int32_t right) {
+  KeyRange r;
+  r.begin = visible_keys(i0, seqlen_q, seqlen_k, left, right).begin;
+  r.end = visible_keys(i1 - 1, seqlen_q, seqlen_k, left, right).end;
+  if (r.end < r.begin) r.end = r.begin;
+  return r;
+}
+
+// True when every row of [i0, i1) sees every key of [j0, j1): such a block needs no masking.
+FA_HOST_DEVICE bool block_fully_visible(int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+                                        int64_t seqlen_q, int64_t seqlen_k, int32_t left,
+                                        int32_t right) {
+  return visible_keys(i1 - 1, seqlen_q, seqlen_k, left, right).begin <= j0 &&
+         j1 <= visible_keys(i0, seqlen_q, seqlen_k, left, right).end;
+}
+
+// ALiBi: the bias added to the score of (i, j), -slope * |i + seqlen_k - seqlen_q - j|.
+FA_HOST_DEVICE float alibi_bias(float slope, int64_t i, int64_t j, int64_t seqlen_q,
+                                int64_t seqlen_k) {
+  int64_t distance = i + seqlen_k - seqlen_q - j;
+  if (distance < 0) distance = -distance;
+  return -slope * static_cast<float>(distance);
+}
+
+}  // namespace flashattn::detail
+
+namespace flashattn::detail {
+
+// Softcap c > 0: s = c * tanh(s / c), bounding every score to (-c, c).
+FA_HOST_DEVICE float apply_softcap(float s, float cap) { return cap * tanhf(s / cap); }
+
+}  // namespace flashattn::detail

@@ -1,0 +1,33 @@
+// The CPU engine's inner loops over one tile. Each is compiled several times (baseline
+// x86-64, AVX2+FMA, AVX-512) and the best one for the running processor is picked when the
+// library loads, so one binary is both portable and fast. Keeping them as small non-inline
+// functions over float tiles is what lets that dispatch happen once per tile, not per element.
+#pragma once
+
+#include <cstdint>
+
+#include "common/numeric.hpp"
+
+namespace flashattn::detail::cpu {
+
+inline constexpr int kBlockQ = 64;  // query rows per work item
+inline constexpr int kBlockK = 64;  // keys per inner step; a tile row of scores is 64 floats
+
+// dst[i] = scale * float(src[i]) for i < n.
+void convert_row(const float* src, float* dst, int64_t n, float scale);
+void convert_row(const half_t* src, float* dst, int64_t n, float scale);
+void convert_row(const bfloat16_t* src, float* dst, int64_t n, float scale);
+
+// s[i][j] = sum_d q[i][d] * kt[d][j] for i < rows, j < kBlockK.
+// q is rows x head_dim, kt is head_dim x kBlockK (keys transposed), s is rows x kBlockK.
+void score_tile(const float* q, const float* kt, float* s, int rows, int head_dim);
+
+// One online-softmax step for one row of scores (kBlockK entries, -inf where masked):
+// updates the running max m and sum l, turns the scores into probabilities in place
+// (relative to the new max) and rescales the row's output accumulator.
+void softmax_step(float* scores, float* m, float* l, float* acc, int head_dim_v);
+
+// acc[:] += sum_{j < cols} p[j] * v[j][:], v being cols x head_dim_v.
+void accumulate_pv(const float* p, const float* v, float* acc, int cols, int head_dim_v);
+
+}  // namespace flashattn::detail::cpu

@@ -1,0 +1,44 @@
+// The CUDA queries of a build with CUDA: which architectures were compiled in, and which
+// devices the runtime can see (none on a machine without a driver or GPU, with the reason).
+#include <cuda_runtime_api.h>
+
+#include <sstream>
+
+#include "cuda/devices.hpp"
+
+namespace flashattn::detail::cuda {
+
+bool compiled() { return true; }
+
+std::vector<std::string> architectures() {
+  std::vector<std::string> result;
+  std::istringstream list(FLASHATTN_CUDA_ARCHS);  // set by CMake, e.g. "sm_80 sm_90a"
+  for (std::string arch; list >> arch;) result.push_back(arch);
+  return result;
+}
+
+std::vector<CudaDevice> devices(std::string* why) {
+  std::vector<CudaDevice> result;
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    if (why != nullptr) *why = std::string("the CUDA runtime reports: ") + cudaGetErrorString(status);
+    cudaGetLastError();  // clear the sticky error so later calls start clean
+    return result;
+  }
+  if (count == 0 && why != nullptr) *why = "the CUDA runtime sees no device";
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    CudaDevice d;
+    d.index = i;
+    d.name = prop.name;
+    d.compute_capability = prop.major * 10 + prop.minor;
+    d.memory_bytes = prop.totalGlobalMem;
+    d.multiprocessors = prop.multiProcessorCount;
+    result.push_back(d);
+  }
+  return result;
+}
+
+}  // namespace flashattn::detail::cuda

@@ -1,0 +1,15 @@
+// The CUDA queries of a build configured without CUDA.
+#include "cuda/devices.hpp"
+
+namespace flashattn::detail::cuda {
+
+bool compiled() { return false; }
+
+std::vector<std::string> architectures() { return {}; }
+
+std::vector<CudaDevice> devices(std::string* why) {
+  if (why != nullptr) *why = "this build has no CUDA support (configured with FLASHATTN_CUDA=OFF or without nvcc)";
+  return {};
+}
+
+}  // namespace flashattn::detail::cuda

@@ -1,0 +1,262 @@
+// Shared helpers for the tests: host buffers of any dtype, fresh random inputs, poisoned
+// outputs, and one routine that runs a forward call on a backend and checks it against the
+// float64 reference under SPEC.md's accuracy rule.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/numeric.hpp"
+#include "flashattn/flashattn.hpp"
+#include "reference/reference.hpp"
+
+namespace flashattn::testing {
+
+// Inputs are random and fresh on every run; FLASHATTN_TEST_SEED=<n> replays a run.
+inline uint64_t test_seed() {
+  static const uint64_t seed = []() -> uint64_t {
+    if (const char* s = std::getenv("FLASHATTN_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+    return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  }();
+  return seed;
+}
+
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 generator(test_seed());
+  return generator;
+}
+
+// An owning host buffer of `count` elements of `dtype`.
+struct Buffer {
+  DType dtype = DType::Float32;
+  std::vector<unsigned char> bytes;
+
+  Buffer() = default;
+  Buffer(DType d, int64_t count) : dtype(d), bytes(static_cast<size_t>(count) * dtype_size(d)) {}
+
+  void* data() { return bytes.data(); }
+  int64_t count() const { return static_cast<int64_t>(bytes.size() / dtype_size(dtype)); }
+
+  void set(int64_t i, float x) {
+    switch (dtype) {
+      case DType::Float32:
+        reinterpret_cast<float*>(bytes.data())[i] = x;
+        break;
+      case DType::Float16:
+        reinterpret_cast<detail::half_t*>(bytes.data())[i] = detail::to_half(x);
+        break;
+      case DType::BFloat16:
+        reinterpret_cast<detail::bfloat16_t*>(bytes.data())[i] = detail::to_bfloat16(x);
+        break;
+      case DType::Int32:
+        reinterpret_cast<int32_t*>(bytes.data())[i] = static_cast<int32_t>(x);
+        break;
+    }
+  }
+  // Standard normal values (never all zero).
+  void fill_random(float stddev = 1.0f) {
+    std::normal_distribution<float> normal(0.0f, stddev);
+    for (int64_t i = 0; i < count(); ++i) set(i, normal(rng()));
+  }
+  // NaN everywhere, so an element the backend forgets to write fails the comparison.
+  void poison() {
+    for (int64_t i = 0; i < count(); ++i) set(i, std::nanf(""));
+  }
+
+  TensorView view(std::initializer_list<int64_t> sizes) {
+    return TensorView::contiguous(data(), dtype, sizes);
+  }
+  TensorView view(std::initializer_list<int64_t> sizes, std::initializer_list<int64_t> strides,
+                  int64_t offset = 0) {
+    return TensorView::strided(bytes.data() + offset * static_cast<int64_t>(dtype_size(dtype)),
+                               dtype, sizes, strides);
+  }
+};
+
+inline Buffer int32_buffer(const std::vector<int32_t>& values) {
+  Buffer b(DType::Int32, static_cast<int64_t>(values.size()));
+  std::memcpy(b.data(), values.data(), values.size() * sizeof(int32_t));
+  return b;
+}
+
+// How q, k and v are laid out in memory (out is always contiguous).
+enum class Layout {
+  Contiguous,  // (B, S, H, D) row-major
+  HeadMajor,   // stored (B, H, S, D), viewed as (B, S, H, D) through strides
+  Packed,      // q, k, v are views into one (B, S, 3, H, D) buffer (needs Sq == Sk, H == Hk)
+  Padded,      // row-major with 8 unused elements after every head vector
+};
+
+inline const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::Contiguous:
+      return "contiguous";
+    case Layout::HeadMajor:
+      return "head-major";
+    case Layout::Packed:
+      return "packed-qkv";
+    case Layout::Padded:
+      return "padded";
+  }
+  return "?";
+}
+
+struct Case {
+  int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads = 1, heads_k = 1, head_dim = 64;
+  DType dtype = DType::Float32;
+  bool causal = false;
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  std::optional<float> softmax_scale;
+  enum class Alibi { Off, PerHead, PerBatchHead } alibi = Alibi::Off;
+  Layout layout = Layout::Contiguous;
+  bool with_lse = true;
+  int32_t num_threads = 0;
+
+  std::string describe() const;
+};
+
+inline std::string Case::describe() const {
+  std::string s = "B=" + std::to_string(batch) + " Sq=" + std::to_string(seqlen_q) +
+                  " Sk=" + std::to_string(seqlen_k) + " H=" + std::to_string(heads) +
+                  " Hk=" + std::to_string(heads_k) + " D=" + std::to_string(head_dim) + " " +
+                  dtype_name(dtype) + (causal ? " causal" : "") + " window=(" +
+                  std::to_string(window_left) + "," + std::to_string(window_right) + ")";
+  if (softcap > 0) s += " softcap=" + std::to_string(softcap);
+  if (softmax_scale) s += " scale=" + std::to_string(*softmax_scale);
+  if (alibi == Alibi::PerHead) s += " alibi(H)";
+  if (alibi == Alibi::PerBatchHead) s += " alibi(B,H)";
+  s += std::string(" layout=") + layout_name(layout) + " seed=" + std::to_string(test_seed());
+  return s;
+}
+
+// ALiBi slopes as in the ALiBi paper (2^(-8 (h+1) / H)), jittered per batch when (B, H).
+inline std::vector<float> alibi_slopes(int64_t batch, int64_t heads, bool per_batch) {
+  std::vector<float> s;
+  std::uniform_real_distribution<float> jitter(0.5f, 1.5f);
+  for (int64_t b = 0; b < (per_batch ? batch : 1); ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      s.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(heads)) *
+                  (per_batch ? jitter(rng()) : 1.0f));
+  return s;
+}
+
+// The three input views of a case, in the buffer(s) its layout asks for.
+struct Inputs {
+  Buffer q_buf, k_buf, v_buf;  // with Layout::Packed, q_buf holds all three
+  TensorView q, k, v;
+};
+
+inline Inputs make_inputs(const Case& c) {
+  Inputs in;
+  const int64_t B = c.batch, Sq = c.seqlen_q, Sk = c.seqlen_k, H = c.heads, Hk = c.heads_k,
+                D = c.head_dim;
+  switch (c.layout) {
+    case Layout::Contiguous:
+    case Layout::Padded: {
+      const int64_t row = c.layout == Layout::Padded ? D + 8 : D;
+      in.q_buf = Buffer(c.dtype, B * Sq * H * row);
+      in.k_buf = Buffer(c.dtype, B * Sk * Hk * row);
+      in.v_buf = Buffer(c.dtype, B * Sk * Hk * row);
+      in.q = in.q_buf.view({B, Sq, H, D}, {Sq * H * row, H * row, row, 1});
+      in.k = in.k_buf.view({B, Sk, Hk, D}, {Sk * Hk * row, Hk * row, row, 1});
+      in.v = in.v_buf.view({B, Sk, Hk, D}, {Sk * Hk * row, Hk * row, row, 1});
+      break;
+    }
+    case Layout::HeadMajor:
+      in.q_buf = Buffer(c.dtype, B * Sq * H * D);
+      in.k_buf = Buffer(c.dtype, B * Sk * Hk * D);
+      in.v_buf = Buffer(c.dtype, B * Sk * Hk * D);
+      in.q = in.q_buf.view({B, Sq, H, D}, {H * Sq * D, D, Sq * D, 1});
+      in.k = in.k_buf.view({B, Sk, Hk, D}, {Hk * Sk * D, D, Sk * D, 1});
+      in.v = in.v_buf.view({B, Sk, Hk, D}, {Hk * Sk * D, D, Sk * D, 1});
+      break;
+    case Layout::Packed: {
+      EXPECT_EQ(Sq, Sk);
+      EXPECT_EQ(H, Hk);
+      in.q_buf = Buffer(c.dtype, B * Sq * 3 * H * D);
+      const int64_t bs = Sq * 3 * H * D, rs = 3 * H * D;
+      in.q = in.q_buf.view({B, Sq, H, D}, {bs, rs, D, 1}, 0);
+      in.k = in.q_buf.view({B, Sq, H, D}, {bs, rs, D, 1}, H * D);
+      in.v = in.q_buf.view({B, Sq, H, D}, {bs, rs, D, 1}, 2 * H * D);
+      break;
+    }
+  }
+  in.q_buf.fill_random();
+  in.k_buf.fill_random();
+  in.v_buf.fill_random();
+  return in;
+}
+
+inline Options options_of(const Case& c, Buffer& slopes) {
+  Options o;
+  o.softmax_scale = c.softmax_scale;
+  o.causal = c.causal;
+  o.window_left = c.window_left;
+  o.window_right = c.window_right;
+  o.softcap = c.softcap;
+  if (c.alibi != Case::Alibi::Off) {
+    const bool per_batch = c.alibi == Case::Alibi::PerBatchHead;
+    const std::vector<float> s = alibi_slopes(c.batch, c.heads, per_batch);
+    slopes = Buffer(DType::Float32, static_cast<int64_t>(s.size()));
+    std::memcpy(slopes.data(), s.data(), s.size() * sizeof(float));
+    o.alibi_slopes = per_batch ? slopes.view({c.batch, c.heads}) : slopes.view({c.heads});
+  }
+  return o;
+}
+
+// Checks a backend's out (and lse) against the oracle under the accuracy rule.
+inline void expect_matches_reference(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const Options& options, const Varlen* varlen,
+                                     const TensorView& out, const TensorView* lse,
+                                     const std::string& what) {
+  using reference::Arithmetic;
+  const reference::Result exact = reference::forward(q, k, v, options, varlen);
+  reference::Result low;
+  if (q.dtype != DType::Float32)
+    low = reference::forward(q, k, v, options, varlen, Arithmetic::InputDType);
+  const reference::Check out_check =
+      reference::check_forward(q.dtype, reference::gather(out), exact.out, low.out);
+  EXPECT_TRUE(out_check.passed()) << what << "\n  out: max abs error " << out_check.max_abs_error
+                                  << " > tolerance " << out_check.tolerance;
+  if (lse != nullptr) {
+    const reference::Check lse_check =
+        reference::check_forward(q.dtype, reference::gather(*lse), exact.lse, low.lse);
+    EXPECT_TRUE(lse_check.passed()) << what << "\n  lse: max abs error "
+                                    << lse_check.max_abs_error << " > tolerance "
+                                    << lse_check.tolerance;
+  }
+}
+
+// Runs one dense case on `backend` with fresh inputs and poisoned outputs, and checks it.
+inline void run_dense_case(const Case& c, Backend backend = Backend::CPU) {
+  SCOPED_TRACE(c.describe());
+  Inputs in = make_inputs(c);
+  Buffer slopes;
+  const Options options = options_of(c, slopes);
+  Buffer out_buf(c.dtype, c.batch * c.seqlen_q * c.heads * c.head_dim);
+  Buffer lse_buf(DType::Float32, c.batch * c.heads * c.seqlen_q);
+  out_buf.poison();
+  lse_buf.poison();
+  const TensorView out = out_buf.view({c.batch, c.seqlen_q, c.heads, c.head_dim});
+  const TensorView lse = lse_buf.view({c.batch, c.heads, c.seqlen_q});
+  Execution exec;
+  exec.backend = backend;
+  exec.num_threads = c.num_threads;
+  const RunInfo info = forward(in.q, in.k, in.v, out,
+                               c.with_lse ? std::optional<TensorView>(lse) : std::nullopt,
+                               options, exec);
+  EXPECT_EQ(info.backend, backend);
+  expect_matches_reference(in.q, in.k, in.v, options, nullptr, out, c.with_lse ? &lse : nullptr,
+                           c.describe());
+}
+
+}  // namespace flashattn::testing
