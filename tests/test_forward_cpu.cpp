@@ -1,18 +1,387 @@
+// The CPU engine against the float64 reference: a property sweep over shapes, dtypes, head
+// dims, GQA ratios, masks, softcap, ALiBi, memory layouts and ragged batches.
+#include <cmath>
+#include <limits>
+#include <numeric>
+
 #include "support.hpp"
 
 namespace flashattn::testing {
 namespace {
 
-TEST(ForwardCpuSmoke, Basic) {
-  for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16}) {
+constexpr DType kDtypes[] = {DType::Float32, DType::Float16, DType::BFloat16};
+
+struct Mask {
+  const char* name;
+  bool causal;
+  int32_t left, right;
+};
+constexpr Mask kMasks[] = {
+    {"none", false, -1, -1},       {"causal", true, -1, -1},   {"sliding", true, 19, -1},
+    {"band", false, 23, 7},        {"rightonly", false, -1, 3}, {"diagonal", false, 0, 0},
+};
+
+// Shapes the feature grid cycles through: odd lengths, Sq > Sk and Sq < Sk, single rows and
+// keys, GQA ratios 1, 2 and 8, head dims that are not powers of two.
+struct Geometry {
+  int64_t batch, seqlen_q, seqlen_k, heads, heads_k, head_dim;
+};
+constexpr Geometry kGeometries[] = {
+    {2, 97, 113, 4, 2, 40},  {1, 113, 97, 8, 1, 64},  {3, 1, 97, 2, 2, 24},
+    {2, 97, 1, 8, 8, 8},     {1, 200, 64, 6, 3, 96},  {1, 64, 200, 16, 2, 136},
+    {2, 130, 130, 2, 2, 256}, {1, 65, 63, 8, 1, 200}, {2, 129, 129, 3, 3, 48},
+};
+
+struct FeatureCase {
+  int mask, softcap, alibi, dtype;
+};
+
+std::vector<FeatureCase> feature_grid() {
+  std::vector<FeatureCase> grid;
+  for (int m = 0; m < int(std::size(kMasks)); ++m)
+    for (int s = 0; s < 2; ++s)
+      for (int a = 0; a < 3; ++a)
+        for (int d = 0; d < 3; ++d) grid.push_back({m, s, a, d});
+  return grid;
+}
+
+class FeatureGrid : public ::testing::TestWithParam<int> {};
+
+// Every combination of mask x softcap x ALiBi x dtype, each on a different geometry and
+// memory layout so that the grid also walks through shapes.
+TEST_P(FeatureGrid, MatchesReference) {
+  const int n = GetParam();
+  const FeatureCase f = feature_grid()[size_t(n)];
+  const Geometry g = kGeometries[size_t(n) % std::size(kGeometries)];
+  Case c;
+  c.batch = g.batch;
+  c.seqlen_q = g.seqlen_q;
+  c.seqlen_k = g.seqlen_k;
+  c.heads = g.heads;
+  c.heads_k = g.heads_k;
+  c.head_dim = g.head_dim;
+  c.dtype = kDtypes[f.dtype];
+  c.causal = kMasks[f.mask].causal;
+  c.window_left = kMasks[f.mask].left;
+  c.window_right = kMasks[f.mask].right;
+  c.softcap = f.softcap ? 2.5f : 0.0f;  // small enough that tanh bends the scores
+  c.alibi = static_cast<Case::Alibi>(f.alibi);
+  const bool packable = c.seqlen_q == c.seqlen_k && c.heads == c.heads_k;
+  const Layout layouts[] = {Layout::Contiguous, Layout::HeadMajor, Layout::Padded,
+                            packable ? Layout::Packed : Layout::Contiguous};
+  c.layout = layouts[size_t(n / 3) % 4];
+  c.with_lse = n % 5 != 0;
+  run_dense_case(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCombinations, FeatureGrid,
+                         ::testing::Range(0, int(feature_grid().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           const FeatureCase f = feature_grid()[size_t(info.param)];
+                           return std::string(kMasks[f.mask].name) + (f.softcap ? "_softcap" : "") +
+                                  (f.alibi == 1 ? "_alibiH" : f.alibi == 2 ? "_alibiBH" : "") +
+                                  "_" + dtype_name(kDtypes[f.dtype]);
+                         });
+}  // namespace
+}  // namespace flashattn::testing
+
+namespace flashattn::testing {
+namespace {
+
+class HeadDims : public ::testing::TestWithParam<int> {};
+
+// Every head dim the contract allows: multiples of 8 from 8 to 256.
+TEST_P(HeadDims, MatchesReference) {
+  const int d = GetParam();
+  Case c;
+  c.batch = 1;
+  c.seqlen_q = 67;
+  c.seqlen_k = 129;
+  c.heads = 4;
+  c.heads_k = 2;
+  c.head_dim = d;
+  c.dtype = kDtypes[size_t(d / 8) % 3];
+  c.causal = (d / 8) % 2 == 0;
+  run_dense_case(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(MultiplesOf8, HeadDims, ::testing::Range(8, 257, 8));
+
+// The long lengths of the sweep: 1023 and 1025 straddle the 64-row/64-key tiles.
+struct LongCase {
+  const char* name;
+  int64_t seqlen_q, seqlen_k, heads, heads_k, head_dim;
+  DType dtype;
+  Mask mask;
+  float softcap;
+  Case::Alibi alibi;
+};
+const LongCase kLongCases[] = {
+    {"causal_bf16_1023x1025", 1023, 1025, 2, 1, 64, DType::BFloat16, kMasks[1], 0, Case::Alibi::Off},
+    {"band_alibi_fp16_1025x1023", 1025, 1023, 2, 2, 32, DType::Float16, kMasks[3], 0, Case::Alibi::PerHead},
+    {"full_fp32_1025", 1025, 1025, 1, 1, 128, DType::Float32, kMasks[0], 0, Case::Alibi::Off},
+    {"decode_fp32_1x1025", 1, 1025, 8, 1, 64, DType::Float32, kMasks[1], 0, Case::Alibi::Off},
+    {"sliding_softcap_bf16_1025x97", 1025, 97, 2, 1, 80, DType::BFloat16, kMasks[2], 5, Case::Alibi::Off},
+    {"full_fp16_97x1023", 97, 1023, 8, 2, 112, DType::Float16, kMasks[0], 0, Case::Alibi::PerHead},
+};
+
+class LongSequences : public ::testing::TestWithParam<LongCase> {};
+
+TEST_P(LongSequences, MatchesReference) {
+  const LongCase& l = GetParam();
+  Case c;
+  c.seqlen_q = l.seqlen_q;
+  c.seqlen_k = l.seqlen_k;
+  c.heads = l.heads;
+  c.heads_k = l.heads_k;
+  c.head_dim = l.head_dim;
+  c.dtype = l.dtype;
+  c.causal = l.mask.causal;
+  c.window_left = l.mask.left;
+  c.window_right = l.mask.right;
+  c.softcap = l.softcap;
+  c.alibi = l.alibi;
+  run_dense_case(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Lengths, LongSequences, ::testing::ValuesIn(kLongCases),
+                         [](const ::testing::TestParamInfo<LongCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(EdgeCases, NoKeysGiveZeroOutputAndMinusInfinityLse) {
+  for (DType dt : kDtypes) {
     Case c;
-    c.batch = 2; c.seqlen_q = 97; c.seqlen_k = 113; c.heads = 4; c.heads_k = 2; c.head_dim = 40;
+    c.batch = 2;
+    c.seqlen_q = 5;
+    c.seqlen_k = 0;
+    c.heads = 4;
+    c.heads_k = 2;
+    c.head_dim = 16;
     c.dtype = dt;
     run_dense_case(c);
-    c.causal = true; c.window_left = 16; c.softcap = 5; c.alibi = Case::Alibi::PerBatchHead;
-    c.layout = Layout::HeadMajor;
+  }
+}
+
+TEST(EdgeCases, FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse) {
+  // Sq = 5, Sk = 2, causal: rows 0..2 see no key (SPEC.md's example).
+  Case c;
+  c.seqlen_q = 5;
+  c.seqlen_k = 2;
+  c.heads = 2;
+  c.head_dim = 8;
+  c.causal = true;
+  run_dense_case(c);
+  Inputs in = make_inputs(c);
+  Buffer out(DType::Float32, 5 * 2 * 8), lse(DType::Float32, 2 * 5);
+  out.poison();
+  lse.poison();
+  Options o;
+  o.causal = true;
+  forward(in.q, in.k, in.v, out.view({1, 5, 2, 8}), lse.view({1, 2, 5}), o);
+  const auto* o_data = static_cast<const float*>(out.data());
+  const auto* l_data = static_cast<const float*>(lse.data());
+  for (int i = 0; i < 3; ++i)
+    for (int h = 0; h < 2; ++h) {
+      EXPECT_EQ(l_data[h * 5 + i], -std::numeric_limits<float>::infinity());
+      for (int d = 0; d < 8; ++d) EXPECT_EQ(o_data[(i * 2 + h) * 8 + d], 0.0f);
+    }
+}
+
+TEST(EdgeCases, EmptyQueryAndEmptyBatchAreNoOps) {
+  Case c;
+  c.seqlen_q = 0;
+  c.seqlen_k = 9;
+  run_dense_case(c);
+  c.batch = 0;
+  run_dense_case(c);
+}
+
+TEST(EdgeCases, WindowsWiderThanTheSequenceEqualNoWindow) {
+  for (auto [left, right] : {std::pair{5000, 5000}, std::pair{5000, -1}, std::pair{-1, 4000}}) {
+    Case c;
+    c.seqlen_q = 70;
+    c.seqlen_k = 90;
+    c.heads = 2;
+    c.head_dim = 32;
+    c.window_left = left;
+    c.window_right = right;
     run_dense_case(c);
   }
+}
+
+TEST(EdgeCases, CustomAndNegativeSoftmaxScales) {
+  for (float scale : {0.5f, -0.3f, 0.0f, 3.0f}) {
+    Case c;
+    c.seqlen_q = 33;
+    c.seqlen_k = 71;
+    c.heads = 2;
+    c.head_dim = 16;
+    c.dtype = DType::BFloat16;
+    c.softmax_scale = scale;
+    run_dense_case(c);
+  }
+}
+
+TEST(EdgeCases, StridedOutputView) {
+  // out viewed as (B, Sq, H, D) over head-major storage (B, H, Sq, D).
+  Case c;
+  c.batch = 2;
+  c.seqlen_q = 45;
+  c.seqlen_k = 77;
+  c.heads = 3;
+  c.heads_k = 1;
+  c.head_dim = 24;
+  c.dtype = DType::Float16;
+  c.causal = true;
+  Inputs in = make_inputs(c);
+  Buffer out(c.dtype, 2 * 3 * 45 * 24), lse(DType::Float32, 2 * 3 * 45);
+  out.poison();
+  lse.poison();
+  const TensorView out_view = out.view({2, 45, 3, 24}, {3 * 45 * 24, 24, 45 * 24, 1});
+  const TensorView lse_view = lse.view({2, 3, 45});
+  Options o;
+  o.causal = true;
+  forward(in.q, in.k, in.v, out_view, lse_view, o);
+  expect_matches_reference(in.q, in.k, in.v, o, nullptr, out_view, &lse_view, c.describe());
+}
+
+TEST(EdgeCases, NanInOneQueryRowPoisonsOnlyThatRow) {
+  Case c;
+  c.seqlen_q = 70;
+  c.seqlen_k = 80;
+  c.heads = 2;
+  c.head_dim = 16;
+  Inputs in = make_inputs(c);
+  in.q_buf.set((13 * 2 + 1) * 16 + 5, std::nanf(""));  // row 13, head 1
+  Buffer out(DType::Float32, 70 * 2 * 16), lse(DType::Float32, 2 * 70);
+  out.poison();
+  lse.poison();
+  const TensorView out_view = out.view({1, 70, 2, 16}), lse_view = lse.view({1, 2, 70});
+  forward(in.q, in.k, in.v, out_view, lse_view, {});
+  // The reference has NaN in exactly that row; the comparison demands NaN where it has NaN
+  // and a finite, accurate value everywhere else.
+  expect_matches_reference(in.q, in.k, in.v, {}, nullptr, out_view, &lse_view, "nan row");
+  EXPECT_TRUE(std::isnan(static_cast<float*>(lse.data())[70 + 13]));
+  EXPECT_FALSE(std::isnan(static_cast<float*>(lse.data())[13]));
+}
+
+TEST(Threads, ResultIsBitwiseIndependentOfTheThreadCount) {
+  Case c;
+  c.batch = 2;
+  c.seqlen_q = 150;
+  c.seqlen_k = 190;
+  c.heads = 4;
+  c.heads_k = 2;
+  c.head_dim = 64;
+  c.dtype = DType::BFloat16;
+  c.causal = true;
+  Inputs in = make_inputs(c);
+  std::vector<unsigned char> first;
+  for (int threads : {1, 2, 3, 7}) {
+    Buffer out(c.dtype, 2 * 150 * 4 * 64);
+    out.poison();
+    Execution e;
+    e.num_threads = threads;
+    Options o;
+    o.causal = true;
+    forward(in.q, in.k, in.v, out.view({2, 150, 4, 64}), std::nullopt, o, e);
+    if (first.empty())
+      first = out.bytes;
+    else
+      EXPECT_EQ(out.bytes, first) << threads << " threads";
+  }
+}
+
+// --- Ragged batches -----------------------------------------------------------------------
+
+struct VarlenCase {
+  std::vector<int32_t> lens_q, lens_k;
+  int64_t heads = 4, heads_k = 2, head_dim = 32;
+  DType dtype = DType::Float32;
+  Mask mask = kMasks[0];
+  float softcap = 0;
+  Case::Alibi alibi = Case::Alibi::Off;
+  bool seqused = false;
+  int64_t extra_max = 0;  // max_seqlen beyond the longest sequence (allowed)
+};
+
+void run_varlen_case(const VarlenCase& vc) {
+  const int64_t B = int64_t(vc.lens_q.size()), H = vc.heads, Hk = vc.heads_k, D = vc.head_dim;
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (int32_t n : vc.lens_q) cu_q.push_back(cu_q.back() + n);
+  for (int32_t n : vc.lens_k) cu_k.push_back(cu_k.back() + n);
+  const int64_t total_q = cu_q.back(), total_k = cu_k.back();
+  Buffer q(vc.dtype, total_q * H * D), k(vc.dtype, total_k * Hk * D), v(vc.dtype, total_k * Hk * D);
+  q.fill_random();
+  k.fill_random();
+  v.fill_random();
+  Buffer out(vc.dtype, total_q * H * D), lse(DType::Float32, H * total_q);
+  out.poison();
+  lse.poison();
+  Buffer cuq = int32_buffer(cu_q), cuk = int32_buffer(cu_k);
+  std::vector<int32_t> used;
+  for (int32_t n : vc.lens_k)
+    used.push_back(std::uniform_int_distribution<int32_t>(0, n)(rng()));
+  Buffer used_buf = int32_buffer(used);
+
+  Varlen varlen;
+  varlen.cu_seqlens_q = cuq.view({B + 1});
+  varlen.cu_seqlens_k = cuk.view({B + 1});
+  varlen.max_seqlen_q = *std::max_element(vc.lens_q.begin(), vc.lens_q.end()) + vc.extra_max;
+  varlen.max_seqlen_k = *std::max_element(vc.lens_k.begin(), vc.lens_k.end()) + vc.extra_max;
+  if (vc.seqused) varlen.seqused_k = used_buf.view({B});
+
+  Case shape;  // for options_of and the description
+  shape.batch = B;
+  shape.heads = H;
+  shape.causal = vc.mask.causal;
+  shape.window_left = vc.mask.left;
+  shape.window_right = vc.mask.right;
+  shape.softcap = vc.softcap;
+  shape.alibi = vc.alibi;
+  Buffer slopes;
+  const Options o = options_of(shape, slopes);
+  const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}),
+                   vv = v.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
+                   lv = lse.view({H, total_q});
+  forward_varlen(qv, kv, vv, ov, lv, varlen, o);
+  std::string what = std::string("varlen ") + dtype_name(vc.dtype) + " mask=" + vc.mask.name +
+                     (vc.seqused ? " seqused_k" : "") + " seed=" + std::to_string(test_seed());
+  expect_matches_reference(qv, kv, vv, o, &varlen, ov, &lv, what);
+}
+
+TEST(Varlen, EmptySequencesAndEveryFeature) {
+  const std::vector<int32_t> lens_q{0, 37, 1, 64, 130, 5, 0};
+  const std::vector<int32_t> lens_k{3, 0, 77, 64, 129, 0, 0};
+  int n = 0;
+  for (DType dt : kDtypes)
+    for (const Mask& m : kMasks) {
+      VarlenCase vc;
+      vc.lens_q = lens_q;
+      vc.lens_k = lens_k;
+      vc.dtype = dt;
+      vc.mask = m;
+      vc.softcap = n % 3 == 1 ? 2.5f : 0.0f;
+      vc.alibi = static_cast<Case::Alibi>(n % 3);
+      vc.seqused = n % 2 == 1;
+      vc.extra_max = n % 4 == 0 ? 17 : 0;
+      vc.heads_k = n % 2 ? 1 : 4;
+      run_varlen_case(vc);
+      ++n;
+    }
+}
+
+TEST(Varlen, LongRaggedSequences) {
+  VarlenCase vc;
+  vc.lens_q = {1023, 1, 300, 1025};
+  vc.lens_k = {1025, 700, 0, 1023};
+  vc.heads = 2;
+  vc.heads_k = 1;
+  vc.head_dim = 64;
+  vc.dtype = DType::BFloat16;
+  vc.mask = kMasks[1];
+  run_varlen_case(vc);
 }
 
 }  // namespace

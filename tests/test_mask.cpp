@@ -1,2 +1,93 @@
+// The masking rule of src/common/mask.hpp against SPEC.md's literal statement and examples.
+#include "common/mask.hpp"
+
+#include <string>
+
 #include "support.hpp"
-TEST(Placeholder, Empty) {}
+
+namespace flashattn::detail {
+namespace {
+
+// SPEC.md, step 4, verbatim: key j is visible to query i iff j >= d - left (left >= 0) and
+// j <= d + right (right >= 0), d = i + Sk - Sq.
+bool literal_visible(int64_t i, int64_t j, int64_t sq, int64_t sk, int left, int right) {
+  const int64_t d = i + sk - sq;
+  return (left < 0 || j >= d - left) && (right < 0 || j <= d + right);
+}
+
+std::string pattern(int64_t sq, int64_t sk, int left, int right) {
+  std::string rows;
+  for (int64_t i = 0; i < sq; ++i) {
+    if (i) rows += " / ";
+    const KeyRange r = visible_keys(i, sq, sk, left, right);
+    for (int64_t j = 0; j < sk; ++j) rows += (j >= r.begin && j < r.end) ? '1' : '0';
+  }
+  return rows;
+}
+
+TEST(Mask, SpecExamples) {
+  EXPECT_EQ(pattern(2, 5, -1, 0), "11110 / 11111");                // causal, Sq < Sk
+  EXPECT_EQ(pattern(5, 2, -1, 0), "00 / 00 / 00 / 10 / 11");       // causal, Sq > Sk
+  EXPECT_EQ(pattern(4, 4, 1, 0), "1000 / 1100 / 0110 / 0011");     // sliding window causal
+  EXPECT_EQ(pattern(3, 3, 0, 1), "110 / 011 / 001");               // right-only window
+  EXPECT_EQ(pattern(2, 3, -1, -1), "111 / 111");                   // no mask
+}
+
+TEST(Mask, RangeMatchesLiteralRuleEverywhere) {
+  for (int64_t sq : {0, 1, 2, 3, 7, 16})
+    for (int64_t sk : {0, 1, 2, 5, 16})
+      for (int left : {-1, 0, 1, 3, 40})
+        for (int right : {-1, 0, 1, 2, 40})
+          for (int64_t i = 0; i < sq; ++i) {
+            const KeyRange r = visible_keys(i, sq, sk, left, right);
+            EXPECT_LE(0, r.begin);
+            EXPECT_LE(r.begin, r.end);
+            EXPECT_LE(r.end, sk);
+            for (int64_t j = 0; j < sk; ++j)
+              ASSERT_EQ(j >= r.begin && j < r.end, literal_visible(i, j, sq, sk, left, right))
+                  << "sq=" << sq << " sk=" << sk << " left=" << left << " right=" << right
+                  << " i=" << i << " j=" << j;
+          }
+}
+
+TEST(Mask, BlockSummariesAreExact) {
+  for (int64_t sq : {1, 5, 13})
+    for (int64_t sk : {1, 4, 13, 20})
+      for (int left : {-1, 0, 2, 9})
+        for (int right : {-1, 0, 3})
+          for (int64_t i0 = 0; i0 < sq; ++i0)
+            for (int64_t i1 = i0 + 1; i1 <= sq; ++i1) {
+              // Union of the rows' visible keys.
+              int64_t lo = sk, hi = 0;
+              for (int64_t i = i0; i < i1; ++i)
+                for (int64_t j = 0; j < sk; ++j)
+                  if (literal_visible(i, j, sq, sk, left, right)) {
+                    lo = std::min(lo, j);
+                    hi = std::max(hi, j + 1);
+                  }
+              const KeyRange u = visible_keys_of_rows(i0, i1, sq, sk, left, right);
+              for (int64_t j = lo; j < hi; ++j) ASSERT_TRUE(j >= u.begin && j < u.end);
+              // Full visibility of every key block [j0, j1).
+              for (int64_t j0 = 0; j0 < sk; ++j0)
+                for (int64_t j1 = j0 + 1; j1 <= sk; ++j1) {
+                  bool all = true;
+                  for (int64_t i = i0; i < i1; ++i)
+                    for (int64_t j = j0; j < j1; ++j)
+                      all = all && literal_visible(i, j, sq, sk, left, right);
+                  ASSERT_EQ(block_fully_visible(i0, i1, j0, j1, sq, sk, left, right), all)
+                      << sq << " " << sk << " " << left << " " << right << " rows " << i0 << ".."
+                      << i1 << " keys " << j0 << ".." << j1;
+                }
+            }
+}
+
+TEST(Mask, AlibiBiasIsMinusSlopeTimesDistanceFromTheDiagonal) {
+  EXPECT_FLOAT_EQ(alibi_bias(0.5f, 0, 3, 2, 5), -0.5f * 0);   // d = 0 + 5 - 2 = 3
+  EXPECT_FLOAT_EQ(alibi_bias(0.5f, 0, 0, 2, 5), -0.5f * 3);
+  EXPECT_FLOAT_EQ(alibi_bias(0.25f, 1, 4, 2, 5), -0.25f * 0);
+  EXPECT_FLOAT_EQ(alibi_bias(0.25f, 4, 0, 5, 2), -0.25f * 1); // d = 4 + 2 - 5 = 1
+  EXPECT_FLOAT_EQ(alibi_bias(1.0f, 0, 1, 5, 2), -1.0f * 4);   // key after the diagonal
+}
+
+}  // namespace
+}  // namespace flashattn::detail

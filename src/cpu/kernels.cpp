@@ -81,9 +81,14 @@ FA_CPU_DISPATCH void softmax_step(float* scores, float* m, float* l, float* acc,
   for (int j = 0; j < kBlockK; ++j) block_max = scores[j] > block_max ? scores[j] : block_max;
   const float m_new = *m > block_max ? *m : block_max;
   // Nothing visible in this row yet: every probability is 0 and the row stays as it was.
-  // (A NaN score makes m_new NaN, which is not -inf, so it goes on to poison the row.)
+  // The max skips NaN, so a block whose scores are all NaN (or NaN and masked) also lands
+  // here: then the running sum becomes NaN, which poisons the row's out and lse, as in the
+  // reference. (A block with some finite scores poisons the row through exp(NaN) below.)
   if (m_new == -std::numeric_limits<float>::infinity()) {
-    for (int j = 0; j < kBlockK; ++j) scores[j] = 0.0f;
+    for (int j = 0; j < kBlockK; ++j) {
+      if (scores[j] != scores[j]) *l = scores[j];
+      scores[j] = 0.0f;
+    }
     return;
   }
   float sum = 0.0f;
