@@ -119,6 +119,7 @@ Extent check_view(const std::string& name, const TensorView& t, int ndim) {
 
 // Distinct elements of an output must not share memory, or one write would clobber another.
 void check_no_self_overlap(const std::string& name, const TensorView& t) {
+  if (t.numel() == 0) return;  // nothing is written, whatever the strides
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims with size > 1
   for (int i = 0; i < t.ndim; ++i)
     if (t.sizes[static_cast<size_t>(i)] > 1)
@@ -287,6 +288,11 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
   if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0)
     fail("q", "a head dim D that is a multiple of 8 in [8, 256]",
          "D = " + std::to_string(head_dim) + " in shape " + shape_string(q));
+  constexpr int64_t kInt32Max = 2147483647;  // batch and head counts index kernels' grids
+  if (batch > kInt32Max)
+    fail(is_varlen ? "cu_seqlens_q" : "q", "a batch size B < 2^31", "B = " + std::to_string(batch));
+  if (heads > kInt32Max) fail("q", "a head count H < 2^31", "H = " + std::to_string(heads));
+  if (heads_k > kInt32Max) fail("k", "a head count Hk < 2^31", "Hk = " + std::to_string(heads_k));
   if (heads < 1) fail("q", "at least one head", "shape " + shape_string(q));
   if (heads_k < 1) fail("k", "at least one key/value head", "shape " + shape_string(k));
   if (heads % heads_k != 0)

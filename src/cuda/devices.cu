@@ -22,7 +22,14 @@ std::vector<CudaDevice> devices(std::string* why) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
-    if (why != nullptr) *why = std::string("the CUDA runtime reports: ") + cudaGetErrorString(status);
+    if (why != nullptr) {
+      if (status == cudaErrorInsufficientDriver)
+        *why = "no CUDA driver, or one older than this build's CUDA runtime";
+      else if (status == cudaErrorNoDevice)
+        *why = "the CUDA driver sees no device";
+      else
+        *why = std::string("the CUDA runtime reports: ") + cudaGetErrorString(status);
+    }
     cudaGetLastError();  // clear the sticky error so later calls start clean
     return result;
   }
