@@ -4,7 +4,7 @@
  * argument, what was expected and what was given. Nothing is written when a call fails.
  *
  * Structs that may grow carry `struct_size`: fill them with the matching *_init function,
- * which sets it, so that a newer library can read an older caller's struct. */
+ * which sets it. It tells struct versions apart; this version accepts exactly its own size. */
 #ifndef FLASHATTN_H
 #define FLASHATTN_H
 

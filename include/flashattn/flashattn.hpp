@@ -51,7 +51,7 @@ struct TensorView {
 
   int64_t size(int dim) const { return sizes[static_cast<size_t>(dim)]; }
   int64_t stride(int dim) const { return strides[static_cast<size_t>(dim)]; }
-  int64_t numel() const;
+  int64_t numel() const;  // throws flashattn::Error when the count overflows 64 bits
 };
 
 const char* dtype_name(DType dtype);

@@ -9,21 +9,34 @@
 
 namespace flashattn {
 
-TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> sizes,
-                                  Device device) {
+namespace {
+
+TensorView with_sizes(void* data, DType dtype, std::initializer_list<int64_t> sizes,
+                      Device device) {
+  if (sizes.size() > kMaxDims)
+    throw Error(ErrorCode::InvalidArgument, "sizes", "at most 6 dimensions",
+                std::to_string(sizes.size()));
   TensorView t;
   t.data = data;
   t.dtype = dtype;
   t.device = device;
   t.ndim = static_cast<int32_t>(sizes.size());
-  if (sizes.size() > kMaxDims) throw Error(ErrorCode::InvalidArgument, "sizes",
-                                           "at most 6 dimensions", std::to_string(sizes.size()));
   size_t i = 0;
   for (int64_t s : sizes) t.sizes[i++] = s;
+  return t;
+}
+
+}  // namespace
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> sizes,
+                                  Device device) {
+  TensorView t = with_sizes(data, dtype, sizes, device);
   int64_t stride = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     t.strides[static_cast<size_t>(d)] = stride;
-    stride *= t.sizes[static_cast<size_t>(d)];
+    if (d > 0 && __builtin_mul_overflow(stride, t.sizes[static_cast<size_t>(d)], &stride))
+      throw Error(ErrorCode::InvalidArgument, "sizes", "a shape whose strides fit in 64 bits",
+                  "a dimension of size " + std::to_string(t.sizes[static_cast<size_t>(d)]));
   }
   return t;
 }
@@ -34,7 +47,7 @@ TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<in
     throw Error(ErrorCode::InvalidArgument, "strides",
                 "one stride per size (" + std::to_string(sizes.size()) + ")",
                 std::to_string(strides.size()) + " strides");
-  TensorView t = contiguous(data, dtype, sizes, device);
+  TensorView t = with_sizes(data, dtype, sizes, device);
   size_t i = 0;
   for (int64_t s : strides) t.strides[i++] = s;
   return t;
@@ -42,7 +55,10 @@ TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<in
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int d = 0; d < ndim && d < kMaxDims; ++d) n *= sizes[static_cast<size_t>(d)];
+  for (int d = 0; d < ndim && d < kMaxDims; ++d)
+    if (__builtin_mul_overflow(n, sizes[static_cast<size_t>(d)], &n))
+      throw Error(ErrorCode::InvalidArgument, "sizes", "an element count that fits in 64 bits",
+                  "a tensor with " + std::to_string(ndim) + " dimensions that overflows");
   return n;
 }
 

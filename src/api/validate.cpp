@@ -38,10 +38,14 @@ std::string shape_string(std::initializer_list<int64_t> sizes) {
   return s + ")";
 }
 
+std::string dimensions_string(int n) {
+  return std::to_string(n) + (n == 1 ? " dimension" : " dimensions");
+}
+
 std::string device_string(Device d) {
   switch (d.type) {
     case DeviceType::CPU:
-      return "cpu";
+      return d.index == 0 ? "cpu" : "cpu:" + std::to_string(d.index);
     case DeviceType::CUDA:
       return "cuda:" + std::to_string(d.index);
   }
@@ -77,11 +81,11 @@ struct Extent {
 // Structural checks every tensor argument gets: known dtype and device, rank, sizes,
 // strides, a non-null pointer when it has elements, and offsets that fit in 64 bits.
 Extent check_view(const std::string& name, const TensorView& t, int ndim) {
-  if (t.ndim != ndim)
-    fail(name, std::to_string(ndim) + " dimensions", std::to_string(t.ndim) + " dimensions " +
-                                                         (t.ndim >= 0 && t.ndim <= kMaxDims
-                                                              ? shape_string(t)
-                                                              : std::string()));
+  if (t.ndim != ndim) {
+    std::string given = dimensions_string(t.ndim);
+    if (t.ndim > 0 && t.ndim <= kMaxDims) given.append(" ").append(shape_string(t));
+    fail(name, dimensions_string(ndim), given);
+  }
   if (!is_known_dtype(t.dtype))
     fail(name, "a dtype among fp32, fp16, bf16, int32",
          "dtype code " + std::to_string(static_cast<int>(t.dtype)));
@@ -89,6 +93,8 @@ Extent check_view(const std::string& name, const TensorView& t, int ndim) {
     fail(name, "device type cpu or cuda", device_string(t.device));
   if (t.device.index < 0)
     fail(name, "a device index >= 0", std::to_string(t.device.index));
+  if (t.device.type == DeviceType::CPU && t.device.index != 0)
+    fail(name, "device index 0 for host memory", device_string(t.device));
   for (int i = 0; i < ndim; ++i) {
     if (t.sizes[static_cast<size_t>(i)] < 0)
       fail(name, "sizes >= 0", shape_string(t));
@@ -99,8 +105,18 @@ Extent check_view(const std::string& name, const TensorView& t, int ndim) {
   if (t.sizes[last] > 1 && t.strides[last] != 1)
     fail(name, "a contiguous last dimension (stride 1)", "strides " + strides_string(t));
 
+  // The element count must be computed without wrapping: a product that wraps to 0 would
+  // make a huge tensor look empty and skip the checks below.
+  int64_t count = 1;
+  for (int i = 0; i < ndim; ++i)
+    if (__builtin_mul_overflow(count, t.sizes[static_cast<size_t>(i)], &count))
+      count = -1;  // sticky: only a later size of 0 can make it empty again
+  bool empty = false;
+  for (int i = 0; i < ndim; ++i) empty = empty || t.sizes[static_cast<size_t>(i)] == 0;
   Extent e;
-  if (t.numel() == 0) return e;
+  if (empty) return e;
+  if (count < 0)
+    fail(name, "an element count that fits in 64 bits", "shape " + shape_string(t));
   if (t.data == nullptr) fail(name, "a non-null data pointer", "null with shape " + shape_string(t));
   int64_t hi = 0;
   for (int i = 0; i < ndim; ++i) {
@@ -111,6 +127,11 @@ Extent check_view(const std::string& name, const TensorView& t, int ndim) {
       fail(name, "element offsets that fit in 64 bits",
            "shape " + shape_string(t) + " with strides " + strides_string(t));
   }
+  int64_t end_byte = 0;
+  if (__builtin_add_overflow(hi, 1, &end_byte) ||
+      __builtin_mul_overflow(end_byte, static_cast<int64_t>(dtype_size(t.dtype)), &end_byte))
+    fail(name, "a byte extent that fits in 64 bits",
+         "shape " + shape_string(t) + " with strides " + strides_string(t));
   e.lo = 0;
   e.hi = hi;
   e.empty = false;
@@ -310,12 +331,18 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
     check_shape("out", out, {batch, rows_q, heads, head_dim}, "= (B, Sq, H, D) like q");
   }
   check_no_self_overlap("out", out);
-  check_disjoint("out", out, out_extent, "q", q, q_extent);
-  check_disjoint("out", out, out_extent, "k", k, k_extent);
-  check_disjoint("out", out, out_extent, "v", v, v_extent);
 
+  // Every input a call reads, for the overlap check at the end.
+  struct Input {
+    const char* name;
+    const TensorView* view;
+    Extent extent;
+  };
+  std::vector<Input> inputs{{"q", &q, q_extent}, {"k", &k, k_extent}, {"v", &v, v_extent}};
+
+  Extent lse_extent;
   if (lse) {
-    const Extent lse_extent = check_view("lse", *lse, is_varlen ? 2 : 3);
+    lse_extent = check_view("lse", *lse, is_varlen ? 2 : 3);
     check_dtype("lse", *lse, DType::Float32);
     check_same_device("lse", *lse, q);
     if (is_varlen)
@@ -323,17 +350,13 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
     else
       check_shape("lse", *lse, {batch, heads, rows_q}, "= (B, H, Sq)");
     check_contiguous("lse", *lse);
-    check_disjoint("lse", *lse, lse_extent, "q", q, q_extent);
-    check_disjoint("lse", *lse, lse_extent, "k", k, k_extent);
-    check_disjoint("lse", *lse, lse_extent, "v", v, v_extent);
-    check_disjoint("lse", *lse, lse_extent, "out", out, out_extent);
   }
 
   if (options.alibi_slopes) {
     const TensorView& a = *options.alibi_slopes;
     if (a.ndim != 1 && a.ndim != 2)
       fail("alibi_slopes", "shape (H) or (B, H)", std::to_string(a.ndim) + " dimensions");
-    check_view("alibi_slopes", a, a.ndim);
+    inputs.push_back({"alibi_slopes", &a, check_view("alibi_slopes", a, a.ndim)});
     check_dtype("alibi_slopes", a, DType::Float32);
     check_same_device("alibi_slopes", a, q);
     if (a.ndim == 1)
@@ -346,7 +369,8 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
   if (is_varlen) {
     const TensorView& cq = varlen->cu_seqlens_q;
     const TensorView& ck = varlen->cu_seqlens_k;
-    check_view("cu_seqlens_k", ck, 1);
+    inputs.push_back({"cu_seqlens_q", &cq, check_view("cu_seqlens_q", cq, 1)});
+    inputs.push_back({"cu_seqlens_k", &ck, check_view("cu_seqlens_k", ck, 1)});
     check_dtype("cu_seqlens_q", cq, DType::Int32);
     check_dtype("cu_seqlens_k", ck, DType::Int32);
     check_same_device("cu_seqlens_q", cq, q);
@@ -354,15 +378,17 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
     check_shape("cu_seqlens_k", ck, {batch + 1}, "= (B + 1) like cu_seqlens_q");
     check_contiguous("cu_seqlens_q", cq);
     check_contiguous("cu_seqlens_k", ck);
-    if (varlen->max_seqlen_q < 0)
-      fail("max_seqlen_q", "a length >= 0", std::to_string(varlen->max_seqlen_q));
-    if (varlen->max_seqlen_k < 0)
-      fail("max_seqlen_k", "a length >= 0", std::to_string(varlen->max_seqlen_k));
+    // Lengths come from int32 prefix sums, so a larger bound is meaningless (and would
+    // size a GPU grid absurdly).
+    if (varlen->max_seqlen_q < 0 || varlen->max_seqlen_q > kInt32Max)
+      fail("max_seqlen_q", "a length in [0, 2^31)", std::to_string(varlen->max_seqlen_q));
+    if (varlen->max_seqlen_k < 0 || varlen->max_seqlen_k > kInt32Max)
+      fail("max_seqlen_k", "a length in [0, 2^31)", std::to_string(varlen->max_seqlen_k));
     check_cu_seqlens("cu_seqlens_q", cq, rows_q, varlen->max_seqlen_q, "max_seqlen_q");
     check_cu_seqlens("cu_seqlens_k", ck, rows_k, varlen->max_seqlen_k, "max_seqlen_k");
     if (varlen->seqused_k) {
       const TensorView& su = *varlen->seqused_k;
-      check_view("seqused_k", su, 1);
+      inputs.push_back({"seqused_k", &su, check_view("seqused_k", su, 1)});
       check_dtype("seqused_k", su, DType::Int32);
       check_same_device("seqused_k", su, q);
       check_shape("seqused_k", su, {batch}, "= (B)");
@@ -379,6 +405,13 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
       }
     }
   }
+
+  // Outputs must not overlap an input (or each other): a write would change what is read.
+  for (const Input& in : inputs) {
+    check_disjoint("out", out, out_extent, in.name, *in.view, in.extent);
+    if (lse) check_disjoint("lse", *lse, lse_extent, in.name, *in.view, in.extent);
+  }
+  if (lse) check_disjoint("lse", *lse, lse_extent, "out", out, out_extent);
 
   // Backend.
   Backend backend = execution.backend;

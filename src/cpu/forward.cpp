@@ -158,7 +158,15 @@ void attend_query_block(const ForwardParams& p, int32_t b, int32_t h, int64_t bl
 
 template <typename T>
 size_t forward_typed(const ForwardParams& p) {
-  const int64_t query_blocks = (p.seqlen_q + kBlockQ - 1) / kBlockQ;
+  // Varlen: max_seqlen_q is only a bound, and the lengths are in host memory here, so the
+  // grid follows the longest real sequence.
+  int64_t longest_q = p.seqlen_q;
+  if (p.is_varlen()) {
+    longest_q = 0;
+    for (int32_t b = 0; b < p.batch; ++b)
+      longest_q = std::max<int64_t>(longest_q, p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]);
+  }
+  const int64_t query_blocks = (longest_q + kBlockQ - 1) / kBlockQ;
   const int64_t work_items = int64_t{p.batch} * p.heads * query_blocks;
   if (work_items == 0) return 0;
   const int64_t threads =
