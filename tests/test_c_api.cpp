@@ -541,8 +541,10 @@ std::vector<CErrorCase> c_error_cases() {
          c.options.alibi_slopes = &c.p.calibi;
        },
        kInvalid, "alibi_slopes: expected", {"(3, 4)"}, true},
+      // Host tensors: with CUDA built in, q is on the wrong device; without, no backend.
       {"backend_cuda", kDense, [](CCall& c) { c.execution.backend = FA_BACKEND_CUDA; },
-       FA_ERROR_UNSUPPORTED, "backend: expected", {"cuda"}, true},
+       fa_cuda_compiled() ? FA_ERROR_INVALID_ARGUMENT : FA_ERROR_UNSUPPORTED,
+       fa_cuda_compiled() ? "q: expected" : "backend: expected", {"cuda"}, true},
       {"backend_code_7", kDense, [](CCall& c) { c.execution.backend = 7; }, kInvalid,
        "backend: expected", {"backend code 7"}, true},
       {"num_threads_negative", kDense, [](CCall& c) { c.execution.num_threads = -4; }, kInvalid,

@@ -337,10 +337,18 @@ std::vector<DenseCase> dense_cases() {
          c.execution.backend = Backend::CPU;
        },
        kInvalid, "q", {"host memory", "cpu backend"}, {"cuda:0"}},
-      {"auto_backend_with_tensors_on_cuda", [](Dense& c) { c.all_on(kCuda0); }, kUnsupported,
-       "backend", {"cpu or auto"}, {}, "cuda"},
-      {"cuda_backend", [](Dense& c) { c.execution.backend = Backend::CUDA; }, kUnsupported,
-       "backend", {"cpu or auto"}, {}, "cuda"},
+      // With CUDA built in, auto picks it for GPU tensors and rejects fp32 (the base call's
+      // dtype); without, the backend itself is unsupported.
+      cuda_compiled()
+          ? DenseCase{"auto_backend_with_tensors_on_cuda", [](Dense& c) { c.all_on(kCuda0); },
+                      kUnsupported, "q", {"fp16 or bf16", "cuda backend"}, {}, "dtype fp32"}
+          : DenseCase{"auto_backend_with_tensors_on_cuda", [](Dense& c) { c.all_on(kCuda0); },
+                      kUnsupported, "backend", {"cpu or auto"}, {}, "cuda"},
+      cuda_compiled()
+          ? DenseCase{"cuda_backend", [](Dense& c) { c.execution.backend = Backend::CUDA; },
+                      kInvalid, "q", {"GPU memory", "cuda backend"}, {}, "a tensor on cpu"}
+          : DenseCase{"cuda_backend", [](Dense& c) { c.execution.backend = Backend::CUDA; },
+                      kUnsupported, "backend", {"cpu or auto"}, {}, "cuda"},
       {"backend_code_7", [](Dense& c) { c.execution.backend = static_cast<Backend>(7); },
        kInvalid, "backend", {"auto, cpu or cuda"}, {}, "backend code 7"},
       {"backend_code_negative", [](Dense& c) { c.execution.backend = static_cast<Backend>(-1); },
@@ -751,8 +759,11 @@ std::vector<VarlenCase> varlen_cases() {
          c.execution.backend = Backend::CPU;
        },
        kInvalid, "q", {"host memory"}, {"cuda:0"}},
-      {"cuda_backend", [](Var& c) { c.execution.backend = Backend::CUDA; }, kUnsupported,
-       "backend", {"cpu or auto"}, {}, "cuda"},
+      cuda_compiled()
+          ? VarlenCase{"cuda_backend", [](Var& c) { c.execution.backend = Backend::CUDA; },
+                       kInvalid, "q", {"GPU memory"}, {}, "a tensor on cpu"}
+          : VarlenCase{"cuda_backend", [](Var& c) { c.execution.backend = Backend::CUDA; },
+                       kUnsupported, "backend", {"cpu or auto"}, {}, "cuda"},
       {"dropout_p_0_5", [](Var& c) { c.options.dropout_p = 0.5f; }, kUnsupported, "dropout_p",
        {"not implemented"}, {}, "0.5"},
   };

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/devices.hpp"
+
 namespace flashattn::detail {
 namespace {
 
@@ -174,6 +176,46 @@ void check_disjoint(const std::string& out_name, const TensorView& out, const Ex
   if (a.begin < b.end && b.begin < a.end)
     fail(out_name, "memory disjoint from " + in_name,
          "a view overlapping " + in_name + "'s memory");
+}
+
+const char* name_of(const TensorView& t, const TensorView& q, const TensorView& k,
+                    const TensorView& v) {
+  return &t == &q ? "q" : &t == &k ? "k" : &t == &v ? "v" : "out";
+}
+
+// 16-byte rows: the base pointer and every stride but the last a multiple of 16 bytes.
+void check_rows_aligned(const std::string& name, const TensorView& t) {
+  const int64_t elems_per_16_bytes = 16 / static_cast<int64_t>(dtype_size(t.dtype));
+  bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  for (int d = 0; d + 1 < t.ndim; ++d)
+    aligned = aligned && (t.sizes[static_cast<size_t>(d)] <= 1 ||
+                          t.strides[static_cast<size_t>(d)] % elems_per_16_bytes == 0);
+  if (!aligned)
+    fail(name,
+         "16-byte aligned rows for the cuda backend (a 16-byte aligned pointer and strides that "
+         "are multiples of " + std::to_string(elems_per_16_bytes) + " elements)",
+         "strides " + strides_string(t) + (reinterpret_cast<uintptr_t>(t.data) % 16
+                                                ? " with a pointer misaligned by " +
+                                                      std::to_string(reinterpret_cast<uintptr_t>(t.data) % 16) +
+                                                      " bytes"
+                                                : std::string()));
+}
+
+void check_pointer_location(const std::string& name, const TensorView& t) {
+  if (t.data == nullptr || t.numel() == 0) return;
+  const cuda::PointerLocation where = cuda::locate(t.data);
+  if (where.kind == cuda::PointerLocation::Unknown) return;
+  if (t.device.type == DeviceType::CPU && where.kind == cuda::PointerLocation::Device)
+    fail(name, "host memory, as its device (cpu) says",
+         "a pointer to memory on cuda:" + std::to_string(where.device));
+  if (t.device.type == DeviceType::CUDA) {
+    if (where.kind == cuda::PointerLocation::Host)
+      fail(name, "memory on " + device_string(t.device) + ", as its device says",
+           "a pointer to host memory");
+    if (where.kind == cuda::PointerLocation::Device && where.device != t.device.index)
+      fail(name, "memory on " + device_string(t.device) + ", as its device says",
+           "a pointer to memory on cuda:" + std::to_string(where.device));
+  }
 }
 
 void check_dtype(const std::string& name, const TensorView& t, DType expected) {
@@ -423,8 +465,20 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
   if (backend == Backend::CUDA) {
     if (!cuda_compiled())
       unsupported("backend", "cpu or auto (this build has no CUDA backend)", "cuda");
-    unsupported("backend", "cpu or auto (this version has no CUDA forward kernels yet)", "cuda");
+    if (q.device.type != DeviceType::CUDA)
+      fail("q", "a tensor in GPU memory for the cuda backend", "a tensor on " +
+                                                                 device_string(q.device));
+    if (q.dtype != DType::Float16 && q.dtype != DType::BFloat16)
+      unsupported("q", "dtype fp16 or bf16 for the cuda backend",
+                  std::string("dtype ") + dtype_name(q.dtype));
+    // The kernels copy rows in 16-byte chunks.
+    for (const TensorView* t : {&q, &k, &v, &out}) check_rows_aligned(name_of(*t, q, k, v), *t);
   }
+  // Each pointer must really live where its view says (when the CUDA runtime can tell):
+  // a host pointer handed to a kernel, or a GPU pointer to the CPU engine, would fault.
+  for (const Input& in : inputs) check_pointer_location(in.name, *in.view);
+  check_pointer_location("out", out);
+  if (lse) check_pointer_location("lse", *lse);
 
   ValidatedForward result;
   result.backend = backend;

@@ -48,4 +48,32 @@ std::vector<CudaDevice> devices(std::string* why) {
   return result;
 }
 
+PointerLocation locate(const void* pointer) {
+  PointerLocation where;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return where;  // no driver or no device: nothing can be said (and nothing is on a GPU)
+  }
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError();
+    return where;
+  }
+  switch (attributes.type) {
+    case cudaMemoryTypeDevice:
+      where.kind = PointerLocation::Device;
+      where.device = attributes.device;
+      break;
+    case cudaMemoryTypeManaged:
+      where.kind = PointerLocation::Managed;
+      break;
+    case cudaMemoryTypeHost:
+    case cudaMemoryTypeUnregistered:
+      where.kind = PointerLocation::Host;
+      break;
+  }
+  return where;
+}
+
 }  // namespace flashattn::detail::cuda
