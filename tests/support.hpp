@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,22 @@
 #include "flashattn/flashattn.hpp"
 #include "reference/reference.hpp"
 
+#ifdef FLASHATTN_TEST_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace flashattn::testing {
+
+// The forward suite is compiled once per backend (tests/CMakeLists.txt). The CUDA kernels
+// take fp16/bf16 only, so there an fp32 case runs in fp16.
+#ifdef FLASHATTN_TEST_CUDA
+inline constexpr Backend kTestBackend = Backend::CUDA;
+#else
+inline constexpr Backend kTestBackend = Backend::CPU;
+#endif
+inline DType backend_dtype(DType d) {
+  return kTestBackend == Backend::CUDA && d == DType::Float32 ? DType::Float16 : d;
+}
 
 // Inputs are random and fresh on every run; FLASHATTN_TEST_SEED=<n> replays a run.
 inline uint64_t test_seed() {
@@ -111,7 +127,7 @@ inline const char* layout_name(Layout l) {
 
 struct Case {
   int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads = 1, heads_k = 1, head_dim = 64;
-  DType dtype = DType::Float32;
+  DType dtype = backend_dtype(DType::Float32);
   bool causal = false;
   int32_t window_left = -1, window_right = -1;
   float softcap = 0.0f;
@@ -213,6 +229,96 @@ inline Options options_of(const Case& c, Buffer& slopes) {
   return o;
 }
 
+#ifdef FLASHATTN_TEST_CUDA
+inline void cuda_check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+// A device copy of the memory a host view spans (same strides, same gaps).
+class DeviceMirror {
+ public:
+  explicit DeviceMirror(const TensorView& host) : host_(host), view_(host) {
+    view_.device = {DeviceType::CUDA, 0};
+    if (host.data == nullptr || host.numel() == 0) {
+      view_.data = nullptr;
+      return;
+    }
+    int64_t last = 0;
+    for (int d = 0; d < host.ndim; ++d) last += (host.size(d) - 1) * host.stride(d);
+    bytes_ = static_cast<size_t>(last + 1) * dtype_size(host.dtype);
+    cuda_check(cudaMalloc(&device_, bytes_), "cudaMalloc");
+    cuda_check(cudaMemcpy(device_, host.data, bytes_, cudaMemcpyHostToDevice), "upload");
+    view_.data = device_;
+  }
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
+  ~DeviceMirror() { cudaFree(device_); }
+
+  const TensorView& view() const { return view_; }
+  void poison() {  // all-ones bytes are NaN in fp32, fp16 and bf16
+    if (device_) cuda_check(cudaMemset(device_, 0xff, bytes_), "poison");
+  }
+  void download() {
+    if (device_) cuda_check(cudaMemcpy(host_.data, device_, bytes_, cudaMemcpyDeviceToHost), "download");
+  }
+
+ private:
+  TensorView host_, view_;
+  void* device_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Without a GPU every test of the CUDA suite reports itself skipped, with the reason.
+class CudaEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device: " << why;
+  }
+};
+inline ::testing::Environment* const cuda_environment =
+    ::testing::AddGlobalTestEnvironment(new CudaEnvironment);
+#endif
+
+// Runs forward (dense when varlen is null) on the suite's backend, with host views in and
+// out: on CUDA every tensor is mirrored to the GPU, outputs poisoned there and copied back.
+inline RunInfo forward_on_backend(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& out, const std::optional<TensorView>& lse,
+                                  const Options& options, const Varlen* varlen = nullptr,
+                                  Execution execution = {}) {
+  execution.backend = kTestBackend;
+#ifndef FLASHATTN_TEST_CUDA
+  return varlen ? forward_varlen(q, k, v, out, lse, *varlen, options, execution)
+                : forward(q, k, v, out, lse, options, execution);
+#else
+  DeviceMirror dq(q), dk(k), dv(v), dout(out);
+  std::optional<DeviceMirror> dlse, dslopes, dcuq, dcuk, dused;
+  Options device_options = options;
+  if (options.alibi_slopes) device_options.alibi_slopes = dslopes.emplace(*options.alibi_slopes).view();
+  std::optional<TensorView> lse_view;
+  if (lse) lse_view = dlse.emplace(*lse).view();
+  dout.poison();
+  if (dlse) dlse->poison();
+  RunInfo info;
+  if (varlen) {
+    Varlen dvarlen = *varlen;
+    dvarlen.cu_seqlens_q = dcuq.emplace(varlen->cu_seqlens_q).view();
+    dvarlen.cu_seqlens_k = dcuk.emplace(varlen->cu_seqlens_k).view();
+    if (varlen->seqused_k) dvarlen.seqused_k = dused.emplace(*varlen->seqused_k).view();
+    info = forward_varlen(dq.view(), dk.view(), dv.view(), dout.view(), lse_view, dvarlen,
+                          device_options, execution);
+  } else {
+    info = forward(dq.view(), dk.view(), dv.view(), dout.view(), lse_view, device_options,
+                   execution);
+  }
+  cuda_check(cudaDeviceSynchronize(), "kernel");
+  dout.download();
+  if (dlse) dlse->download();
+  return info;
+#endif
+}
+
 // Checks a backend's out (and lse) against the oracle under the accuracy rule.
 inline void expect_matches_reference(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const Options& options, const Varlen* varlen,
@@ -237,7 +343,8 @@ inline void expect_matches_reference(const TensorView& q, const TensorView& k, c
 }
 
 // Runs one dense case on `backend` with fresh inputs and poisoned outputs, and checks it.
-inline void run_dense_case(const Case& c, Backend backend = Backend::CPU) {
+inline void run_dense_case(Case c) {
+  c.dtype = backend_dtype(c.dtype);
   SCOPED_TRACE(c.describe());
   Inputs in = make_inputs(c);
   Buffer slopes;
@@ -249,12 +356,11 @@ inline void run_dense_case(const Case& c, Backend backend = Backend::CPU) {
   const TensorView out = out_buf.view({c.batch, c.seqlen_q, c.heads, c.head_dim});
   const TensorView lse = lse_buf.view({c.batch, c.heads, c.seqlen_q});
   Execution exec;
-  exec.backend = backend;
   exec.num_threads = c.num_threads;
-  const RunInfo info = forward(in.q, in.k, in.v, out,
-                               c.with_lse ? std::optional<TensorView>(lse) : std::nullopt,
-                               options, exec);
-  EXPECT_EQ(info.backend, backend);
+  const RunInfo info = forward_on_backend(
+      in.q, in.k, in.v, out, c.with_lse ? std::optional<TensorView>(lse) : std::nullopt, options,
+      nullptr, exec);
+  EXPECT_EQ(info.backend, kTestBackend);
   expect_matches_reference(in.q, in.k, in.v, options, nullptr, out, c.with_lse ? &lse : nullptr,
                            c.describe());
 }

@@ -5,6 +5,7 @@
 #include "api/validate.hpp"
 #include "cpu/forward.hpp"
 #include "cuda/devices.hpp"
+#include "cuda/forward.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn {
@@ -116,8 +117,10 @@ RunInfo run(const detail::ValidatedForward& call) {
     case Backend::CPU:
       info.workspace_bytes = detail::cpu::forward(call.params);
       return info;
-    case Backend::Auto:
     case Backend::CUDA:
+      info.workspace_bytes = detail::cuda::forward(call.params);
+      return info;
+    case Backend::Auto:
       break;
   }
   throw Error(ErrorCode::Internal, "backend", "a resolved backend with a forward kernel",

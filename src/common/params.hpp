@@ -46,8 +46,8 @@ struct ForwardParams {
   int32_t num_threads = 0;  // CPU only
   void* stream = nullptr;   // CUDA only
 
-  bool is_varlen() const { return cu_seqlens_q != nullptr; }
-  int32_t group_size() const { return heads / heads_k; }  // query heads per key/value head
+  FA_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  FA_HOST_DEVICE int32_t group_size() const { return heads / heads_k; }  // query heads per key/value head
 };
 
 // Where sequence b starts and how long it is, for dense and varlen alike.

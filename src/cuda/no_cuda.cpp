@@ -1,5 +1,6 @@
 // The CUDA queries of a build configured without CUDA.
 #include "cuda/devices.hpp"
+#include "cuda/forward.hpp"
 
 namespace flashattn::detail::cuda {
 
@@ -13,5 +14,10 @@ std::vector<CudaDevice> devices(std::string* why) {
 }
 
 PointerLocation locate(const void*) { return {}; }
+
+size_t forward(const ForwardParams&) {  // unreachable: validation rejects the cuda backend
+  throw Error(ErrorCode::Unsupported, "backend", "cpu or auto (this build has no CUDA backend)",
+              "cuda");
+}
 
 }  // namespace flashattn::detail::cuda

@@ -1,5 +1,6 @@
-// The CPU engine against the float64 reference: a property sweep over shapes, dtypes, head
-// dims, GQA ratios, masks, softcap, ALiBi, memory layouts and ragged batches.
+// A backend against the float64 reference: a property sweep over shapes, dtypes, head dims,
+// GQA ratios, masks, softcap, ALiBi, memory layouts and ragged batches. Compiled once per
+// backend: test_forward_cpu, and test_forward_cuda (FLASHATTN_TEST_CUDA, label gpu).
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -9,7 +10,8 @@
 namespace flashattn::testing {
 namespace {
 
-constexpr DType kDtypes[] = {DType::Float32, DType::Float16, DType::BFloat16};
+// fp32 becomes fp16 on CUDA (backend_dtype), so the grid keeps its shape on both backends.
+const DType kDtypes[] = {backend_dtype(DType::Float32), DType::Float16, DType::BFloat16};
 
 struct Mask {
   const char* name;
@@ -80,7 +82,10 @@ INSTANTIATE_TEST_SUITE_P(AllCombinations, FeatureGrid,
                            const FeatureCase f = feature_grid()[size_t(info.param)];
                            return std::string(kMasks[f.mask].name) + (f.softcap ? "_softcap" : "") +
                                   (f.alibi == 1 ? "_alibiH" : f.alibi == 2 ? "_alibiBH" : "") +
-                                  "_" + dtype_name(kDtypes[f.dtype]);
+                                  "_" + dtype_name(kDtypes[f.dtype]) +
+                                  (kDtypes[f.dtype] == DType::Float16 && f.dtype == 0
+                                       ? "_for_fp32"  // CUDA runs the fp32 cases in fp16
+                                       : "");
                          });
 }  // namespace
 }  // namespace flashattn::testing
@@ -173,18 +178,18 @@ TEST(EdgeCases, FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse) {
   c.causal = true;
   run_dense_case(c);
   Inputs in = make_inputs(c);
-  Buffer out(DType::Float32, 5 * 2 * 8), lse(DType::Float32, 2 * 5);
+  Buffer out(c.dtype, 5 * 2 * 8), lse(DType::Float32, 2 * 5);
   out.poison();
   lse.poison();
   Options o;
   o.causal = true;
-  forward(in.q, in.k, in.v, out.view({1, 5, 2, 8}), lse.view({1, 2, 5}), o);
-  const auto* o_data = static_cast<const float*>(out.data());
+  forward_on_backend(in.q, in.k, in.v, out.view({1, 5, 2, 8}), lse.view({1, 2, 5}), o);
+  const std::vector<double> o_data = reference::gather(out.view({1, 5, 2, 8}));
   const auto* l_data = static_cast<const float*>(lse.data());
   for (int i = 0; i < 3; ++i)
     for (int h = 0; h < 2; ++h) {
       EXPECT_EQ(l_data[h * 5 + i], -std::numeric_limits<float>::infinity());
-      for (int d = 0; d < 8; ++d) EXPECT_EQ(o_data[(i * 2 + h) * 8 + d], 0.0f);
+      for (int d = 0; d < 8; ++d) EXPECT_EQ(o_data[size_t((i * 2 + h) * 8 + d)], 0.0);
     }
 }
 
@@ -242,7 +247,7 @@ TEST(EdgeCases, StridedOutputView) {
   const TensorView lse_view = lse.view({2, 3, 45});
   Options o;
   o.causal = true;
-  forward(in.q, in.k, in.v, out_view, lse_view, o);
+  forward_on_backend(in.q, in.k, in.v, out_view, lse_view, o);
   expect_matches_reference(in.q, in.k, in.v, o, nullptr, out_view, &lse_view, c.describe());
 }
 
@@ -254,11 +259,11 @@ TEST(EdgeCases, NanInOneQueryRowPoisonsOnlyThatRow) {
   c.head_dim = 16;
   Inputs in = make_inputs(c);
   in.q_buf.set((13 * 2 + 1) * 16 + 5, std::nanf(""));  // row 13, head 1
-  Buffer out(DType::Float32, 70 * 2 * 16), lse(DType::Float32, 2 * 70);
+  Buffer out(c.dtype, 70 * 2 * 16), lse(DType::Float32, 2 * 70);
   out.poison();
   lse.poison();
   const TensorView out_view = out.view({1, 70, 2, 16}), lse_view = lse.view({1, 2, 70});
-  forward(in.q, in.k, in.v, out_view, lse_view, {});
+  forward_on_backend(in.q, in.k, in.v, out_view, lse_view, {});
   // The reference has NaN in exactly that row; the comparison demands NaN where it has NaN
   // and a finite, accurate value everywhere else.
   expect_matches_reference(in.q, in.k, in.v, {}, nullptr, out_view, &lse_view, "nan row");
@@ -266,7 +271,9 @@ TEST(EdgeCases, NanInOneQueryRowPoisonsOnlyThatRow) {
   EXPECT_FALSE(std::isnan(static_cast<float*>(lse.data())[13]));
 }
 
-TEST(Threads, ResultIsBitwiseIndependentOfTheThreadCount) {
+// Each work item is computed by one thread (CPU) or one CTA (CUDA) in a fixed order, so the
+// result is bitwise the same on every run and for every CPU thread count.
+TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
   Case c;
   c.batch = 2;
   c.seqlen_q = 150;
@@ -278,14 +285,14 @@ TEST(Threads, ResultIsBitwiseIndependentOfTheThreadCount) {
   c.causal = true;
   Inputs in = make_inputs(c);
   std::vector<unsigned char> first;
-  for (int threads : {1, 2, 3, 7}) {
+  for (int threads : {1, 2, 3, 7, 0, 0}) {
     Buffer out(c.dtype, 2 * 150 * 4 * 64);
     out.poison();
     Execution e;
     e.num_threads = threads;
     Options o;
     o.causal = true;
-    forward(in.q, in.k, in.v, out.view({2, 150, 4, 64}), std::nullopt, o, e);
+    forward_on_backend(in.q, in.k, in.v, out.view({2, 150, 4, 64}), std::nullopt, o, nullptr, e);
     if (first.empty())
       first = out.bytes;
     else
@@ -298,7 +305,7 @@ TEST(Threads, ResultIsBitwiseIndependentOfTheThreadCount) {
 struct VarlenCase {
   std::vector<int32_t> lens_q, lens_k;
   int64_t heads = 4, heads_k = 2, head_dim = 32;
-  DType dtype = DType::Float32;
+  DType dtype = backend_dtype(DType::Float32);
   Mask mask = kMasks[0];
   float softcap = 0;
   Case::Alibi alibi = Case::Alibi::Off;
@@ -345,7 +352,7 @@ void run_varlen_case(const VarlenCase& vc) {
   const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}),
                    vv = v.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
                    lv = lse.view({H, total_q});
-  forward_varlen(qv, kv, vv, ov, lv, varlen, o);
+  forward_on_backend(qv, kv, vv, ov, lv, o, &varlen);
   std::string what = std::string("varlen ") + dtype_name(vc.dtype) + " mask=" + vc.mask.name +
                      (vc.seqused ? " seqused_k" : "") + " seed=" + std::to_string(test_seed());
   expect_matches_reference(qv, kv, vv, o, &varlen, ov, &lv, what);

@@ -1,0 +1,51 @@
+// Chooses the forward kernel for a validated call: the sm80 (mma.sync) kernel instantiated for
+// the call's dtype and head-dim bucket (head dims rounded up to a multiple of 32).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/forward.hpp"
+#include "cuda/sm80/forward_configs.cuh"
+
+namespace flashattn::detail::cuda {
+namespace {
+
+template <typename Element>
+void run_bucket(const ForwardParams& p) {
+  switch ((p.head_dim + 31) / 32 * 32) {
+    case 32: return sm80::run_forward<Element, 32>(p);
+    case 64: return sm80::run_forward<Element, 64>(p);
+    case 96: return sm80::run_forward<Element, 96>(p);
+    case 128: return sm80::run_forward<Element, 128>(p);
+    case 160: return sm80::run_forward<Element, 160>(p);
+    case 192: return sm80::run_forward<Element, 192>(p);
+    case 224: return sm80::run_forward<Element, 224>(p);
+    case 256: return sm80::run_forward<Element, 256>(p);
+  }
+  throw Error(ErrorCode::Internal, "head_dim", "a multiple of 8 in [8, 256] after validation",
+              std::to_string(p.head_dim));
+}
+
+}  // namespace
+
+size_t forward(const ForwardParams& p) {
+  // The grid is (query blocks, H, B): its y and z extents are limited to 65535.
+  if (p.heads > 65535)
+    throw Error(ErrorCode::Unsupported, "q", "at most 65535 heads on the cuda backend",
+                "H = " + std::to_string(p.heads));
+  if (p.batch > 65535)
+    throw Error(ErrorCode::Unsupported, "q", "a batch of at most 65535 on the cuda backend",
+                "B = " + std::to_string(p.batch));
+  if (p.batch == 0 || p.seqlen_q == 0) return 0;
+  if (p.dtype == DType::Float16)
+    run_bucket<__half>(p);
+  else
+    run_bucket<__nv_bfloat16>(p);
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess)
+    throw Error(ErrorCode::Backend, "cuda", "a successful kernel launch",
+                std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status));
+  return 0;
+}
+
+}  // namespace flashattn::detail::cuda

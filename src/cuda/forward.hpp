@@ -1,0 +1,14 @@
+// The CUDA backend's forward entry point (host side).
+#pragma once
+
+#include <cstddef>
+
+#include "common/params.hpp"
+
+namespace flashattn::detail::cuda {
+
+// Runs the validated call on params.stream; returns the bytes of device memory it allocated
+// (none: the forward writes only out and lse).
+size_t forward(const ForwardParams& params);
+
+}  // namespace flashattn::detail::cuda
