@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 note "nvcc: $(nvcc --version | tail -1); cmake: $(cmake --version | head -1)"
 
 start=$(date +%s)
-{ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+{ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
   && cmake --build build-gpu -j "$(nproc)"; } >"$out/build.log" 2>&1
 build_status=$?
 note "build: status $build_status in $(( $(date +%s) - start )) s on $(nproc) cores"
