@@ -130,12 +130,10 @@ void attend_query_block(const ForwardParams& p, int32_t b, int32_t h, int64_t bl
 
     score_tile(t.q, t.kt, t.s, rows, D);
     modify_scores(p, seq, slope, t.s, i0, rows, j0, cols);
-    for (int r = 0; r < rows; ++r) {
-      float* probs = t.s + static_cast<int64_t>(r) * kBlockK;
-      float* acc = t.acc + static_cast<int64_t>(r) * Dv;
-      softmax_step(probs, t.m + r, t.l + r, acc, Dv);
-      accumulate_pv(probs, t.v, acc, cols, Dv);
-    }
+    for (int r = 0; r < rows; ++r)
+      softmax_step(t.s + static_cast<int64_t>(r) * kBlockK, t.m + r, t.l + r,
+                   t.acc + static_cast<int64_t>(r) * Dv, Dv);
+    accumulate_pv(t.s, t.v, t.acc, rows, cols, Dv);
   }
 
   // out = acc / l; a row that saw no key gets out = 0 and lse = -inf.

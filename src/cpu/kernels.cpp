@@ -59,10 +59,37 @@ FA_CPU_DISPATCH void convert_row(const bfloat16_t* src, float* dst, int64_t n, f
 
 FA_CPU_DISPATCH void score_tile(const float* q, const float* kt, float* s, int rows,
                                 int head_dim) {
-  // Outer product form: for each query row, 64 running sums updated with one broadcast
-  // q value per d. The j loop is unit-stride and of fixed length, so it vectorises without
-  // reassociating a reduction and its 64 sums can stay in registers.
-  for (int i = 0; i < rows; ++i) {
+  // Outer-product form over a register block of kRowBlock query rows x kColBlock keys: per d,
+  // kColBlock keys are loaded once and used by every row of the block, and the block's
+  // running sums stay in registers (8 AVX-512 or 16 AVX2 registers). The inner loops are
+  // unit-stride and fixed-length, so they vectorise without reassociating a reduction.
+  constexpr int kRowBlock = 4, kColBlock = 32;
+  int i = 0;
+  for (; i + kRowBlock <= rows; i += kRowBlock) {
+    const float* q0 = q + static_cast<int64_t>(i) * head_dim;
+    const float* q1 = q0 + head_dim;
+    const float* q2 = q1 + head_dim;
+    const float* q3 = q2 + head_dim;
+    for (int c = 0; c < kBlockK; c += kColBlock) {
+      float a0[kColBlock] = {}, a1[kColBlock] = {}, a2[kColBlock] = {}, a3[kColBlock] = {};
+      for (int d = 0; d < head_dim; ++d) {
+        const float* kd = kt + static_cast<int64_t>(d) * kBlockK + c;
+        const float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
+        for (int j = 0; j < kColBlock; ++j) {
+          a0[j] += x0 * kd[j];
+          a1[j] += x1 * kd[j];
+          a2[j] += x2 * kd[j];
+          a3[j] += x3 * kd[j];
+        }
+      }
+      float* out = s + static_cast<int64_t>(i) * kBlockK + c;
+      std::memcpy(out, a0, sizeof a0);
+      std::memcpy(out + kBlockK, a1, sizeof a1);
+      std::memcpy(out + 2 * kBlockK, a2, sizeof a2);
+      std::memcpy(out + 3 * kBlockK, a3, sizeof a3);
+    }
+  }
+  for (; i < rows; ++i) {  // the last rows of a short block, one at a time
     float row[kBlockK] = {};
     const float* qi = q + static_cast<int64_t>(i) * head_dim;
     for (int d = 0; d < head_dim; ++d) {
@@ -105,13 +132,64 @@ FA_CPU_DISPATCH void softmax_step(float* scores, float* m, float* l, float* acc,
     for (int d = 0; d < head_dim_v; ++d) acc[d] *= alpha;
 }
 
-FA_CPU_DISPATCH void accumulate_pv(const float* p, const float* v, float* acc, int cols,
-                                   int head_dim_v) {
-  for (int j = 0; j < cols; ++j) {
-    const float pj = p[j];
-    if (pj == 0.0f) continue;  // masked key: its value row may be padding
-    const float* vj = v + static_cast<int64_t>(j) * head_dim_v;
-    for (int d = 0; d < head_dim_v; ++d) acc[d] += pj * vj[d];
+FA_CPU_DISPATCH void accumulate_pv(const float* p, const float* v, float* acc, int rows,
+                                   int cols, int head_dim_v) {
+  // Register block of kRowBlock rows x kColBlock output columns: each value row chunk is
+  // loaded once per key and used by every row of the block. A probability of exactly 0 is a
+  // masked key (or one whose weight underflowed): such keys are skipped, as in the
+  // reference, so that a masked value row holding Inf or NaN cannot leak into the output.
+  constexpr int kRowBlock = 4, kColBlock = 32;
+  int i = 0;
+  for (; i + kRowBlock <= rows && head_dim_v % kColBlock == 0; i += kRowBlock) {
+    const float* p0 = p + static_cast<int64_t>(i) * kBlockK;
+    const float* p1 = p0 + kBlockK;
+    const float* p2 = p1 + kBlockK;
+    const float* p3 = p2 + kBlockK;
+    for (int c = 0; c < head_dim_v; c += kColBlock) {
+      float* out0 = acc + static_cast<int64_t>(i) * head_dim_v + c;
+      float* out1 = out0 + head_dim_v;
+      float* out2 = out1 + head_dim_v;
+      float* out3 = out2 + head_dim_v;
+      float a0[kColBlock], a1[kColBlock], a2[kColBlock], a3[kColBlock];
+      std::memcpy(a0, out0, sizeof a0);
+      std::memcpy(a1, out1, sizeof a1);
+      std::memcpy(a2, out2, sizeof a2);
+      std::memcpy(a3, out3, sizeof a3);
+      for (int j = 0; j < cols; ++j) {
+        const float* vj = v + static_cast<int64_t>(j) * head_dim_v + c;
+        const float x0 = p0[j], x1 = p1[j], x2 = p2[j], x3 = p3[j];
+        if (x0 != 0.0f && x1 != 0.0f && x2 != 0.0f && x3 != 0.0f) {
+          for (int d = 0; d < kColBlock; ++d) {
+            a0[d] += x0 * vj[d];
+            a1[d] += x1 * vj[d];
+            a2[d] += x2 * vj[d];
+            a3[d] += x3 * vj[d];
+          }
+          continue;
+        }
+        if (x0 != 0.0f)
+          for (int d = 0; d < kColBlock; ++d) a0[d] += x0 * vj[d];
+        if (x1 != 0.0f)
+          for (int d = 0; d < kColBlock; ++d) a1[d] += x1 * vj[d];
+        if (x2 != 0.0f)
+          for (int d = 0; d < kColBlock; ++d) a2[d] += x2 * vj[d];
+        if (x3 != 0.0f)
+          for (int d = 0; d < kColBlock; ++d) a3[d] += x3 * vj[d];
+      }
+      std::memcpy(out0, a0, sizeof a0);
+      std::memcpy(out1, a1, sizeof a1);
+      std::memcpy(out2, a2, sizeof a2);
+      std::memcpy(out3, a3, sizeof a3);
+    }
+  }
+  for (; i < rows; ++i) {  // leftover rows (and head dims that are not multiples of 32)
+    const float* pi = p + static_cast<int64_t>(i) * kBlockK;
+    float* out = acc + static_cast<int64_t>(i) * head_dim_v;
+    for (int j = 0; j < cols; ++j) {
+      if (pi[j] == 0.0f) continue;
+      const float* vj = v + static_cast<int64_t>(j) * head_dim_v;
+      for (int d = 0; d < head_dim_v; ++d) out[d] += pi[j] * vj[d];
+    }
   }
 }
 

@@ -27,7 +27,9 @@ void score_tile(const float* q, const float* kt, float* s, int rows, int head_di
 // (relative to the new max) and rescales the row's output accumulator.
 void softmax_step(float* scores, float* m, float* l, float* acc, int head_dim_v);
 
-// acc[:] += sum_{j < cols} p[j] * v[j][:], v being cols x head_dim_v.
-void accumulate_pv(const float* p, const float* v, float* acc, int cols, int head_dim_v);
+// acc[i][:] += sum_{j < cols, p[i][j] != 0} p[i][j] * v[j][:] for i < rows; p is
+// rows x kBlockK, v is cols x head_dim_v, acc is rows x head_dim_v.
+void accumulate_pv(const float* p, const float* v, float* acc, int rows, int cols,
+                   int head_dim_v);
 
 }  // namespace flashattn::detail::cpu
