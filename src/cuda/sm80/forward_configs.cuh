@@ -1,5 +1,5 @@
-// Tile shapes of the sm80 forward kernel per head-dim bucket, with the reason for each.
-// (Retuned by measurement on the H200; see docs/PERFORMANCE.md.)
+// Tile shapes of the sm80 forward kernel per head-dim bucket, with the reason for each
+// (registers and spills from `nvcc -Xptxas -v`; speed in docs/PERFORMANCE.md).
 #pragma once
 
 #include "cuda/sm80/forward_kernel.cuh"
@@ -9,20 +9,24 @@ namespace flashattn::detail::cuda::sm80 {
 template <typename Element, int kHeadDim>
 struct TunedForward;
 
-// Up to 64: O and Q fragments are small (<= 32 registers each), so 128-key steps halve the
-// number of softmax rescales; 4 warps x 16 rows. Shared memory 64x72 + 4x128x72 elements
-// (83 KiB): two CTAs per SM.
-template <typename E> struct TunedForward<E, 32> { using Config = ForwardConfig<E, 32, 128, 4>; };
-template <typename E> struct TunedForward<E, 64> { using Config = ForwardConfig<E, 64, 128, 4>; };
-// 96..128: O is 64 registers and Q 32; 64-key steps keep S at 32 registers and the whole
-// thread under ~170, so no spills. 4 warps; 4 stages x 64 x 136 + Q (87 KiB): two CTAs per SM.
-template <typename E> struct TunedForward<E, 96> { using Config = ForwardConfig<E, 96, 64, 4>; };
-template <typename E> struct TunedForward<E, 128> { using Config = ForwardConfig<E, 128, 64, 4>; };
-// 160..256: O alone is up to 128 registers and Q 64, so S must stay small: 32-key steps.
-template <typename E> struct TunedForward<E, 160> { using Config = ForwardConfig<E, 160, 32, 4>; };
-template <typename E> struct TunedForward<E, 192> { using Config = ForwardConfig<E, 192, 32, 4>; };
-template <typename E> struct TunedForward<E, 224> { using Config = ForwardConfig<E, 224, 32, 4>; };
-template <typename E> struct TunedForward<E, 256> { using Config = ForwardConfig<E, 256, 32, 4>; };
+// ForwardConfig<Element, head dim, keys per step, warps, m16 tiles per warp, Q in registers>.
+// Two m-tiles per warp wherever registers allow: each K and V fragment read from shared
+// memory then feeds two MMAs, halving shared-memory traffic per FLOP (with one m-tile the
+// loads alone take as long as the MMAs). 4 warps x 32 rows = 128-row CTAs.
+// Up to 64: O is <= 64 registers, so Q stays in registers and 64-key steps fit (236-255
+// registers, no spills).
+template <typename E> struct TunedForward<E, 32> { using Config = ForwardConfig<E, 32, 64, 4, 2, true>; };
+template <typename E> struct TunedForward<E, 64> { using Config = ForwardConfig<E, 64, 64, 4, 2, true>; };
+// 96..128: O is up to 128 registers; Q is re-read per k-step and steps are 32 keys (at 128
+// ptxas reports a 16-byte spill, against 64+ bytes with Q in registers or 64-key steps).
+template <typename E> struct TunedForward<E, 96> { using Config = ForwardConfig<E, 96, 32, 4, 2, false>; };
+template <typename E> struct TunedForward<E, 128> { using Config = ForwardConfig<E, 128, 32, 4, 2, false>; };
+// 160..256: O alone would exceed the register file with two m-tiles, so one m-tile per warp
+// and 8 warps keep the 128-row CTA (K/V read from L2 once per 128 query rows).
+template <typename E> struct TunedForward<E, 160> { using Config = ForwardConfig<E, 160, 32, 8, 1, false>; };
+template <typename E> struct TunedForward<E, 192> { using Config = ForwardConfig<E, 192, 32, 8, 1, false>; };
+template <typename E> struct TunedForward<E, 224> { using Config = ForwardConfig<E, 224, 32, 8, 1, false>; };
+template <typename E> struct TunedForward<E, 256> { using Config = ForwardConfig<E, 256, 32, 8, 1, false>; };
 
 // Defined once per (dtype, bucket) in its own generated file, so the kernels compile in parallel.
 template <typename Element, int kHeadDim>
