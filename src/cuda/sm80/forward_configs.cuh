@@ -22,11 +22,13 @@ template <typename E> struct TunedForward<E, 64> { using Config = ForwardConfig<
 template <typename E> struct TunedForward<E, 96> { using Config = ForwardConfig<E, 96, 32, 4, 2, false>; };
 template <typename E> struct TunedForward<E, 128> { using Config = ForwardConfig<E, 128, 32, 4, 2, false>; };
 // 160..256: O alone would exceed the register file with two m-tiles, so one m-tile per warp
-// and 8 warps keep the 128-row CTA (K/V read from L2 once per 128 query rows).
-template <typename E> struct TunedForward<E, 160> { using Config = ForwardConfig<E, 160, 32, 8, 1, false>; };
-template <typename E> struct TunedForward<E, 192> { using Config = ForwardConfig<E, 192, 32, 8, 1, false>; };
-template <typename E> struct TunedForward<E, 224> { using Config = ForwardConfig<E, 224, 32, 8, 1, false>; };
-template <typename E> struct TunedForward<E, 256> { using Config = ForwardConfig<E, 256, 32, 8, 1, false>; };
+// and 8 warps keep the 128-row CTA (K/V read from L2 once per 128 query rows). 64-key steps
+// halve the syncs and O rescales of 32-key steps; at 256, Q + 2 stages of K and V take
+// 203 KiB of shared memory: one CTA (8 warps) per SM.
+template <typename E> struct TunedForward<E, 160> { using Config = ForwardConfig<E, 160, 64, 8, 1, false>; };
+template <typename E> struct TunedForward<E, 192> { using Config = ForwardConfig<E, 192, 64, 8, 1, false>; };
+template <typename E> struct TunedForward<E, 224> { using Config = ForwardConfig<E, 224, 64, 8, 1, false>; };
+template <typename E> struct TunedForward<E, 256> { using Config = ForwardConfig<E, 256, 64, 8, 1, false>; };
 
 // Defined once per (dtype, bucket) in its own generated file, so the kernels compile in parallel.
 template <typename Element, int kHeadDim>
