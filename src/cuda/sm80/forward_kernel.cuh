@@ -138,9 +138,18 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       row_sum[mt][r] = 0.0f;
     }
   uint32_t qf[kQInRegisters ? kMTiles * kKSteps : kMTiles][4];
+  // ldmatrix addresses as one 32-bit shared base per tile (this lane's row and column within
+  // the fragment) plus compile-time offsets, so each load is [register + immediate]: pointer
+  // arithmetic per unrolled load would hold dozens of address registers and spill.
+  constexpr uint32_t kElementBytes = sizeof(Element);
+  constexpr uint32_t kStageBytes = kBlockN * kRowStride * kElementBytes;
+  const uint32_t q_base =
+      ptx::shared_address(sQ) +
+      ((warp_row0 + lane % 16) * kRowStride + (lane / 16) * 8) * kElementBytes;
+  const uint32_t k_lane = ((lane % 8 + (lane / 16) * 8) * kRowStride + ((lane / 8) % 2) * 8) * kElementBytes;
+  const uint32_t v_lane = ((lane % 8 + ((lane / 8) % 2) * 8) * kRowStride + (lane / 16) * 8) * kElementBytes;
   const auto q_fragment_address = [&](int mt, int kk) {
-    return ptx::shared_address(sQ + (warp_row0 + mt * 16 + lane % 16) * kRowStride + kk * 16 +
-                               (lane / 16) * 8);
+    return q_base + (mt * 16 * kRowStride + kk * 16) * kElementBytes;
   };
 
   for (int n = 0; n < n_blocks; ++n) {
@@ -165,7 +174,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
 
     // S = Q K^T for this warp's rows x kBlockN keys.
-    const Element* k_tile = sK + stage * kBlockN * kRowStride;
+    const uint32_t k_base = ptx::shared_address(sK) + stage * kStageBytes + k_lane;
     float s[kMTiles][kSTiles][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
@@ -175,8 +184,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
       for (int t = 0; t < kSTiles; t += 2) {
         uint32_t kf[4];
-        ptx::ldmatrix_x4(kf, ptx::shared_address(k_tile + (t * 8 + lane % 8 + (lane / 16) * 8) * kRowStride +
-                                                 kk * 16 + ((lane / 8) % 2) * 8));
+        ptx::ldmatrix_x4(kf, k_base + (t * 8 * kRowStride + kk * 16) * kElementBytes);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           const uint32_t(&a)[4] = qf[kQInRegisters ? mt * kKSteps + kk : mt];
@@ -269,7 +277,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
 
     // O += P V: the S accumulators of two adjacent key tiles are exactly one A fragment.
-    const Element* v_tile = sV + stage * kBlockN * kRowStride;
+    const uint32_t v_base = ptx::shared_address(sV) + stage * kStageBytes + v_lane;
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       uint32_t pf[kMTiles][4];
@@ -283,8 +291,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
       for (int t = 0; t < kOTiles; t += 2) {
         uint32_t vf[4];
-        ptx::ldmatrix_x4_trans(vf, ptx::shared_address(v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRowStride +
-                                                      t * 8 + (lane / 16) * 8));
+        ptx::ldmatrix_x4_trans(vf, v_base + (kk * 16 * kRowStride + t * 8) * kElementBytes);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           ptx::mma_16816<Element>(o[mt][t], pf[mt], vf[0], vf[1]);
