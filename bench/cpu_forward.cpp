@@ -41,6 +41,8 @@
 #include <vector>
 
 #include "common/numeric.hpp"
+#include "cpu/exp_approx.hpp"
+#include "cpu/kernels.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace {
@@ -50,14 +52,8 @@ using flashattn::detail::from_float;
 using flashattn::detail::half_t;
 using flashattn::detail::to_float;
 
-// The naive kernels are compiled for the same instruction sets as the engine's
-// (src/cpu/kernels.cpp) and picked at load time, so neither side gets wider vectors.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
-#define BENCH_CPU_DISPATCH \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define BENCH_CPU_DISPATCH
-#endif
+// The naive path's own loop (the softmax over a whole row of S) is compiled for the same
+// instruction sets as the engine's kernels (FA_CPU_DISPATCH, src/cpu/kernels.hpp).
 
 constexpr int kTile = 64;  // rows and keys per tile, as in the engine
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -65,86 +61,24 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // ---------------------------------------------------------------------------------------------
 // Naive standard attention.
 
-// The engine's exp (src/cpu/kernels.cpp): a few ulp, and it vectorises where std::exp does not
-// without -ffast-math. Copied so that both paths pay the same for their exponentials.
-inline float exp_approx(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693145751953125f;
-  constexpr float kLn2Lo = 1.42860682030941723e-6f;
-  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = (clamped * kLog2e + 12582912.0f) - 12582912.0f;
-  const float r = (clamped - n * kLn2Hi) - n * kLn2Lo;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t exponent = static_cast<int32_t>(n) + 127;
-  const float result = p * flashattn::detail::bits_to_float(static_cast<uint32_t>(exponent) << 23);
-  if (x < -87.0f) return 0.0f;
-  if (x > 88.0f) return std::numeric_limits<float>::infinity();
-  return x != x ? x : result;
-}
-
-// S[i][0..cols) = scale * (q_i . kt) for i < rows. kt is one packed panel of D x 64 keys
-// (transposed, zero past the last key). The engine's register block (src/cpu/kernels.cpp):
-// 4 query rows x 32 keys of running sums stay in registers, each loaded key vector serves
-// all 4 rows.
-BENCH_CPU_DISPATCH void naive_score_tile(const float* q, int64_t q_ld, const float* kt,
-                                         float* s, int64_t s_ld, int rows, int cols,
-                                         int head_dim, float scale) {
-  constexpr int kRowBlock = 4, kColBlock = 32;
-  int i = 0;
-  for (; i + kRowBlock <= rows; i += kRowBlock) {
-    const float* q0 = q + i * q_ld;
-    const float* q1 = q0 + q_ld;
-    const float* q2 = q1 + q_ld;
-    const float* q3 = q2 + q_ld;
-    for (int c = 0; c < kTile; c += kColBlock) {
-      float a0[kColBlock] = {}, a1[kColBlock] = {}, a2[kColBlock] = {}, a3[kColBlock] = {};
-      for (int d = 0; d < head_dim; ++d) {
-        const float* kd = kt + static_cast<int64_t>(d) * kTile + c;
-        const float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
-        for (int j = 0; j < kColBlock; ++j) {
-          a0[j] += x0 * kd[j];
-          a1[j] += x1 * kd[j];
-          a2[j] += x2 * kd[j];
-          a3[j] += x3 * kd[j];
-        }
-      }
-      for (int j = 0; j < kColBlock; ++j) {
-        a0[j] *= scale;
-        a1[j] *= scale;
-        a2[j] *= scale;
-        a3[j] *= scale;
-      }
-      const int n = std::clamp(cols - c, 0, kColBlock);  // the last panel may be short
-      float* out = s + i * s_ld + c;
-      std::memcpy(out, a0, sizeof(float) * static_cast<size_t>(n));
-      std::memcpy(out + s_ld, a1, sizeof(float) * static_cast<size_t>(n));
-      std::memcpy(out + 2 * s_ld, a2, sizeof(float) * static_cast<size_t>(n));
-      std::memcpy(out + 3 * s_ld, a3, sizeof(float) * static_cast<size_t>(n));
-    }
-  }
-  for (; i < rows; ++i) {  // the last rows of a short block, one at a time
-    float row[kTile] = {};
-    const float* qi = q + i * q_ld;
-    for (int d = 0; d < head_dim; ++d) {
-      const float qd = qi[d];
-      const float* kd = kt + static_cast<int64_t>(d) * kTile;
-      for (int j = 0; j < kTile; ++j) row[j] += qd * kd[j];
-    }
-    for (int j = 0; j < kTile; ++j) row[j] *= scale;
-    std::memcpy(s + i * s_ld, row, sizeof(float) * static_cast<size_t>(cols));
-  }
+// S[i][0..cols) = scale * (q_i . kt) for i < rows, through the engine's own score kernel
+// (cpu::score_tile: 4 rows x 32 keys register-blocked, per-processor instruction set). It
+// wants contiguous rows, so Q rows are staged into `stage_q` and the 64-wide result tile
+// `stage_s` is copied (scaled) into S: the only extra work the naive path does.
+void naive_score_tile(const float* q, int64_t q_ld, const float* kt, float* s, int64_t s_ld,
+                      int rows, int cols, int head_dim, float scale, float* stage_q,
+                      float* stage_s) {
+  for (int i = 0; i < rows; ++i)
+    std::memcpy(stage_q + static_cast<int64_t>(i) * head_dim, q + i * q_ld,
+                sizeof(float) * static_cast<size_t>(head_dim));
+  flashattn::detail::cpu::score_tile(stage_q, kt, stage_s, rows, head_dim);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) s[i * s_ld + j] = scale * stage_s[i * kTile + j];
 }
 
 // Masks keys [visible_end, n) of one row of S, then turns the row into probabilities in place.
 // A row that sees no key becomes all zeros (the engine's out = 0 for such rows).
-BENCH_CPU_DISPATCH void naive_softmax_row(float* row, int64_t n, int64_t visible_end) {
+FA_CPU_DISPATCH void naive_softmax_row(float* row, int64_t n, int64_t visible_end) {
   for (int64_t j = visible_end; j < n; ++j) row[j] = kNegInf;
   float max = kNegInf;
 #pragma omp simd reduction(max : max)
@@ -156,7 +90,7 @@ BENCH_CPU_DISPATCH void naive_softmax_row(float* row, int64_t n, int64_t visible
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
-    const float p = exp_approx(row[j] - max);
+    const float p = flashattn::detail::cpu::exp_approx(row[j] - max);
     row[j] = p;
     sum += p;
   }
@@ -164,53 +98,13 @@ BENCH_CPU_DISPATCH void naive_softmax_row(float* row, int64_t n, int64_t visible
   for (int64_t j = 0; j < n; ++j) row[j] *= inv;
 }
 
-// acc[i][:] += sum_{j < cols} P[i][j] * v[j][:] for i < rows; v is cols x Dv, contiguous.
-// The engine's register block (4 rows x 32 output columns), without its skipping of zero
-// probabilities: P is a dense matrix here.
-BENCH_CPU_DISPATCH void naive_pv_tile(const float* p, int64_t p_ld, const float* v, float* acc,
-                                      int rows, int cols, int head_dim_v) {
-  constexpr int kRowBlock = 4, kColBlock = 32;
-  int i = 0;
-  for (; i + kRowBlock <= rows && head_dim_v % kColBlock == 0; i += kRowBlock) {
-    const float* p0 = p + i * p_ld;
-    const float* p1 = p0 + p_ld;
-    const float* p2 = p1 + p_ld;
-    const float* p3 = p2 + p_ld;
-    for (int c = 0; c < head_dim_v; c += kColBlock) {
-      float* out0 = acc + static_cast<int64_t>(i) * head_dim_v + c;
-      float* out1 = out0 + head_dim_v;
-      float* out2 = out1 + head_dim_v;
-      float* out3 = out2 + head_dim_v;
-      float a0[kColBlock], a1[kColBlock], a2[kColBlock], a3[kColBlock];
-      std::memcpy(a0, out0, sizeof a0);
-      std::memcpy(a1, out1, sizeof a1);
-      std::memcpy(a2, out2, sizeof a2);
-      std::memcpy(a3, out3, sizeof a3);
-      for (int j = 0; j < cols; ++j) {
-        const float* vj = v + static_cast<int64_t>(j) * head_dim_v + c;
-        const float x0 = p0[j], x1 = p1[j], x2 = p2[j], x3 = p3[j];
-        for (int d = 0; d < kColBlock; ++d) {
-          a0[d] += x0 * vj[d];
-          a1[d] += x1 * vj[d];
-          a2[d] += x2 * vj[d];
-          a3[d] += x3 * vj[d];
-        }
-      }
-      std::memcpy(out0, a0, sizeof a0);
-      std::memcpy(out1, a1, sizeof a1);
-      std::memcpy(out2, a2, sizeof a2);
-      std::memcpy(out3, a3, sizeof a3);
-    }
-  }
-  for (; i < rows; ++i) {  // leftover rows (and head dims that are not multiples of 32)
-    const float* pi = p + i * p_ld;
-    float* ai = acc + static_cast<int64_t>(i) * head_dim_v;
-    for (int j = 0; j < cols; ++j) {
-      const float pj = pi[j];
-      const float* vj = v + static_cast<int64_t>(j) * head_dim_v;
-      for (int d = 0; d < head_dim_v; ++d) ai[d] += pj * vj[d];
-    }
-  }
+// acc[i][:] += sum_{j < cols} P[i][j] * v[j][:] for i < rows, through the engine's own P.V
+// kernel (cpu::accumulate_pv), with the 64-wide slice of P staged into `stage_p`.
+void naive_pv_tile(const float* p, int64_t p_ld, const float* v, float* acc, int rows,
+                   int cols, int head_dim_v, float* stage_p) {
+  for (int i = 0; i < rows; ++i)
+    std::memcpy(stage_p + i * kTile, p + i * p_ld, sizeof(float) * static_cast<size_t>(cols));
+  flashattn::detail::cpu::accumulate_pv(stage_p, v, acc, rows, cols, head_dim_v);
 }
 
 // 64-byte aligned fp32 buffer; counts what it allocates.
@@ -244,6 +138,7 @@ struct NaiveBuffers {
   FloatBuffer v;    // B*H x Sk x D: V packed per head
   FloatBuffer q;    // B x Sq x H x D in fp32 (fp16/bf16 inputs only)
   FloatBuffer acc;  // threads x 64 x D: one output accumulator tile per thread
+  FloatBuffer stage;  // threads x (64 x D + 64 x 64): tiles staged for the engine's kernels
 
   static size_t s_bytes(const Problem& p) {
     return static_cast<size_t>(p.batch * p.heads * p.seqlen * p.seqlen) * sizeof(float);
@@ -255,8 +150,15 @@ struct NaiveBuffers {
     v = FloatBuffer(static_cast<size_t>(bh * p.seqlen * p.head_dim));
     if (convert_q) q = FloatBuffer(static_cast<size_t>(bh * p.seqlen * p.head_dim));
     acc = FloatBuffer(static_cast<size_t>(threads) * kTile * static_cast<size_t>(p.head_dim));
+    stage = FloatBuffer(static_cast<size_t>(threads) * stage_floats(p));
   }
-  size_t bytes() const { return s.bytes + kt.bytes + v.bytes + q.bytes + acc.bytes; }
+  static size_t stage_floats(const Problem& p) {
+    return static_cast<size_t>(kTile * p.head_dim + kTile * kTile);
+  }
+  float* stage_of_thread(const Problem& p) const {
+    return stage.get() + static_cast<size_t>(omp_get_thread_num()) * stage_floats(p);
+  }
+  size_t bytes() const { return s.bytes + kt.bytes + v.bytes + q.bytes + acc.bytes + stage.bytes; }
 };
 
 // Standard attention: pack K and V, S = scale Q K^T, mask + softmax, O = P V. Every phase
@@ -307,10 +209,11 @@ void naive_forward(const Problem& p, const T* q, const T* k, const T* v, T* out,
         const int64_t b = bh / H, h = bh % H, i0 = ib * kTile, j0 = panel * kTile;
         const int rows = static_cast<int>(std::min<int64_t>(kTile, S - i0));
         const int cols = static_cast<int>(std::min<int64_t>(kTile, S - j0));
+        float* stage = buf.stage_of_thread(p);
         naive_score_tile(q32 + (b * S + i0) * row_ld + h * D, row_ld,
                          buf.kt.get() + (bh * panels + panel) * D * kTile,
                          buf.s.get() + (bh * S + i0) * S + j0, S, rows, cols,
-                         static_cast<int>(D), p.scale);
+                         static_cast<int>(D), p.scale, stage, stage + kTile * D);
       }
 
   // Phase 2: causal mask (key j visible to query i iff j <= i + Sk - Sq) and softmax per row.
@@ -335,7 +238,7 @@ void naive_forward(const Problem& p, const T* q, const T* k, const T* v, T* out,
       for (int64_t j0 = 0; j0 < S; j0 += kTile) {
         const int cols = static_cast<int>(std::min<int64_t>(kTile, S - j0));
         naive_pv_tile(prow + j0, S, buf.v.get() + (bh * S + j0) * D, acc, rows, cols,
-                      static_cast<int>(D));
+                      static_cast<int>(D), buf.stage_of_thread(p));
       }
       for (int r = 0; r < rows; ++r) {
         T* o = out + (b * S + i0 + r) * row_ld + h * D;

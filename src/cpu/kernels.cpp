@@ -1,49 +1,13 @@
 #include "cpu/kernels.hpp"
 
+#include "cpu/exp_approx.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-// Compile each inner loop for several instruction sets and pick at load time (GCC/Clang
-// ifunc). x86-64-v3 is AVX2+FMA+F16C, x86-64-v4 adds AVX-512.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
-#define FA_CPU_DISPATCH \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FA_CPU_DISPATCH
-#endif
 
 namespace flashattn::detail::cpu {
-namespace {
-
-// exp(x) in float with a relative error of a few ulp, written so that loops over it
-// vectorise (std::exp does not without -ffast-math): x = n ln2 + r with |r| <= ln2/2
-// (Cody-Waite split of ln2), exp(r) by its Taylor series to degree 7 (truncation < 1e-8),
-// times 2^n built in the exponent bits. -inf and anything below the smallest normal give 0;
-// NaN stays NaN.
-inline float exp_approx(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693145751953125f;  // ln2 with its low bits cleared: n*hi is exact
-  constexpr float kLn2Lo = 1.42860682030941723e-6f;
-  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = (clamped * kLog2e + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float r = (clamped - n * kLn2Hi) - n * kLn2Lo;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t exponent = static_cast<int32_t>(n) + 127;
-  const float result = p * bits_to_float(static_cast<uint32_t>(exponent) << 23);
-  if (x < -87.0f) return 0.0f;
-  if (x > 88.0f) return std::numeric_limits<float>::infinity();
-  return x != x ? x : result;
-}
-
-}  // namespace
 
 FA_CPU_DISPATCH void convert_row(const float* src, float* dst, int64_t n, float scale) {
   for (int64_t i = 0; i < n; ++i) dst[i] = scale * src[i];

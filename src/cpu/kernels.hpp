@@ -8,6 +8,15 @@
 
 #include "common/numeric.hpp"
 
+// Compile each inner loop for several instruction sets and pick at load time (GCC/Clang
+// ifunc). x86-64-v3 is AVX2+FMA+F16C, x86-64-v4 adds AVX-512.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
+#define FA_CPU_DISPATCH \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FA_CPU_DISPATCH
+#endif
+
 namespace flashattn::detail::cpu {
 
 inline constexpr int kBlockQ = 64;  // query rows per work item
