@@ -8,6 +8,11 @@
 #include "cuda/sm80/forward_configs.cuh"
 
 namespace flashattn::detail::cuda {
+#ifdef FLASHATTN_SM80_TUNING
+namespace sm80 {
+bool run_tuning_candidate(const ForwardParams& params);  // forward_tuning.cu
+}
+#endif
 namespace {
 
 template <typename Element>
@@ -37,10 +42,15 @@ size_t forward(const ForwardParams& p) {
     throw Error(ErrorCode::Unsupported, "q", "a batch of at most 65535 on the cuda backend",
                 "B = " + std::to_string(p.batch));
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
-  if (p.dtype == DType::Float16)
-    run_bucket<__half>(p);
-  else
-    run_bucket<__nv_bfloat16>(p);
+#ifdef FLASHATTN_SM80_TUNING
+  if (!sm80::run_tuning_candidate(p))
+#endif
+  {
+    if (p.dtype == DType::Float16)
+      run_bucket<__half>(p);
+    else
+      run_bucket<__nv_bfloat16>(p);
+  }
   const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess)
     throw Error(ErrorCode::Backend, "cuda", "a successful kernel launch",

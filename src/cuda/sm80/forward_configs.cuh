@@ -17,10 +17,12 @@ struct TunedForward;
 // registers, no spills).
 template <typename E> struct TunedForward<E, 32> { using Config = ForwardConfig<E, 32, 64, 4, 2, true>; };
 template <typename E> struct TunedForward<E, 64> { using Config = ForwardConfig<E, 64, 64, 4, 2, true>; };
-// 96..128: O is up to 128 registers; Q is re-read per k-step and steps are 32 keys (at 128
-// ptxas reports a 16-byte spill, against 64+ bytes with Q in registers or 64-key steps).
-template <typename E> struct TunedForward<E, 96> { using Config = ForwardConfig<E, 96, 32, 4, 2, false>; };
-template <typename E> struct TunedForward<E, 128> { using Config = ForwardConfig<E, 128, 32, 4, 2, false>; };
+// 96..128: O is up to 128 registers, so Q is re-read per k-step. 64-key steps: ptxas reports
+// a ~60-byte spill there (against ~16 bytes with 32-key steps), but measured on the H200
+// (scripts/gpu_tune.sh, hdim 128) 64-key steps are 8-10 % faster: half the syncs and O
+// rescales outweigh the spill traffic, which stays in L1.
+template <typename E> struct TunedForward<E, 96> { using Config = ForwardConfig<E, 96, 64, 4, 2, false>; };
+template <typename E> struct TunedForward<E, 128> { using Config = ForwardConfig<E, 128, 64, 4, 2, false>; };
 // 160..256: O alone would exceed the register file with two m-tiles, so one m-tile per warp
 // and 8 warps keep the 128-row CTA (K/V read from L2 once per 128 query rows). 64-key steps
 // halve the syncs and O rescales of 32-key steps; at 256, Q + 2 stages of K and V take
