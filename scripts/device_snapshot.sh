@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Writes a clean copy of HEAD (plus the carried build dependencies) to .snap/, for device
+# runs: the device copies the working tree, which may hold other people's unfinished edits.
+# Then: run with carry [".snap"] and a command starting `cd .snap && ...`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.snap/' .git/info/exclude 2>/dev/null || echo '/.snap/' >> .git/info/exclude
+rm -rf .snap && mkdir .snap
+git archive HEAD | tar -x -C .snap
+[ -d .deps ] && cp -r .deps .snap/.deps
+echo "snapshot of $(git rev-parse --short HEAD) in .snap ($(du -sh .snap | cut -f1))"
