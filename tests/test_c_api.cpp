@@ -521,8 +521,6 @@ std::vector<CErrorCase> c_error_cases() {
          for (fa_tensor* t : {&c.tq(), &c.tk(), &c.tv(), &c.tout()}) t->sizes[3] = 12;
        },
        kInvalid, "q: expected", {"D = 12"}, true},
-      {"dropout_0_1", kDense, [](CCall& c) { c.options.dropout_p = 0.1f; },
-       FA_ERROR_UNSUPPORTED, "dropout_p: expected", {"0.1"}, true},
       {"dropout_1", kDense, [](CCall& c) { c.options.dropout_p = 1.0f; }, kInvalid,
        "dropout_p: expected", {"[0, 1)"}, true},
       {"softmax_scale_nan", kDense,
@@ -571,8 +569,8 @@ std::vector<CErrorCase> c_error_cases() {
          c.tlse().strides[0] = VarlenProblem::H;
        },
        kInvalid, "lse: expected", {"(H, total_q)"}, true},
-      {"varlen_dropout", kVarlen, [](CCall& c) { c.options.dropout_p = 0.25f; },
-       FA_ERROR_UNSUPPORTED, "dropout_p: expected", {"0.25"}, true},
+      {"varlen_dropout_1_5", kVarlen, [](CCall& c) { c.options.dropout_p = 1.5f; },
+       kInvalid, "dropout_p: expected", {"[0, 1)", "1.5"}, true},
   };
 }
 
@@ -682,7 +680,7 @@ TEST(CLastError, PerThread) {
     fresh = fa_last_error();  // a new thread has no error yet
     fa_options o;
     fa_options_init(&o);
-    o.dropout_p = 0.5f;
+    o.dropout_p = 1.5f;
     their_status = fa_forward(&p.cq, &p.ck, &p.cv, &p.cout, nullptr, &o, nullptr, nullptr);
     theirs = fa_last_error();
     their_success = fa_forward(&p.cq, &p.ck, &p.cv, &p.cout, nullptr, nullptr, nullptr, nullptr);
@@ -690,7 +688,7 @@ TEST(CLastError, PerThread) {
   });
   other.join();
   EXPECT_EQ(fresh, "");
-  EXPECT_EQ(their_status, FA_ERROR_UNSUPPORTED);
+  EXPECT_EQ(their_status, FA_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(starts_with(theirs, "dropout_p: ")) << theirs;
   EXPECT_EQ(their_success, FA_OK);
   EXPECT_EQ(theirs_after_success, "");

@@ -579,8 +579,20 @@ std::vector<DenseCase> dense_cases() {
        "softmax_scale", {"finite"}, {}, "inf"},
       {"softmax_scale_minus_inf", [](Dense& c) { c.options.softmax_scale = -kInf; }, kInvalid,
        "softmax_scale", {"finite"}, {}, "-inf"},
-      {"dropout_p_0_1", [](Dense& c) { c.options.dropout_p = 0.1f; }, kUnsupported,
-       "dropout_p", {"0", "not implemented"}, {}, "0.1"},
+      cuda_compiled()
+          ? DenseCase{"dropout_p_0_1_on_cuda",
+                      [](Dense& c) {
+                        c.all_on(kCuda0);
+                        c.options.dropout_p = 0.1f;
+                      },
+                      kUnsupported, "dropout_p", {"dropout on cuda arrives with the CUDA backward"},
+                      {}, "0.1"}
+          : DenseCase{"dropout_p_0_1_on_cuda",
+                      [](Dense& c) {
+                        c.all_on(kCuda0);
+                        c.options.dropout_p = 0.1f;
+                      },
+                      kUnsupported, "backend", {"cpu or auto"}, {}, "cuda"},
       {"dropout_p_1", [](Dense& c) { c.options.dropout_p = 1.0f; }, kInvalid, "dropout_p",
        {"[0, 1)"}, {}, "1"},
       {"dropout_p_minus_0_5", [](Dense& c) { c.options.dropout_p = -0.5f; }, kInvalid,
@@ -764,8 +776,8 @@ std::vector<VarlenCase> varlen_cases() {
                        kInvalid, "q", {"GPU memory"}, {}, "a tensor on cpu"}
           : VarlenCase{"cuda_backend", [](Var& c) { c.execution.backend = Backend::CUDA; },
                        kUnsupported, "backend", {"cpu or auto"}, {}, "cuda"},
-      {"dropout_p_0_5", [](Var& c) { c.options.dropout_p = 0.5f; }, kUnsupported, "dropout_p",
-       {"not implemented"}, {}, "0.5"},
+      {"dropout_p_1_5", [](Var& c) { c.options.dropout_p = 1.5f; }, kInvalid, "dropout_p",
+       {"[0, 1)"}, {}, "1.5"},
   };
 }
 

@@ -99,6 +99,50 @@ TEST(Memory, WorkingMemoryDoesNotGrowWithSequenceLength) {
   }
 }
 
+Measured measure_backward(int64_t seqlen_q, int64_t seqlen_k, DType dtype, bool causal,
+                          float dropout) {
+  const int64_t H = 4, Hk = 2, D = 64;
+  Buffer q(dtype, seqlen_q * H * D), k(dtype, seqlen_k * Hk * D), v(dtype, seqlen_k * Hk * D);
+  Buffer out(dtype, seqlen_q * H * D), dout(dtype, seqlen_q * H * D), lse(DType::Float32, H * seqlen_q);
+  Buffer dq(dtype, seqlen_q * H * D), dk(dtype, seqlen_k * Hk * D), dv(dtype, seqlen_k * Hk * D);
+  q.fill_random();
+  k.fill_random();
+  v.fill_random();
+  dout.fill_random();
+  Options o;
+  o.causal = causal;
+  o.dropout_p = dropout;
+  Execution e;
+  e.num_threads = 2;
+  const TensorView qv = q.view({1, seqlen_q, H, D}), kv = k.view({1, seqlen_k, Hk, D}),
+                   vv = v.view({1, seqlen_k, Hk, D}), ov = out.view({1, seqlen_q, H, D}),
+                   lv = lse.view({1, H, seqlen_q});
+  forward(qv, kv, vv, ov, lv, o, e);  // also the warm-up
+  const int64_t before = live_bytes.load();
+  peak_bytes.store(before);
+  const RunInfo info = backward(qv, kv, vv, ov, dout.view({1, seqlen_q, H, D}), lv,
+                                dq.view({1, seqlen_q, H, D}), dk.view({1, seqlen_k, Hk, D}),
+                                dv.view({1, seqlen_k, Hk, D}), o, e);
+  return {peak_bytes.load() - before, info.workspace_bytes};
+}
+
+TEST(Memory, BackwardWorkingMemoryDoesNotGrowWithSequenceLength) {
+  for (DType dt : {DType::Float32, DType::BFloat16}) {
+    const Measured small = measure_backward(128, 128, dt, false, 0.0f);
+    const Measured long_keys = measure_backward(128, 4096, dt, false, 0.1f);
+    const Measured long_both = measure_backward(2048, 2048, dt, true, 0.0f);
+    // A fixed set of tiles per thread, shared by both passes, whatever the lengths: no
+    // Sq x Sk buffer, not even an O(Sq) one (D = rowsum(dO o O) is recomputed per tile).
+    EXPECT_EQ(small.peak_extra_bytes, long_keys.peak_extra_bytes);
+    EXPECT_EQ(small.peak_extra_bytes, long_both.peak_extra_bytes);
+    EXPECT_EQ(size_t(long_both.peak_extra_bytes), long_both.reported_bytes);
+    // 2 threads x ~11 tiles of 64 x 64 floats ~ 400 KB at D = 64, against
+    // 4 heads x 2048 x 2048 x 4 B = 64 MiB for one materialised P.
+    EXPECT_LT(long_both.peak_extra_bytes, 512 * 1024);
+    EXPECT_GT(long_both.peak_extra_bytes, 0);
+  }
+}
+
 TEST(Memory, AllocationCounterSeesAllocations) {
   // The counter itself works (so the equalities above cannot pass vacuously).
   const int64_t before = live_bytes.load();

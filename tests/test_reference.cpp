@@ -136,3 +136,67 @@ TEST(Reference, AccuracyRuleCatchesNanMismatches) {
 
 }  // namespace
 }  // namespace flashattn::testing
+
+namespace flashattn::testing {
+namespace {
+
+// The reference backward against central finite differences of the reference forward, both in
+// float64, for L = sum(dout * out), on a small problem with every feature at once (causal
+// window, softcap, ALiBi, dropout, GQA). Inputs are fp32, perturbed in place; the step taken
+// is the fp32 difference actually stored.
+TEST(Reference, BackwardMatchesFiniteDifferences) {
+  const int64_t B = 2, Sq = 5, Sk = 7, H = 4, Hk = 2, D = 8;
+  Buffer q(DType::Float32, B * Sq * H * D), k(DType::Float32, B * Sk * Hk * D),
+      v(DType::Float32, B * Sk * Hk * D), dout(DType::Float32, B * Sq * H * D);
+  q.fill_random();
+  k.fill_random();
+  v.fill_random();
+  dout.fill_random();
+  Buffer slopes(DType::Float32, H);
+  for (int64_t h = 0; h < H; ++h) slopes.set(h, 0.3f * float(h + 1));
+  for (const float dropout : {0.0f, 0.3f}) {
+    Options o;
+    o.causal = true;
+    o.window_left = 3;
+    o.softcap = 2.0f;
+    o.alibi_slopes = slopes.view({H});
+    o.dropout_p = dropout;
+    o.dropout_seed = 5;
+    const TensorView qv = q.view({B, Sq, H, D}), kv = k.view({B, Sk, Hk, D}),
+                     vv = v.view({B, Sk, Hk, D}), dov = dout.view({B, Sq, H, D});
+    const std::vector<double> w = reference::gather(dov);
+    const auto loss = [&] {
+      const reference::Result r = reference::forward(qv, kv, vv, o);
+      double l = 0;
+      for (size_t n = 0; n < w.size(); ++n) l += w[n] * r.out[n];
+      return l;
+    };
+    const reference::Gradients g = reference::backward(qv, kv, vv, dov, o);
+    const struct {
+      const char* name;
+      Buffer* input;
+      const std::vector<double>* grad;
+    } inputs[] = {{"q", &q, &g.dq}, {"k", &k, &g.dk}, {"v", &v, &g.dv}};
+    for (const auto& in : inputs) {
+      float* x = reinterpret_cast<float*>(in.input->data());
+      double largest = 0, worst = 0;
+      for (int64_t n = 0; n < in.input->count(); ++n) {
+        const float x0 = x[n];
+        x[n] = x0 + 1e-3f;
+        const double up = loss(), x_up = x[n];
+        x[n] = x0 - 1e-3f;
+        const double down = loss(), x_down = x[n];
+        x[n] = x0;
+        const double numeric = (up - down) / (x_up - x_down);
+        largest = std::max(largest, std::abs(numeric));
+        worst = std::max(worst, std::abs(numeric - (*in.grad)[size_t(n)]));
+      }
+      EXPECT_GT(largest, 0.1) << in.name;  // not vacuous
+      EXPECT_LT(worst, 1e-5 * std::max(1.0, largest))
+          << in.name << " dropout " << dropout << ": finite differences differ by " << worst;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashattn::testing

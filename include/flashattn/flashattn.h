@@ -56,9 +56,10 @@ typedef struct fa_options {
   int32_t window_right; /* -1: unbounded */
   float softcap;        /* 0: off */
   const fa_tensor* alibi_slopes; /* NULL: off; fp32 (H) or (B, H) */
-  float dropout_p;
+  float dropout_p;      /* [0, 1); 0: off (CPU backend only for now) */
   uint64_t dropout_seed;
   uint64_t dropout_offset;
+  int32_t deterministic; /* backward: bitwise reproducible gradients (the CPU always is) */
 } fa_options;
 
 typedef struct fa_execution {
@@ -72,6 +73,7 @@ typedef struct fa_run_info {
   size_t struct_size;
   int32_t backend; /* the backend that ran */
   size_t workspace_bytes;
+  int32_t deterministic; /* 1: the result is bitwise reproducible */
 } fa_run_info;
 
 void fa_options_init(fa_options* options);
@@ -90,6 +92,23 @@ fa_status fa_forward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_ten
                             int64_t max_seqlen_q, int64_t max_seqlen_k,
                             const fa_tensor* seqused_k, const fa_options* options,
                             const fa_execution* execution, fa_run_info* info);
+
+/* Dense backward: gradients of sum(dout * out). lse (B, H, Sq) fp32 is required; dq, dk, dv
+ * have the shapes and dtype of q, k, v. options, execution and info may be NULL. */
+fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                      const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
+                      const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv,
+                      const fa_options* options, const fa_execution* execution,
+                      fa_run_info* info);
+
+/* Varlen backward. lse (H, total_q) is required; seqused_k may be NULL. */
+fa_status fa_backward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                             const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
+                             const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv,
+                             const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
+                             int64_t max_seqlen_q, int64_t max_seqlen_k,
+                             const fa_tensor* seqused_k, const fa_options* options,
+                             const fa_execution* execution, fa_run_info* info);
 
 /* The calling thread's last error message ("" when none). Valid until its next call. */
 const char* fa_last_error(void);

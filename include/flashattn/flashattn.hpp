@@ -87,9 +87,16 @@ struct Options {
   int32_t window_right = -1;           // -1: unbounded (forced to 0 by causal)
   float softcap = 0.0f;                // 0: off; c > 0: s = c * tanh(s / c)
   std::optional<TensorView> alibi_slopes;  // fp32, (H) or (B, H)
-  float dropout_p = 0.0f;              // only 0 is accepted until dropout lands
+  // Dropout (training): each probability is kept with probability 1 - dropout_p and scaled by
+  // 1 / (1 - dropout_p); the keep bit is a pure function of (seed, offset, b, h, i, j)
+  // (src/common/philox.hpp), so a backward with the same options sees the forward's mask.
+  // CPU backend only for now; lse stays that of the undropped softmax.
+  float dropout_p = 0.0f;              // in [0, 1); 0: off
   uint64_t dropout_seed = 0;
-  uint64_t dropout_offset = 0;
+  uint64_t dropout_offset = 0;         // advance it between training steps for a fresh mask
+  // Backward: ask for gradients that are bitwise identical run to run. The CPU engine is
+  // deterministic whatever this says (docs/ARCHITECTURE.md says how).
+  bool deterministic = false;
 };
 
 enum class Backend : int32_t { Auto = 0, CPU = 1, CUDA = 2 };
@@ -115,9 +122,10 @@ struct Varlen {
 struct RunInfo {
   Backend backend = Backend::CPU;  // the backend that ran
   size_t workspace_bytes = 0;      // peak memory the engine allocated beyond the caller's tensors
+  bool deterministic = true;       // the result is bitwise reproducible (always, on the CPU)
 };
 
-// out = softmax(mask(scale * q k^T)) v, and lse = logsumexp of each row (skipped when absent).
+// out = dropout(softmax(mask(scale * q k^T))) v, and lse = logsumexp of each row (skipped when absent).
 RunInfo forward(const TensorView& q, const TensorView& k, const TensorView& v,
                 const TensorView& out, const std::optional<TensorView>& lse,
                 const Options& options = {}, const Execution& execution = {});
@@ -126,6 +134,22 @@ RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorVie
                        const TensorView& out, const std::optional<TensorView>& lse,
                        const Varlen& varlen, const Options& options = {},
                        const Execution& execution = {});
+
+// Gradients of L = sum(dout * out) for a forward call with the same options: q, k, v, out
+// and lse (required) are the forward's inputs and outputs; dout has out's shape and dtype;
+// dq, dk, dv (outputs, same shapes and dtype as q, k, v) are fully overwritten, with dk/dv
+// summed over the query heads of each GQA group. Rows that saw no key get zero gradients.
+// Varlen: rows of dq/dk/dv outside every sequence (past cu_seqlens[B]) are not written.
+RunInfo backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& out, const TensorView& dout, const TensorView& lse,
+                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                 const Options& options = {}, const Execution& execution = {});
+
+RunInfo backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const TensorView& lse,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const Varlen& varlen, const Options& options = {},
+                        const Execution& execution = {});
 
 // What this build holds and what it can see.
 struct CudaDevice {

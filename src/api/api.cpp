@@ -3,6 +3,7 @@
 #include <string>
 
 #include "api/validate.hpp"
+#include "cpu/backward.hpp"
 #include "cpu/forward.hpp"
 #include "cuda/devices.hpp"
 #include "cuda/forward.hpp"
@@ -127,7 +128,36 @@ RunInfo run(const detail::ValidatedForward& call) {
               backend_name(call.backend));
 }
 
+RunInfo run(const detail::ValidatedBackward& call) {
+  RunInfo info;
+  info.backend = call.backend;
+  // The CUDA backward arrives with a later issue; validation rejects it before this point.
+  if (call.backend == Backend::CPU) {
+    info.workspace_bytes = detail::cpu::backward(call.params);
+    return info;
+  }
+  throw Error(ErrorCode::Internal, "backend", "a resolved backend with a backward kernel",
+              backend_name(call.backend));
+}
+
 }  // namespace
+
+RunInfo backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const TensorView& out, const TensorView& dout, const TensorView& lse,
+                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                 const Options& options, const Execution& execution) {
+  return run(detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, nullptr, options,
+                                       execution));
+}
+
+RunInfo backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const TensorView& lse,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const Varlen& varlen, const Options& options,
+                        const Execution& execution) {
+  return run(detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, &varlen, options,
+                                       execution));
+}
 
 RunInfo forward(const TensorView& q, const TensorView& k, const TensorView& v,
                 const TensorView& out, const std::optional<TensorView>& lse,

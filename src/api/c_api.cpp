@@ -56,6 +56,7 @@ flashattn::Options to_options(const fa_options* o) {
   options.dropout_p = o->dropout_p;
   options.dropout_seed = o->dropout_seed;
   options.dropout_offset = o->dropout_offset;
+  options.deterministic = o->deterministic != 0;
   return options;
 }
 
@@ -73,6 +74,19 @@ void report(fa_run_info* info, const flashattn::RunInfo& result) {
   if (info == nullptr) return;
   info->backend = static_cast<int32_t>(result.backend);
   info->workspace_bytes = result.workspace_bytes;
+  info->deterministic = result.deterministic ? 1 : 0;
+}
+
+flashattn::Varlen to_varlen(const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
+                            int64_t max_seqlen_q, int64_t max_seqlen_k,
+                            const fa_tensor* seqused_k) {
+  flashattn::Varlen varlen;
+  varlen.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
+  varlen.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
+  varlen.max_seqlen_q = max_seqlen_q;
+  varlen.max_seqlen_k = max_seqlen_k;
+  varlen.seqused_k = to_optional_view(seqused_k, "seqused_k");
+  return varlen;
 }
 
 // Runs `body`, turning exceptions into a status and the thread's last error message.
@@ -140,16 +154,46 @@ fa_status fa_forward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_ten
                             const fa_execution* execution, fa_run_info* info) {
   return guarded([&] {
     check_struct_size(info, "info", "fa_run_info_init");
-    flashattn::Varlen varlen;
-    varlen.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
-    varlen.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
-    varlen.max_seqlen_q = max_seqlen_q;
-    varlen.max_seqlen_k = max_seqlen_k;
-    varlen.seqused_k = to_optional_view(seqused_k, "seqused_k");
+    const flashattn::Varlen varlen =
+        to_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k);
     report(info, flashattn::forward_varlen(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
                                            to_view(out, "out"), to_optional_view(lse, "lse"),
                                            varlen, to_options(options),
                                            to_execution(execution)));
+  });
+}
+
+fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                      const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
+                      const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv,
+                      const fa_options* options, const fa_execution* execution,
+                      fa_run_info* info) {
+  return guarded([&] {
+    check_struct_size(info, "info", "fa_run_info_init");
+    report(info, flashattn::backward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                                     to_view(out, "out"), to_view(dout, "dout"),
+                                     to_view(lse, "lse"), to_view(dq, "dq"), to_view(dk, "dk"),
+                                     to_view(dv, "dv"), to_options(options),
+                                     to_execution(execution)));
+  });
+}
+
+fa_status fa_backward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                             const fa_tensor* out, const fa_tensor* dout, const fa_tensor* lse,
+                             const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv,
+                             const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
+                             int64_t max_seqlen_q, int64_t max_seqlen_k,
+                             const fa_tensor* seqused_k, const fa_options* options,
+                             const fa_execution* execution, fa_run_info* info) {
+  return guarded([&] {
+    check_struct_size(info, "info", "fa_run_info_init");
+    const flashattn::Varlen varlen =
+        to_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k);
+    report(info, flashattn::backward_varlen(
+                     to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
+                     to_view(dout, "dout"), to_view(lse, "lse"), to_view(dq, "dq"),
+                     to_view(dk, "dk"), to_view(dv, "dv"), varlen, to_options(options),
+                     to_execution(execution)));
   });
 }
 

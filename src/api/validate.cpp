@@ -266,9 +266,6 @@ void check_options(const Options& o) {
     fail("window_right", "-1 (unbounded) or a key count >= 0", std::to_string(o.window_right));
   if (!(o.dropout_p >= 0.0f && o.dropout_p < 1.0f))
     fail("dropout_p", "a probability in [0, 1)", number_string(o.dropout_p));
-  if (o.dropout_p > 0.0f)
-    unsupported("dropout_p", "0 (dropout is not implemented in this version)",
-                number_string(o.dropout_p));
 }
 
 // Reads a host int32 vector (cu_seqlens, seqused_k); device tensors are checked by the backend.
@@ -297,6 +294,16 @@ void check_cu_seqlens(const std::string& name, const TensorView& cu, int64_t tot
   if (c[n - 1] > total_rows)
     fail(name, "a last entry <= the " + std::to_string(total_rows) + " rows of the tensor",
          name + "[" + std::to_string(n - 1) + "] = " + std::to_string(c[n - 1]));
+}
+
+// The (batch, row, head) strides of a dense (B, S, H, D) or varlen (total, H, D) tensor; a
+// varlen batch has no batch stride (rows are found through cu_seqlens).
+void row_strides(const TensorView& t, bool is_varlen, int64_t& batch_stride,
+                 int64_t& row_stride, int64_t& head_stride) {
+  const size_t r = is_varlen ? 0 : 1;
+  batch_stride = is_varlen ? 0 : t.strides[0];
+  row_stride = t.strides[r];
+  head_stride = t.strides[r + 1];
 }
 
 }  // namespace
@@ -465,6 +472,11 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
   if (backend == Backend::CUDA) {
     if (!cuda_compiled())
       unsupported("backend", "cpu or auto (this build has no CUDA backend)", "cuda");
+    // The kernels have no dropout yet: never run them as if p were 0.
+    if (options.dropout_p > 0.0f)
+      unsupported("dropout_p",
+                  "0 on the cuda backend (dropout on cuda arrives with the CUDA backward)",
+                  number_string(options.dropout_p));
     if (q.device.type != DeviceType::CUDA)
       fail("q", "a tensor in GPU memory for the cuda backend", "a tensor on " +
                                                                  device_string(q.device));
@@ -498,9 +510,7 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
   p.seqlen_k = is_varlen ? varlen->max_seqlen_k : rows_k;
   const auto strides_of = [&](const TensorView& t, int64_t& batch_stride, int64_t& row_stride,
                               int64_t& head_stride) {
-    batch_stride = is_varlen ? 0 : t.strides[0];
-    row_stride = t.strides[static_cast<size_t>(r)];
-    head_stride = t.strides[static_cast<size_t>(r + 1)];
+    row_strides(t, is_varlen, batch_stride, row_stride, head_stride);
   };
   strides_of(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
   strides_of(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
@@ -526,8 +536,86 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
     p.alibi_slopes = static_cast<const float*>(options.alibi_slopes->data);
     p.alibi_batch_stride = options.alibi_slopes->ndim == 2 ? heads : 0;
   }
+  p.dropout_p = options.dropout_p;
+  p.dropout_seed = options.dropout_seed;
+  p.dropout_offset = options.dropout_offset;
   p.num_threads = execution.num_threads;
   p.stream = execution.stream;
+  return result;
+}
+
+ValidatedBackward validate_backward(const TensorView& q, const TensorView& k,
+                                    const TensorView& v, const TensorView& out,
+                                    const TensorView& dout, const TensorView& lse,
+                                    const TensorView& dq, const TensorView& dk,
+                                    const TensorView& dv, const Varlen* varlen,
+                                    const Options& options, const Execution& execution) {
+  // The forward's own checks cover q, k, v, out, lse, the options and the backend.
+  const ValidatedForward forward =
+      validate_forward(q, k, v, out, lse, varlen, options, execution);
+  if (forward.backend == Backend::CUDA)
+    unsupported("backend", "cpu (the CUDA backward arrives with a later version)", "cuda");
+
+  const bool is_varlen = varlen != nullptr;
+  const int rank = is_varlen ? 3 : 4;
+  struct Gradient {
+    const char* name;
+    const TensorView* view;
+    const TensorView* like;
+    const char* like_name;
+    Extent extent;
+  };
+  Gradient grads[] = {{"dq", &dq, &q, "q", {}}, {"dk", &dk, &k, "k", {}}, {"dv", &dv, &v, "v", {}}};
+  const Extent dout_extent = check_view("dout", dout, rank);
+  for (Gradient& g : grads) g.extent = check_view(g.name, *g.view, rank);
+  const auto check_like = [](const char* name, const TensorView& t, const TensorView& like,
+                             const char* like_name) {
+    check_dtype(name, t, like.dtype);
+    check_same_device(name, t, like);
+    for (int d = 0; d < t.ndim; ++d)
+      if (t.sizes[static_cast<size_t>(d)] != like.sizes[static_cast<size_t>(d)])
+        fail(name, "shape " + shape_string(like) + " like " + like_name,
+             "shape " + shape_string(t));
+  };
+  check_like("dout", dout, out, "out");
+  for (const Gradient& g : grads) {
+    check_like(g.name, *g.view, *g.like, g.like_name);
+    check_no_self_overlap(g.name, *g.view);
+  }
+
+  // The gradients are written while every input is still being read.
+  std::vector<std::pair<const char*, const TensorView*>> inputs{
+      {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}};
+  if (options.alibi_slopes) inputs.emplace_back("alibi_slopes", &*options.alibi_slopes);
+  if (is_varlen) {
+    inputs.emplace_back("cu_seqlens_q", &varlen->cu_seqlens_q);
+    inputs.emplace_back("cu_seqlens_k", &varlen->cu_seqlens_k);
+    if (varlen->seqused_k) inputs.emplace_back("seqused_k", &*varlen->seqused_k);
+  }
+  for (size_t n = 0; n < std::size(grads); ++n) {
+    const Gradient& g = grads[n];
+    for (const auto& [name, view] : inputs)
+      check_disjoint(g.name, *g.view, g.extent, name, *view,
+                     view == &dout ? dout_extent : check_view(name, *view, view->ndim));
+    for (size_t m = 0; m < n; ++m)
+      check_disjoint(g.name, *g.view, g.extent, grads[m].name, *grads[m].view, grads[m].extent);
+  }
+  check_pointer_location("dout", dout);
+  for (const Gradient& g : grads) check_pointer_location(g.name, *g.view);
+
+  ValidatedBackward result;
+  result.backend = forward.backend;
+  BackwardParams& p = result.params;
+  p.fwd = forward.params;
+  p.dout = dout.data;
+  p.dq = dq.data;
+  p.dk = dk.data;
+  p.dv = dv.data;
+  row_strides(dout, is_varlen, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride);
+  row_strides(dq, is_varlen, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  row_strides(dk, is_varlen, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  row_strides(dv, is_varlen, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  p.deterministic = options.deterministic;
   return result;
 }
 

@@ -42,12 +42,31 @@ struct ForwardParams {
   int32_t window_right = -1;
   const float* alibi_slopes = nullptr;  // null: off
   int64_t alibi_batch_stride = 0;       // 0 when the slopes are (H)
+  // Dropout (common/philox.hpp): p = 0 is off; the keep bits come from (seed, offset).
+  float dropout_p = 0.0f;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
 
   int32_t num_threads = 0;  // CPU only
   void* stream = nullptr;   // CUDA only
 
   FA_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
   FA_HOST_DEVICE int32_t group_size() const { return heads / heads_k; }  // query heads per key/value head
+};
+
+// The normalised description of one backward call: the forward it differentiates (whose out
+// and lse are now inputs; lse is required) plus dout and the three gradients, addressed like
+// out, q, k and v respectively (same row0 rule, their own strides).
+struct BackwardParams {
+  ForwardParams fwd;
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  bool deterministic = false;  // what the caller asked; the CPU engine always is
 };
 
 // Where sequence b starts and how long it is, for dense and varlen alike.

@@ -3,7 +3,8 @@
 // Work item = (batch, head, block of kBlockQ query rows). A thread loads its query block once
 // (converted to fp32, pre-scaled), then walks the visible key blocks: converts kBlockK keys
 // (transposed) and values to fp32, computes the score tile, applies softcap/ALiBi/mask, and
-// folds the tile into a running max, sum and output accumulator (online softmax). Keys that
+// folds the tile into a running max, sum and output accumulator (online softmax), dropping
+// probabilities (common/philox.hpp) after they entered the sum. Keys that
 // no row of the block can see are never loaded. Working memory is a fixed set of tiles per
 // thread, so it does not depend on the sequence lengths at all.
 #include "cpu/forward.hpp"
@@ -12,13 +13,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "common/mask.hpp"
 #include "common/numeric.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/tiles.hpp"
 
 namespace flashattn::detail::cpu {
 namespace {
@@ -62,35 +65,9 @@ struct Tiles {
   }
 };
 
-// Applies softcap, ALiBi and the mask to a score tile of rows [i0, i0+rows) x keys
-// [j0, j0+cols). Entries past `cols` (the zero padding of a short last block) become -inf.
-void modify_scores(const ForwardParams& p, const SequenceView& seq, float slope, float* s,
-                   int64_t i0, int rows, int64_t j0, int cols) {
-  const bool full = cols == kBlockK && block_fully_visible(i0, i0 + rows, j0, j0 + cols,
-                                                          seq.seqlen_q, seq.seqlen_k,
-                                                          p.window_left, p.window_right);
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  for (int r = 0; r < rows; ++r) {
-    float* row = s + static_cast<int64_t>(r) * kBlockK;
-    const int64_t i = i0 + r;
-    if (p.softcap > 0.0f)  // q was pre-divided by the cap, so the row holds s / cap already
-      for (int j = 0; j < cols; ++j) row[j] = p.softcap * std::tanh(row[j]);
-    if (p.alibi_slopes != nullptr)
-      for (int j = 0; j < cols; ++j)
-        row[j] += alibi_bias(slope, i, j0 + j, seq.seqlen_q, seq.seqlen_k);
-    if (full) continue;
-    const KeyRange keys = visible_keys(i, seq.seqlen_q, seq.seqlen_k, p.window_left,
-                                       p.window_right);
-    const int64_t lo = std::clamp<int64_t>(keys.begin - j0, 0, cols);
-    const int64_t hi = std::clamp<int64_t>(keys.end - j0, lo, cols);
-    for (int64_t j = 0; j < lo; ++j) row[j] = kNegInf;
-    for (int64_t j = hi; j < kBlockK; ++j) row[j] = kNegInf;
-  }
-}
-
 template <typename T>
-void attend_query_block(const ForwardParams& p, int32_t b, int32_t h, int64_t block,
-                        Tiles& t) {
+void attend_query_block(const ForwardParams& p, const DropoutRng* dropout, int32_t b,
+                        int32_t h, int64_t block, Tiles& t) {
   const SequenceView seq = sequence_view(p, b);
   const int64_t i0 = block * kBlockQ;
   if (i0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than max_seqlen_q
@@ -105,9 +82,7 @@ void attend_query_block(const ForwardParams& p, int32_t b, int32_t h, int64_t bl
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + seq.k_row0 * p.v_row_stride +
                hk * p.v_head_stride;
 
-  const float q_scale = p.softcap > 0.0f ? p.softmax_scale / p.softcap : p.softmax_scale;
-  for (int r = 0; r < rows; ++r)
-    convert_row(q + r * p.q_row_stride, t.q + static_cast<int64_t>(r) * D, D, q_scale);
+  load_rows(q, p.q_row_stride, rows, D, query_scale(p), t.q);
   std::fill(t.m, t.m + rows, -std::numeric_limits<float>::infinity());
   std::fill(t.l, t.l + rows, 0.0f);
   std::fill(t.acc, t.acc + static_cast<int64_t>(rows) * Dv, 0.0f);
@@ -116,23 +91,24 @@ void attend_query_block(const ForwardParams& p, int32_t b, int32_t h, int64_t bl
 
   const KeyRange keys = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
                                              p.window_left, p.window_right);
-  float key_row[256];  // one key row in fp32 before it is scattered into kt
   for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.end - j0));
-    for (int j = 0; j < cols; ++j) {
-      convert_row(k + (j0 + j) * p.k_row_stride, key_row, D, 1.0f);
-      for (int d = 0; d < D; ++d) t.kt[static_cast<int64_t>(d) * kBlockK + j] = key_row[d];
-      convert_row(v + (j0 + j) * p.v_row_stride, t.v + static_cast<int64_t>(j) * Dv, Dv, 1.0f);
-    }
-    for (int d = 0; cols < kBlockK && d < D; ++d)
-      std::fill(t.kt + static_cast<int64_t>(d) * kBlockK + cols,
-                t.kt + static_cast<int64_t>(d + 1) * kBlockK, 0.0f);
+    load_transposed(k + j0 * p.k_row_stride, p.k_row_stride, cols, D, t.kt);
+    load_rows(v + j0 * p.v_row_stride, p.v_row_stride, cols, Dv, 1.0f, t.v);
 
     score_tile(t.q, t.kt, t.s, rows, D);
     modify_scores(p, seq, slope, t.s, i0, rows, j0, cols);
-    for (int r = 0; r < rows; ++r)
-      softmax_step(t.s + static_cast<int64_t>(r) * kBlockK, t.m + r, t.l + r,
-                   t.acc + static_cast<int64_t>(r) * Dv, Dv);
+    for (int r = 0; r < rows; ++r) {
+      float* row = t.s + static_cast<int64_t>(r) * kBlockK;
+      softmax_step(row, t.m + r, t.l + r, t.acc + static_cast<int64_t>(r) * Dv, Dv);
+      // Dropout acts after the row sum is taken: l (and so lse) is of the undropped softmax,
+      // and only what multiplies v is dropped and rescaled.
+      if (dropout != nullptr) {
+        float m[kBlockK];
+        dropout_multipliers(*dropout, b, h, i0 + r, j0, cols, m);
+        for (int j = 0; j < cols; ++j) row[j] *= m[j];
+      }
+    }
     accumulate_pv(t.s, t.v, t.acc, rows, cols, Dv);
   }
 
@@ -170,6 +146,9 @@ size_t forward_typed(const ForwardParams& p) {
   const int64_t threads =
       std::min<int64_t>(p.num_threads > 0 ? p.num_threads : omp_get_max_threads(), work_items);
   const int64_t per_thread = Tiles::floats_needed(p.head_dim, p.head_dim_v);
+  std::optional<DropoutRng> dropout;
+  if (p.dropout_p > 0.0f)
+    dropout = make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p);
   std::vector<float> workspace(static_cast<size_t>(threads * per_thread + kAlignFloats));
   float* base = workspace.data();
   while (reinterpret_cast<uintptr_t>(base) % (kAlignFloats * sizeof(float)) != 0) ++base;
@@ -182,7 +161,7 @@ size_t forward_typed(const ForwardParams& p) {
     for (int32_t b = 0; b < p.batch; ++b)
       for (int32_t h = 0; h < p.heads; ++h)
         for (int64_t block = 0; block < query_blocks; ++block)
-          attend_query_block<T>(p, b, h, block, tiles);
+          attend_query_block<T>(p, dropout ? &*dropout : nullptr, b, h, block, tiles);
   }
   return workspace.size() * sizeof(float);
 }

@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include "common/numeric.hpp"
+#include "common/philox.hpp"
 
 namespace flashattn::reference {
 namespace {
@@ -61,108 +63,283 @@ std::vector<double> gather(const TensorView& t) {
   return values;
 }
 
+namespace {
+
+// One call's geometry, and where sequence b lives.
+struct Problem {
+  const TensorView &q, &k, &v;
+  const Options& options;
+  const Varlen* varlen;
+  Arithmetic arithmetic;
+  bool ragged;
+  int r;  // first dim after the batch dim
+  int64_t B, H, D, Hk, Dv, rows_q, rows_k;
+  double scale, cap;
+  int64_t left, right;
+  std::optional<detail::DropoutRng> dropout;
+
+  Problem(const TensorView& q_, const TensorView& k_, const TensorView& v_, const Options& o,
+          const Varlen* vl, Arithmetic a)
+      : q(q_), k(k_), v(v_), options(o), varlen(vl), arithmetic(a), ragged(vl != nullptr),
+        r(ragged ? 0 : 1) {
+    B = ragged ? varlen->cu_seqlens_q.size(0) - 1 : q.size(0);
+    H = q.size(r + 1);
+    D = q.size(r + 2);
+    Hk = k.size(r + 1);
+    Dv = v.size(r + 2);
+    rows_q = q.size(r);
+    rows_k = k.size(r);
+    scale = options.softmax_scale ? *options.softmax_scale : 1.0 / std::sqrt(double(D));
+    cap = options.softcap;
+    left = options.window_left;
+    right = options.causal ? 0 : options.window_right;
+    if (options.dropout_p > 0)
+      dropout = detail::make_dropout_rng(options.dropout_seed, options.dropout_offset,
+                                         options.dropout_p);
+  }
+
+  double rnd(double x) const { return round_to(q.dtype, arithmetic, x); }
+
+  struct Sequence {
+    int64_t q0 = 0, k0 = 0, Sq = 0, Sk = 0;
+  };
+  Sequence sequence(int64_t b) const {
+    Sequence s{0, 0, rows_q, rows_k};
+    if (ragged) {
+      const auto* cq = static_cast<const int32_t*>(varlen->cu_seqlens_q.data);
+      const auto* ck = static_cast<const int32_t*>(varlen->cu_seqlens_k.data);
+      s.q0 = cq[b];
+      s.k0 = ck[b];
+      s.Sq = cq[b + 1] - cq[b];
+      s.Sk = ck[b + 1] - ck[b];
+      if (varlen->seqused_k) s.Sk = static_cast<const int32_t*>(varlen->seqused_k->data)[b];
+    }
+    return s;
+  }
+
+  // A (rows, width) double matrix of one head of t (read once; the loops would otherwise
+  // decode every element Sk or Sq times).
+  std::vector<double> load(const TensorView& t, int64_t b, int64_t head, int64_t row0,
+                           int64_t rows, int64_t width) const {
+    std::vector<double> m(static_cast<size_t>(rows * width));
+    const int64_t base = (ragged ? 0 : b * t.stride(0)) + head * t.stride(r + 1);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t d = 0; d < width; ++d)
+        m[size_t(i * width + d)] = element(t, base + (row0 + i) * t.stride(r) + d);
+    return m;
+  }
+
+  // Flat index of (row, head) in a contiguous (rows, heads, width) layout of q or k.
+  int64_t row_index(int64_t b, int64_t row, int64_t Srows) const {
+    return ragged ? row : b * Srows + row;
+  }
+};
+
+// Steps 1-6 of SPEC.md for one (b, h): the scores, the softmax P (undropped, 0 where not
+// visible), the dropout multipliers M, each row's lse, and tanh(r / cap) for the softcap's
+// derivative.
+struct Head {
+  int64_t Sq = 0, Sk = 0;
+  std::vector<double> Q, K, V;
+  std::vector<double> P, M, tanh;
+  std::vector<char> visible;
+  std::vector<double> lse;
+
+  Head(const Problem& pr, int64_t b, int64_t h) {
+    const Problem::Sequence seq = pr.sequence(b);
+    Sq = seq.Sq;
+    Sk = seq.Sk;
+    const int64_t hk = h / (pr.H / pr.Hk);
+    Q = pr.load(pr.q, b, h, seq.q0, Sq, pr.D);
+    K = pr.load(pr.k, b, hk, seq.k0, Sk, pr.D);
+    V = pr.load(pr.v, b, hk, seq.k0, Sk, pr.Dv);
+    double slope = 0;
+    if (pr.options.alibi_slopes) {
+      const auto* s = static_cast<const float*>(pr.options.alibi_slopes->data);
+      slope = pr.options.alibi_slopes->ndim == 2 ? s[b * pr.H + h] : s[h];
+    }
+    const size_t n = static_cast<size_t>(Sq * Sk);
+    std::vector<double> S(n);
+    P.assign(n, 0.0);
+    M.assign(n, 1.0);
+    tanh.assign(n, 0.0);
+    visible.assign(n, 0);
+    lse.assign(static_cast<size_t>(Sq), -std::numeric_limits<double>::infinity());
+    for (int64_t i = 0; i < Sq; ++i) {
+      for (int64_t j = 0; j < Sk; ++j) {
+        const size_t ij = size_t(i * Sk + j);
+        double dot = 0;
+        for (int64_t d = 0; d < pr.D; ++d) dot += Q[size_t(i * pr.D + d)] * K[size_t(j * pr.D + d)];
+        double s = pr.rnd(pr.scale * pr.rnd(dot));
+        if (pr.cap > 0) {
+          tanh[ij] = std::tanh(s / pr.cap);
+          s = pr.rnd(pr.cap * tanh[ij]);
+        }
+        if (pr.options.alibi_slopes) s = pr.rnd(s - slope * std::abs(double(i + Sk - Sq - j)));
+        const int64_t diag = i + Sk - Sq;
+        visible[ij] = (pr.left < 0 || j >= diag - pr.left) && (pr.right < 0 || j <= diag + pr.right);
+        S[ij] = s;
+        if (pr.dropout)
+          M[ij] = pr.dropout->keep(uint32_t(b), uint32_t(h), uint32_t(i), uint32_t(j))
+                      ? 1.0 / (1.0 - double(pr.options.dropout_p))
+                      : 0.0;
+      }
+    }
+    // Step 5: softmax over the visible keys (a row that sees none keeps P = 0, lse = -inf).
+    for (int64_t i = 0; i < Sq; ++i) {
+      double mx = -std::numeric_limits<double>::infinity();
+      bool any = false, nan = false;
+      for (int64_t j = 0; j < Sk; ++j) {
+        if (!visible[size_t(i * Sk + j)]) continue;
+        const double s = S[size_t(i * Sk + j)];
+        any = true;
+        if (std::isnan(s)) nan = true;
+        mx = std::max(mx, s);
+      }
+      if (!any) continue;
+      if (nan) mx = std::numeric_limits<double>::quiet_NaN();
+      double sum = 0;
+      for (int64_t j = 0; j < Sk; ++j)
+        if (visible[size_t(i * Sk + j)]) sum += std::exp(S[size_t(i * Sk + j)] - mx);
+      lse[size_t(i)] = mx + std::log(sum);
+      for (int64_t j = 0; j < Sk; ++j)
+        if (visible[size_t(i * Sk + j)])
+          P[size_t(i * Sk + j)] = pr.rnd(std::exp(S[size_t(i * Sk + j)] - mx) / sum);
+    }
+  }
+
+  // Step 6: the probability that multiplies v_j (0 where masked or dropped).
+  double dropped(const Problem& pr, size_t ij) const {
+    return M[ij] == 1.0 ? P[ij] : pr.rnd(P[ij] * M[ij]);
+  }
+
+  // Step 7 for row i: out_i = sum over visible j of (P o M)_ij v_j.
+  void output_row(const Problem& pr, int64_t i, double* o) const {
+    std::vector<double> acc(static_cast<size_t>(pr.Dv), 0.0);
+    for (int64_t j = 0; j < Sk; ++j) {
+      const size_t ij = size_t(i * Sk + j);
+      if (!visible[ij]) continue;
+      const double p = dropped(pr, ij);
+      for (int64_t d = 0; d < pr.Dv; ++d) acc[size_t(d)] += p * V[size_t(j * pr.Dv + d)];
+    }
+    for (int64_t d = 0; d < pr.Dv; ++d) o[d] = pr.rnd(acc[size_t(d)]);
+  }
+};
+
+}  // namespace
+
 Result forward(const TensorView& q, const TensorView& k, const TensorView& v,
                const Options& options, const Varlen* varlen, Arithmetic arithmetic) {
-  const bool ragged = varlen != nullptr;
-  const int r = ragged ? 0 : 1;  // first dim after the batch dim
-  const int64_t B = ragged ? varlen->cu_seqlens_q.size(0) - 1 : q.size(0);
-  const int64_t H = q.size(r + 1), D = q.size(r + 2), Hk = k.size(r + 1), Dv = v.size(r + 2);
-  const int64_t rows_q = q.size(r);
-  const double scale = options.softmax_scale ? *options.softmax_scale : 1.0 / std::sqrt(double(D));
-  const double cap = options.softcap;
-  const int64_t left = options.window_left;
-  const int64_t right = options.causal ? 0 : options.window_right;
-  const DType dtype = q.dtype;
-  const auto rnd = [&](double x) { return round_to(dtype, arithmetic, x); };
-
+  const Problem pr(q, k, v, options, varlen, arithmetic);
+  const int64_t B = pr.B, H = pr.H, Dv = pr.Dv, rows_q = pr.rows_q;
   Result result;
-  result.out.assign(static_cast<size_t>((ragged ? rows_q : B * rows_q) * H * Dv), 0.0);
-  result.lse.assign(static_cast<size_t>((ragged ? rows_q : B * rows_q) * H), 0.0);
+  result.out.assign(static_cast<size_t>((pr.ragged ? rows_q : B * rows_q) * H * Dv), 0.0);
+  result.lse.assign(static_cast<size_t>((pr.ragged ? rows_q : B * rows_q) * H), 0.0);
 
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
-      // Where sequence b lives, and its lengths.
-      int64_t q0 = 0, k0 = 0, Sq = rows_q, Sk = k.size(r);
-      if (ragged) {
-        const auto* cq = static_cast<const int32_t*>(varlen->cu_seqlens_q.data);
-        const auto* ck = static_cast<const int32_t*>(varlen->cu_seqlens_k.data);
-        q0 = cq[b];
-        k0 = ck[b];
-        Sq = cq[b + 1] - cq[b];
-        Sk = ck[b + 1] - ck[b];
-        if (varlen->seqused_k) Sk = static_cast<const int32_t*>(varlen->seqused_k->data)[b];
-      }
-      const int64_t hk = h / (H / Hk);
-      // This (b, h)'s rows of q, k and v as double matrices (read once; the loops below
-      // would otherwise decode every element Sk or Sq times).
-      const auto load = [&](const TensorView& t, int64_t head, int64_t row0, int64_t rows,
-                            int64_t width) {
-        std::vector<double> m(static_cast<size_t>(rows * width));
-        const int64_t base = (ragged ? 0 : b * t.stride(0)) + head * t.stride(r + 1);
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t d = 0; d < width; ++d)
-            m[size_t(i * width + d)] = element(t, base + (row0 + i) * t.stride(r) + d);
-        return m;
-      };
-      const std::vector<double> Q = load(q, h, q0, Sq, D), K = load(k, hk, k0, Sk, D),
-                                V = load(v, hk, k0, Sk, Dv);
-      double slope = 0;
-      if (options.alibi_slopes) {
-        const auto* s = static_cast<const float*>(options.alibi_slopes->data);
-        slope = options.alibi_slopes->ndim == 2 ? s[b * H + h] : s[h];
-      }
-
-      // Steps 1-4 of SPEC.md: the full Sq x Sk score matrix of this (b, h).
-      std::vector<double> S(static_cast<size_t>(Sq * Sk));
-      std::vector<char> visible(static_cast<size_t>(Sq * Sk));
+      const Head head(pr, b, h);
+      const int64_t q0 = pr.sequence(b).q0, Sq = head.Sq;
       for (int64_t i = 0; i < Sq; ++i) {
-        for (int64_t j = 0; j < Sk; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += Q[size_t(i * D + d)] * K[size_t(j * D + d)];
-          double s = rnd(scale * rnd(dot));
-          if (cap > 0) s = rnd(cap * std::tanh(s / cap));
-          if (options.alibi_slopes) s = rnd(s - slope * std::abs(double(i + Sk - Sq - j)));
-          const int64_t diag = i + Sk - Sq;
-          const bool seen = (left < 0 || j >= diag - left) && (right < 0 || j <= diag + right);
-          S[size_t(i * Sk + j)] = s;
-          visible[size_t(i * Sk + j)] = seen;
-        }
-      }
-      // Steps 5 and 7: softmax over the visible keys, then the weighted sum of values.
-      for (int64_t i = 0; i < Sq; ++i) {
-        double mx = -std::numeric_limits<double>::infinity();
-        bool any = false, nan = false;
-        for (int64_t j = 0; j < Sk; ++j) {
-          if (!visible[size_t(i * Sk + j)]) continue;
-          const double s = S[size_t(i * Sk + j)];
-          any = true;
-          if (std::isnan(s)) nan = true;
-          mx = std::max(mx, s);
-        }
-        const int64_t row = ragged ? q0 + i : b * Sq + i;  // row in the out layout
-        double* o = &result.out[size_t((row * H + h) * Dv)];
-        double& lse = result.lse[size_t(ragged ? h * rows_q + q0 + i : (b * H + h) * Sq + i)];
-        if (!any) {  // no visible key: out = 0, lse = -inf
-          lse = -std::numeric_limits<double>::infinity();
-          continue;
-        }
-        if (nan) mx = std::numeric_limits<double>::quiet_NaN();
-        double sum = 0;
-        for (int64_t j = 0; j < Sk; ++j)
-          if (visible[size_t(i * Sk + j)]) sum += std::exp(S[size_t(i * Sk + j)] - mx);
-        lse = mx + std::log(sum);
-        std::vector<double> acc(static_cast<size_t>(Dv), 0.0);
-        for (int64_t j = 0; j < Sk; ++j) {
-          if (!visible[size_t(i * Sk + j)]) continue;
-          const double p = rnd(std::exp(S[size_t(i * Sk + j)] - mx) / sum);
-          for (int64_t d = 0; d < Dv; ++d) acc[size_t(d)] += p * V[size_t(j * Dv + d)];
-        }
-        for (int64_t d = 0; d < Dv; ++d) o[d] = rnd(acc[size_t(d)]);
+        const int64_t row = pr.row_index(b, q0 + i, Sq);  // row in the out layout
+        result.lse[size_t(pr.ragged ? h * rows_q + q0 + i : (b * H + h) * Sq + i)] =
+            head.lse[size_t(i)];
+        head.output_row(pr, i, &result.out[size_t((row * H + h) * Dv)]);
       }
     }
   }
   return result;
+}
+
+Gradients backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& dout, const Options& options, const Varlen* varlen,
+                   Arithmetic arithmetic) {
+  const Problem pr(q, k, v, options, varlen, arithmetic);
+  const int64_t B = pr.B, H = pr.H, Hk = pr.Hk, D = pr.D, Dv = pr.Dv;
+  const int64_t batch_rows_q = pr.ragged ? pr.rows_q : B * pr.rows_q;
+  const int64_t batch_rows_k = pr.ragged ? pr.rows_k : B * pr.rows_k;
+  Gradients g;
+  g.dq.assign(static_cast<size_t>(batch_rows_q * H * D), 0.0);
+  g.dk.assign(static_cast<size_t>(batch_rows_k * Hk * D), 0.0);
+  g.dv.assign(static_cast<size_t>(batch_rows_k * Hk * Dv), 0.0);
+
+  // Parallel over (b, key/value head): the query heads of a group add into the same dk/dv.
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t hk = 0; hk < Hk; ++hk) {
+      const Problem::Sequence seq = pr.sequence(b);
+      std::vector<double> dK(static_cast<size_t>(seq.Sk * D), 0.0),
+          dV(static_cast<size_t>(seq.Sk * Dv), 0.0);
+      for (int64_t h = hk * (H / Hk); h < (hk + 1) * (H / Hk); ++h) {
+        const Head head(pr, b, h);
+        const int64_t Sq = head.Sq, Sk = head.Sk;
+        const std::vector<double> dO = pr.load(dout, b, h, seq.q0, Sq, Dv);
+        std::vector<double> O(static_cast<size_t>(Dv));
+        for (int64_t i = 0; i < Sq; ++i) {
+          if (std::isinf(head.lse[size_t(i)])) continue;  // no visible key: zero gradients
+          const double* dOi = &dO[size_t(i * Dv)];
+          head.output_row(pr, i, O.data());
+          double Di = 0;  // D_i = rowsum(dO o O)
+          for (int64_t d = 0; d < Dv; ++d) Di += dOi[d] * O[size_t(d)];
+          Di = pr.rnd(Di);
+          std::vector<double> dQi(static_cast<size_t>(D), 0.0);
+          for (int64_t j = 0; j < Sk; ++j) {
+            const size_t ij = size_t(i * Sk + j);
+            if (!head.visible[ij]) continue;
+            const double pd = head.dropped(pr, ij);
+            for (int64_t d = 0; d < Dv; ++d) dV[size_t(j * Dv + d)] += pd * dOi[d];
+            double dp = 0;
+            for (int64_t d = 0; d < Dv; ++d) dp += dOi[d] * head.V[size_t(j * Dv + d)];
+            dp = pr.rnd(pr.rnd(dp) * head.M[ij]);
+            double ds = pr.rnd(head.P[ij] * (dp - Di));
+            if (pr.cap > 0) ds = pr.rnd(ds * (1.0 - head.tanh[ij] * head.tanh[ij]));
+            for (int64_t d = 0; d < D; ++d) {
+              dQi[size_t(d)] += ds * head.K[size_t(j * D + d)];
+              dK[size_t(j * D + d)] += ds * head.Q[size_t(i * D + d)];
+            }
+          }
+          double* dq = &g.dq[size_t((pr.row_index(b, seq.q0 + i, Sq) * H + h) * D)];
+          for (int64_t d = 0; d < D; ++d) dq[d] = pr.rnd(pr.scale * dQi[size_t(d)]);
+        }
+      }
+      for (int64_t j = 0; j < seq.Sk; ++j) {
+        const int64_t row = pr.row_index(b, seq.k0 + j, pr.rows_k);
+        for (int64_t d = 0; d < D; ++d)
+          g.dk[size_t((row * Hk + hk) * D + d)] = pr.rnd(pr.scale * dK[size_t(j * D + d)]);
+        for (int64_t d = 0; d < Dv; ++d)
+          g.dv[size_t((row * Hk + hk) * Dv + d)] = pr.rnd(dV[size_t(j * Dv + d)]);
+      }
+    }
+  }
+  return g;
+}
+
+std::vector<uint8_t> dropout_mask(const Options& options, int64_t b, int64_t h, int64_t seqlen_q,
+                                  int64_t seqlen_k) {
+  std::vector<uint8_t> mask(static_cast<size_t>(seqlen_q * seqlen_k), 1);
+  if (options.dropout_p <= 0) return mask;
+  const detail::DropoutRng rng =
+      detail::make_dropout_rng(options.dropout_seed, options.dropout_offset, options.dropout_p);
+  for (int64_t i = 0; i < seqlen_q; ++i)
+    for (int64_t j = 0; j < seqlen_k; ++j)
+      mask[size_t(i * seqlen_k + j)] = rng.keep(uint32_t(b), uint32_t(h), uint32_t(i), uint32_t(j));
+  return mask;
+}
+
+std::vector<double> dropped_probabilities(const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const Options& options) {
+  const Problem pr(q, k, v, options, nullptr, Arithmetic::Float64);
+  const int64_t Sq = pr.rows_q, Sk = pr.rows_k;
+  std::vector<double> probs(static_cast<size_t>(pr.B * pr.H * Sq * Sk), 0.0);
+  for (int64_t b = 0; b < pr.B; ++b)
+    for (int64_t h = 0; h < pr.H; ++h) {
+      const Head head(pr, b, h);
+      for (int64_t ij = 0; ij < Sq * Sk; ++ij)
+        if (head.visible[size_t(ij)])
+          probs[size_t((b * pr.H + h) * Sq * Sk + ij)] = head.dropped(pr, size_t(ij));
+    }
+  return probs;
 }
 
 double max_abs_error(const std::vector<double>& actual, const std::vector<double>& exact) {
@@ -183,21 +360,45 @@ double max_abs_error(const std::vector<double>& actual, const std::vector<double
   return worst;
 }
 
-Check check_forward(DType dtype, const std::vector<double>& actual,
-                    const std::vector<double>& exact, const std::vector<double>& low_precision) {
+namespace {
+
+Check check(DType dtype, const std::vector<double>& actual, const std::vector<double>& exact,
+            const std::vector<double>& low_precision, double low_precision_factor,
+            double magnitude = 1) {
   Check c;
   c.max_abs_error = max_abs_error(actual, exact);
   if (dtype == DType::Float32) {
-    double largest = 1;
+    double largest = std::max(1.0, magnitude);
     for (double e : exact)
       if (std::isfinite(e)) largest = std::max(largest, std::abs(e));
     c.tolerance = 1e-5 * largest;
   } else {
     // The floor covers outputs so small that the low-precision error is itself ~0.
     const double floor = dtype == DType::Float16 ? 1e-4 : 5e-4;
-    c.tolerance = 2 * max_abs_error(low_precision, exact) + floor;
+    c.tolerance = low_precision_factor * max_abs_error(low_precision, exact) + floor;
   }
   return c;
+}
+
+}  // namespace
+
+Check check_forward(DType dtype, const std::vector<double>& actual,
+                    const std::vector<double>& exact, const std::vector<double>& low_precision) {
+  return check(dtype, actual, exact, low_precision, 2);
+}
+
+Check check_backward(DType dtype, const std::vector<double>& actual,
+                     const std::vector<double>& exact, const std::vector<double>& low_precision,
+                     double call_magnitude) {
+  return check(dtype, actual, exact, low_precision, 3, call_magnitude);
+}
+
+double largest_magnitude(const Gradients& g) {
+  double largest = 0;
+  for (const std::vector<double>* grad : {&g.dq, &g.dk, &g.dv})
+    for (double e : *grad)
+      if (std::isfinite(e)) largest = std::max(largest, std::abs(e));
+  return largest;
 }
 
 }  // namespace flashattn::reference

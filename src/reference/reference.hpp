@@ -6,6 +6,7 @@
 // views the engines get, and converted exactly to double.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -21,13 +22,36 @@ enum class Arithmetic {
 
 struct Result {
   std::vector<double> out;  // dense (B, Sq, H, Dv), varlen (total_q, H, Dv); contiguous
-  std::vector<double> lse;  // dense (B, H, Sq), varlen (H, total_q); contiguous
+  std::vector<double> lse;  // dense (B, H, Sq), varlen (H, total_q); contiguous; of the
+                            // undropped softmax, as FlashAttention returns it
 };
 
-// Host tensors only. `varlen` null means a dense batch.
+// Host tensors only. `varlen` null means a dense batch. Dropout (options.dropout_p > 0) uses
+// the library's own keep bits (common/philox.hpp): the mask is an input of the math, not
+// something the oracle could check, and the generator is checked on its own (known answers).
 Result forward(const TensorView& q, const TensorView& k, const TensorView& v,
                const Options& options, const Varlen* varlen = nullptr,
                Arithmetic arithmetic = Arithmetic::Float64);
+
+// The gradients of L = sum(dout * out) with respect to q, k and v, from the explicit formulas
+// with P materialised: dV = (P o M)^T dO, dP = (dO V^T) o M, D = rowsum(dO o O),
+// dS = P o (dP - D), times softcap's derivative 1 - tanh^2, dQ = scale dS K, dK = scale dS^T Q
+// (M: dropout's 0 or 1/(1-p) multipliers). dk/dv sum over the query heads of a group; rows
+// that see no key, and keys that no row sees, get 0. Layouts as q, k and v, contiguous.
+struct Gradients {
+  std::vector<double> dq, dk, dv;
+};
+Gradients backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& dout, const Options& options,
+                   const Varlen* varlen = nullptr, Arithmetic arithmetic = Arithmetic::Float64);
+
+// Test hooks. The keep bits of one (b, h) of a call, row-major (Sq, Sk), 1 = kept (all 1
+// without dropout). And the dropped probabilities P o M of a dense call, (B, H, Sq, Sk): what
+// multiplies V, 0 where masked or dropped.
+std::vector<uint8_t> dropout_mask(const Options& options, int64_t b, int64_t h, int64_t seqlen_q,
+                                  int64_t seqlen_k);
+std::vector<double> dropped_probabilities(const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const Options& options);
 
 // The elements of a host view in row-major logical order, as double.
 std::vector<double> gather(const TensorView& t);
@@ -47,5 +71,15 @@ double max_abs_error(const std::vector<double>& actual, const std::vector<double
 // fp16/bf16: within 2x (forward) the error of the InputDType implementation, plus a floor.
 Check check_forward(DType dtype, const std::vector<double>& actual,
                     const std::vector<double>& exact, const std::vector<double>& low_precision);
+// The same for a gradient: fp32 within 1e-5 relative, fp16/bf16 within 3x the InputDType
+// implementation's error plus a floor. For fp32, "relative" is to the largest exact element
+// of this gradient or `call_magnitude`, the largest of all three gradients of the call: they
+// share the loss's scale, and one of them can be exactly 0 by cancellation alone (with a
+// diagonal mask P = 1, so dS = dP - D = 0 up to fp32 rounding of two long dot products).
+Check check_backward(DType dtype, const std::vector<double>& actual,
+                     const std::vector<double>& exact, const std::vector<double>& low_precision,
+                     double call_magnitude = 1);
+// The largest finite magnitude of any of the gradients (call_magnitude above).
+double largest_magnitude(const Gradients& g);
 
 }  // namespace flashattn::reference

@@ -1,0 +1,320 @@
+// The CPU backward engine: FlashAttention-2's backward on the host, in two passes that each
+// own what they write, so that the result is deterministic by construction.
+//
+// Both passes recompute a tile of probabilities from the forward's saved lse instead of
+// storing P: P = exp(S - lse) with S recomputed exactly as the forward did (tiles.hpp), then
+//   dP = (dO V^T) o M,   dS = P o (dP - D) [o (1 - tanh^2) with a softcap],
+// where D_i = rowsum(dO_i o O_i) and M holds dropout's multipliers (0 or 1/(1-p)).
+//
+// Pass 1, work item = (batch, key/value head, block of kBlockK keys): walks the query heads
+//   of the group and the query blocks that see the keys, accumulating
+//   dV += (P o M)^T dO and dK += dS^T Q in the item's own tiles, then writes them once.
+// Pass 2, work item = (batch, query head, block of kBlockQ query rows): walks the visible
+//   key blocks, accumulating dQ += dS K in its own tile, then writes it once.
+// No two work items write the same element and each sums in a fixed order, so the gradients
+// are bitwise the same on every run and for every thread count, with no atomics and no
+// partial buffers to reduce. The price is recomputing S, P and dP in pass 2 (7 tile matrix
+// products per tile instead of 5). Working memory is a fixed set of tiles per thread.
+#include "cpu/backward.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "common/mask.hpp"
+#include "common/numeric.hpp"
+#include "cpu/exp_approx.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/tiles.hpp"
+
+namespace flashattn::detail::cpu {
+namespace {
+
+static_assert(kBlockQ == kBlockK, "a transposed tile reuses the kBlockK row stride");
+
+constexpr int64_t kAlignFloats = 16;  // 64-byte alignment for every tile
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// One thread's tiles, carved out of a single allocation (shared by both passes).
+struct Tiles {
+  float* q;     // kBlockQ x D, pre-multiplied by query_scale
+  float* dout;  // kBlockQ x Dv
+  float* kt;    // D x kBlockK: keys transposed, zero beyond the last key
+  float* k;     // kBlockK x D: keys (pass 2)
+  float* vt;    // Dv x kBlockK: values transposed, zero beyond the last key
+  float* p;     // kBlockQ x kBlockK: scores, then P, then P o M
+  float* ds;    // kBlockQ x kBlockK: dP, then dS
+  float* grad;  // kBlockQ x kBlockK: softcap's derivative
+  float* mul;   // kBlockQ x kBlockK: dropout multipliers
+  float* tr;    // kBlockK x kBlockQ: a transposed P o M or dS (pass 1)
+  float* acc;   // kBlockK x D: dK (pass 1) or kBlockQ x D: dQ (pass 2)
+  float* acc_v; // kBlockK x Dv: dV (pass 1)
+  float* lse;   // kBlockQ
+  float* d;     // kBlockQ: D_i = rowsum(dO o O)
+  float* row;   // Dv: one row of out in fp32
+
+  static int64_t floats(int head_dim, int head_dim_v, float* base = nullptr, Tiles* t = nullptr) {
+    int64_t used = 0;
+    const auto take = [&](float*& slot, int64_t n) {
+      if (t) slot = base + used;
+      used += round_up(n, kAlignFloats);
+    };
+    float* unused = nullptr;
+    const int64_t tile = int64_t{kBlockQ} * kBlockK;
+    take(t ? t->q : unused, int64_t{kBlockQ} * head_dim);
+    take(t ? t->dout : unused, int64_t{kBlockQ} * head_dim_v);
+    take(t ? t->kt : unused, int64_t{kBlockK} * head_dim);
+    take(t ? t->k : unused, int64_t{kBlockK} * head_dim);
+    take(t ? t->vt : unused, int64_t{kBlockK} * head_dim_v);
+    take(t ? t->p : unused, tile);
+    take(t ? t->ds : unused, tile);
+    take(t ? t->grad : unused, tile);
+    take(t ? t->mul : unused, tile);
+    take(t ? t->tr : unused, tile);
+    take(t ? t->acc : unused, int64_t{kBlockK} * head_dim);
+    take(t ? t->acc_v : unused, int64_t{kBlockK} * head_dim_v);
+    take(t ? t->lse : unused, kBlockQ);
+    take(t ? t->d : unused, kBlockQ);
+    take(t ? t->row : unused, head_dim_v);
+    return used;
+  }
+  Tiles(float* base, int head_dim, int head_dim_v) { floats(head_dim, head_dim_v, base, this); }
+};
+
+// Everything both passes need to know about one call.
+template <typename T>
+struct Pass {
+  const BackwardParams& bp;
+  const ForwardParams& p;
+  const DropoutRng* dropout;
+
+  const T* at(const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+              int32_t b, int64_t row, int32_t h) const {
+    return static_cast<const T*>(base) + b * batch_stride + row * row_stride + h * head_stride;
+  }
+  T* at(void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int32_t b,
+        int64_t row, int32_t h) const {
+    return static_cast<T*>(base) + b * batch_stride + row * row_stride + h * head_stride;
+  }
+
+  float slope(int32_t b, int32_t h) const {
+    return p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
+  }
+
+  // Loads query rows [i0, i0+rows) of (b, h): q, dout, lse and D.
+  void load_queries(const SequenceView& seq, int32_t b, int32_t h, int64_t i0, int rows,
+                    Tiles& t) const {
+    const int D = p.head_dim, Dv = p.head_dim_v;
+    const int64_t row0 = seq.q_row0 + i0;
+    load_rows(at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, row0, h),
+              p.q_row_stride, rows, D, query_scale(p), t.q);
+    load_rows(at(bp.dout, bp.dout_batch_stride, bp.dout_row_stride, bp.dout_head_stride, b,
+                 row0, h),
+              bp.dout_row_stride, rows, Dv, 1.0f, t.dout);
+    const T* out = at(p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride, b, row0, h);
+    const float* lse = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride + row0;
+    for (int r = 0; r < rows; ++r) {
+      t.lse[r] = lse[r];
+      convert_row(out + r * p.out_row_stride, t.row, Dv, 1.0f);
+      const float* dout = t.dout + static_cast<int64_t>(r) * Dv;
+      float sum = 0.0f;
+      for (int d = 0; d < Dv; ++d) sum += dout[d] * t.row[d];
+      t.d[r] = sum;
+    }
+  }
+
+  // The tile of rows [i0, i0+rows) x keys [j0, j0+cols): leaves P o M in t.p and dS in t.ds.
+  // Needs t.q, t.dout, t.lse, t.d, t.kt and t.vt loaded.
+  void tile(const SequenceView& seq, int32_t b, int32_t h, int64_t i0, int rows, int64_t j0,
+            int cols, Tiles& t) const {
+    const int D = p.head_dim, Dv = p.head_dim_v;
+    score_tile(t.q, t.kt, t.p, rows, D);
+    modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
+    score_tile(t.dout, t.vt, t.ds, rows, Dv);  // dO V^T
+    for (int r = 0; r < rows; ++r) {
+      float* prob = t.p + static_cast<int64_t>(r) * kBlockK;
+      float* ds = t.ds + static_cast<int64_t>(r) * kBlockK;
+      const float lse = t.lse[r], d = t.d[r];
+      if (lse == -std::numeric_limits<float>::infinity()) {  // the row saw no key at all
+        std::fill(prob, prob + kBlockK, 0.0f);
+        std::fill(ds, ds + kBlockK, 0.0f);
+        continue;
+      }
+      for (int j = 0; j < kBlockK; ++j) prob[j] = exp_approx(prob[j] - lse);  // masked: 0
+      if (dropout != nullptr) {
+        float* m = t.mul + static_cast<int64_t>(r) * kBlockK;
+        dropout_multipliers(*dropout, b, h, i0 + r, j0, cols, m);
+        for (int j = 0; j < cols; ++j) {
+          ds[j] = prob[j] * (ds[j] * m[j] - d);
+          prob[j] *= m[j];
+        }
+      } else {
+        for (int j = 0; j < cols; ++j) ds[j] = prob[j] * (ds[j] - d);
+      }
+      for (int j = cols; j < kBlockK; ++j) ds[j] = 0.0f;
+      if (p.softcap > 0.0f) {
+        const float* g = t.grad + static_cast<int64_t>(r) * kBlockK;
+        for (int j = 0; j < cols; ++j) ds[j] *= g[j];
+      }
+    }
+  }
+
+  // Pass 1: dK and dV of keys [j0, j0 + kBlockK) of (b, kv head hk).
+  void keys(int32_t b, int32_t hk, int64_t block, Tiles& t) const {
+    const SequenceView seq = sequence_view(p, b);
+    // Keys past seqused_k take no part but are still this item's to write (with 0).
+    const int64_t stored_k = p.is_varlen() ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]
+                                           : seq.seqlen_k;
+    const int64_t j0 = block * kBlockK;
+    if (j0 >= stored_k) return;
+    const int stored = static_cast<int>(std::min<int64_t>(kBlockK, stored_k - j0));
+    const int cols = static_cast<int>(std::clamp<int64_t>(seq.seqlen_k - j0, 0, kBlockK));
+    const int D = p.head_dim, Dv = p.head_dim_v;
+    std::fill(t.acc, t.acc + int64_t{kBlockK} * D, 0.0f);
+    std::fill(t.acc_v, t.acc_v + int64_t{kBlockK} * Dv, 0.0f);
+    if (cols > 0) {
+      load_transposed(at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
+                         seq.k_row0 + j0, hk),
+                      p.k_row_stride, cols, D, t.kt);
+      load_transposed(at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b,
+                         seq.k_row0 + j0, hk),
+                      p.v_row_stride, cols, Dv, t.vt);
+    }
+    for (int32_t h = hk * p.group_size(); cols > 0 && h < (hk + 1) * p.group_size(); ++h) {
+      for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kBlockQ) {
+        const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.seqlen_q - i0));
+        const KeyRange seen = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
+                                                   p.window_left, p.window_right);
+        if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
+        load_queries(seq, b, h, i0, rows, t);
+        tile(seq, b, h, i0, rows, j0, cols, t);
+        transpose(t.p, rows, cols, t.tr);
+        accumulate_pv(t.tr, t.dout, t.acc_v, cols, rows, Dv);  // dV += (P o M)^T dO
+        transpose(t.ds, rows, cols, t.tr);
+        accumulate_pv(t.tr, t.q, t.acc, cols, rows, D);  // dK += dS^T (q * query_scale)
+      }
+    }
+    // dK = scale dS^T q = (scale / query_scale) dS^T (q * query_scale).
+    const float k_scale = p.softcap > 0.0f ? p.softcap : 1.0f;
+    T* dk = at(bp.dk, bp.dk_batch_stride, bp.dk_row_stride, bp.dk_head_stride, b,
+               seq.k_row0 + j0, hk);
+    T* dv = at(bp.dv, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride, b,
+               seq.k_row0 + j0, hk);
+    for (int j = 0; j < stored; ++j) {
+      for (int d = 0; d < D; ++d)
+        dk[j * bp.dk_row_stride + d] = from_float<T>(k_scale * t.acc[int64_t{j} * D + d]);
+      for (int d = 0; d < Dv; ++d)
+        dv[j * bp.dv_row_stride + d] = from_float<T>(t.acc_v[int64_t{j} * Dv + d]);
+    }
+  }
+
+  // Pass 2: dQ of query rows [i0, i0 + kBlockQ) of (b, h).
+  void queries(int32_t b, int32_t h, int64_t block, Tiles& t) const {
+    const SequenceView seq = sequence_view(p, b);
+    const int64_t i0 = block * kBlockQ;
+    if (i0 >= seq.seqlen_q) return;
+    const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.seqlen_q - i0));
+    const int D = p.head_dim, Dv = p.head_dim_v;
+    const int32_t hk = h / p.group_size();
+    std::fill(t.acc, t.acc + int64_t{kBlockQ} * D, 0.0f);
+    const KeyRange keys = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
+                                               p.window_left, p.window_right);
+    if (!keys.empty()) load_queries(seq, b, h, i0, rows, t);
+    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
+      const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.end - j0));
+      const T* k = at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
+                      seq.k_row0 + j0, hk);
+      load_transposed(k, p.k_row_stride, cols, D, t.kt);
+      load_rows(k, p.k_row_stride, cols, D, 1.0f, t.k);
+      load_transposed(at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b,
+                         seq.k_row0 + j0, hk),
+                      p.v_row_stride, cols, Dv, t.vt);
+      tile(seq, b, h, i0, rows, j0, cols, t);
+      accumulate_pv(t.ds, t.k, t.acc, rows, cols, D);  // dQ += dS K
+    }
+    T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
+               seq.q_row0 + i0, h);
+    for (int r = 0; r < rows; ++r)
+      for (int d = 0; d < D; ++d)
+        dq[r * bp.dq_row_stride + d] = from_float<T>(p.softmax_scale * t.acc[int64_t{r} * D + d]);
+  }
+
+  // dst (cols x kBlockQ) = src (rows x kBlockK) transposed, for r < rows, j < cols.
+  static void transpose(const float* src, int rows, int cols, float* dst) {
+    for (int j = 0; j < cols; ++j)
+      for (int r = 0; r < rows; ++r)
+        dst[int64_t{j} * kBlockQ + r] = src[int64_t{r} * kBlockK + j];
+  }
+};
+
+template <typename T>
+size_t backward_typed(const BackwardParams& bp) {
+  const ForwardParams& p = bp.fwd;
+  // Varlen: the grids follow the longest real sequences (the lengths are in host memory).
+  int64_t longest_q = p.seqlen_q, longest_k = p.seqlen_k;
+  if (p.is_varlen()) {
+    longest_q = longest_k = 0;
+    for (int32_t b = 0; b < p.batch; ++b) {
+      longest_q = std::max<int64_t>(longest_q, p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]);
+      longest_k = std::max<int64_t>(longest_k, p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
+    }
+  }
+  const int64_t query_blocks = (longest_q + kBlockQ - 1) / kBlockQ;
+  const int64_t key_blocks = (longest_k + kBlockK - 1) / kBlockK;
+  const int64_t key_items = int64_t{p.batch} * p.heads_k * key_blocks;
+  const int64_t query_items = int64_t{p.batch} * p.heads * query_blocks;
+  const int64_t work_items = std::max(key_items, query_items);
+  if (work_items == 0) return 0;
+  const int64_t threads =
+      std::min<int64_t>(p.num_threads > 0 ? p.num_threads : omp_get_max_threads(), work_items);
+  const int64_t per_thread = Tiles::floats(p.head_dim, p.head_dim_v);
+  std::vector<float> workspace(static_cast<size_t>(threads * per_thread + kAlignFloats));
+  float* base = workspace.data();
+  while (reinterpret_cast<uintptr_t>(base) % (kAlignFloats * sizeof(float)) != 0) ++base;
+
+  std::optional<DropoutRng> dropout;
+  if (p.dropout_p > 0.0f)
+    dropout = make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p);
+  const Pass<T> pass{bp, p, dropout ? &*dropout : nullptr};
+
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  {
+    Tiles tiles(base + omp_get_thread_num() * per_thread, p.head_dim, p.head_dim_v);
+    // Dynamic scheduling: with causal or window masks, blocks differ a lot in cost. Which
+    // thread runs an item never changes what the item computes.
+#pragma omp for collapse(3) schedule(dynamic, 1)
+    for (int32_t b = 0; b < p.batch; ++b)
+      for (int32_t hk = 0; hk < p.heads_k; ++hk)
+        for (int64_t block = 0; block < key_blocks; ++block) pass.keys(b, hk, block, tiles);
+#pragma omp for collapse(3) schedule(dynamic, 1)
+    for (int32_t b = 0; b < p.batch; ++b)
+      for (int32_t h = 0; h < p.heads; ++h)
+        for (int64_t block = 0; block < query_blocks; ++block) pass.queries(b, h, block, tiles);
+  }
+  return workspace.size() * sizeof(float);
+}
+
+}  // namespace
+
+size_t backward(const BackwardParams& params) {
+  switch (params.fwd.dtype) {
+    case DType::Float32:
+      return backward_typed<float>(params);
+    case DType::Float16:
+      return backward_typed<half_t>(params);
+    case DType::BFloat16:
+      return backward_typed<bfloat16_t>(params);
+    case DType::Int32:
+      break;
+  }
+  throw Error(ErrorCode::Internal, "dtype", "fp32, fp16 or bf16 after validation",
+              dtype_name(params.fwd.dtype));
+}
+
+}  // namespace flashattn::detail::cpu

@@ -1,0 +1,52 @@
+// What the CPU forward and backward do to a tile alike: load rows of a strided tensor into
+// fp32 tiles, turn a score tile into masked, capped, biased scores, and draw dropout's
+// multipliers. One copy, so that the backward recomputes exactly the forward's scores.
+#pragma once
+
+#include <cstdint>
+
+#include "common/numeric.hpp"
+#include "common/params.hpp"
+#include "common/philox.hpp"
+#include "cpu/kernels.hpp"
+
+namespace flashattn::detail::cpu {
+
+// dst (rows x width, packed) = scale * the first `rows` rows of a strided tensor.
+template <typename T>
+void load_rows(const T* src, int64_t row_stride, int rows, int width, float scale, float* dst) {
+  for (int r = 0; r < rows; ++r)
+    convert_row(src + r * row_stride, dst + static_cast<int64_t>(r) * width, width, scale);
+}
+
+// Loads `cols` rows of k (or v) transposed into width x kBlockK, zero beyond the last one
+// (score_tile reads all kBlockK columns).
+template <typename T>
+void load_transposed(const T* src, int64_t row_stride, int cols, int width, float* dst) {
+  float row[256];  // one row in fp32 before it is scattered (head dims are at most 256)
+  for (int j = 0; j < cols; ++j) {
+    convert_row(src + j * row_stride, row, width, 1.0f);
+    for (int d = 0; d < width; ++d) dst[static_cast<int64_t>(d) * kBlockK + j] = row[d];
+  }
+  for (int d = 0; cols < kBlockK && d < width; ++d)
+    for (int j = cols; j < kBlockK; ++j) dst[static_cast<int64_t>(d) * kBlockK + j] = 0.0f;
+}
+
+// The factor the query tile is loaded with: with a softcap, q is pre-divided by the cap so
+// that score_tile yields s / cap, the argument of tanh.
+inline float query_scale(const ForwardParams& p) {
+  return p.softcap > 0.0f ? p.softmax_scale / p.softcap : p.softmax_scale;
+}
+
+// Applies softcap, ALiBi and the mask to a score tile of rows [i0, i0+rows) x keys
+// [j0, j0+cols) of sequence `seq`. Entries past `cols` (the zero padding of a short last
+// block) become -inf. With a softcap and `softcap_grad` non-null, also writes the softcap's
+// derivative 1 - tanh^2 of every entry there (rows x kBlockK), for the backward.
+void modify_scores(const ForwardParams& p, const SequenceView& seq, float slope, float* s,
+                   int64_t i0, int rows, int64_t j0, int cols, float* softcap_grad = nullptr);
+
+// Dropout's multipliers of row i, keys [j0, j0+cols) of (b, h): scale (kept) or 0 (dropped).
+void dropout_multipliers(const DropoutRng& rng, int32_t b, int32_t h, int64_t i, int64_t j0,
+                         int cols, float* m);
+
+}  // namespace flashattn::detail::cpu

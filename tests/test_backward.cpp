@@ -1,0 +1,341 @@
+// The CPU backward against the float64 reference backward (SPEC.md's 3x rule for gradients),
+// over the forward suite's grid kinds: masks x softcap x ALiBi x dtype on odd geometries,
+// dropout, head dims, Sq != Sk both ways, Sk = 0, fully masked rows, GQA 1/2/8, ragged
+// batches with empty sequences; plus determinism across runs and thread counts.
+#include <cmath>
+#include <limits>
+
+#include "support.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+const DType kDtypes[] = {DType::Float32, DType::Float16, DType::BFloat16};
+
+struct Mask {
+  const char* name;
+  bool causal;
+  int32_t left, right;
+};
+constexpr Mask kMasks[] = {
+    {"none", false, -1, -1},       {"causal", true, -1, -1},   {"sliding", true, 19, -1},
+    {"band", false, 23, 7},        {"rightonly", false, -1, 3}, {"diagonal", false, 0, 0},
+};
+
+struct Geometry {
+  int64_t batch, seqlen_q, seqlen_k, heads, heads_k, head_dim;
+};
+// Odd lengths (1, 97, 113), Sq > Sk and Sq < Sk, GQA 1/2/8, head dims off powers of two;
+// smaller than the forward's so that the float64 backward keeps the suite fast.
+constexpr Geometry kGeometries[] = {
+    {2, 97, 113, 4, 2, 40}, {1, 113, 97, 8, 1, 64}, {3, 1, 97, 2, 2, 24},
+    {2, 97, 1, 8, 8, 8},    {1, 130, 64, 6, 3, 96}, {1, 64, 150, 4, 2, 136},
+    {1, 70, 70, 2, 2, 256}, {1, 65, 63, 8, 1, 200}, {2, 129, 129, 3, 3, 48},
+};
+
+// One backward call with fresh inputs: forward on the engine (checked against the reference,
+// dropout included), then backward with poisoned gradients, each checked by the 3x rule.
+void run_backward_case(Case c, float dropout_p, Execution exec = {}) {
+  SCOPED_TRACE(c.describe() + " dropout=" + std::to_string(dropout_p));
+  Inputs in = make_inputs(c);
+  Buffer slopes;
+  Options o = options_of(c, slopes);
+  o.dropout_p = dropout_p;
+  o.dropout_seed = rng()();
+  o.dropout_offset = rng()() >> 20;
+  const int64_t B = c.batch, Sq = c.seqlen_q, Sk = c.seqlen_k, H = c.heads, Hk = c.heads_k,
+                D = c.head_dim;
+  Buffer out(c.dtype, B * Sq * H * D), lse(DType::Float32, B * H * Sq), dout(c.dtype, B * Sq * H * D);
+  Buffer dq(c.dtype, B * Sq * H * D), dk(c.dtype, B * Sk * Hk * D), dv(c.dtype, B * Sk * Hk * D);
+  out.poison();
+  lse.poison();
+  dout.fill_random();
+  dq.poison();
+  dk.poison();
+  dv.poison();
+  const TensorView out_v = out.view({B, Sq, H, D}), lse_v = lse.view({B, H, Sq}),
+                   dout_v = dout.view({B, Sq, H, D}), dq_v = dq.view({B, Sq, H, D}),
+                   dk_v = dk.view({B, Sk, Hk, D}), dv_v = dv.view({B, Sk, Hk, D});
+  exec.backend = Backend::CPU;
+  forward(in.q, in.k, in.v, out_v, lse_v, o, exec);
+  expect_matches_reference(in.q, in.k, in.v, o, nullptr, out_v, &lse_v, "forward");
+  const RunInfo info = backward(in.q, in.k, in.v, out_v, dout_v, lse_v, dq_v, dk_v, dv_v, o, exec);
+  EXPECT_TRUE(info.deterministic);
+
+  using reference::Arithmetic;
+  const reference::Gradients exact = reference::backward(in.q, in.k, in.v, dout_v, o);
+  reference::Gradients low;
+  if (c.dtype != DType::Float32)
+    low = reference::backward(in.q, in.k, in.v, dout_v, o, nullptr, Arithmetic::InputDType);
+  const struct {
+    const char* name;
+    const TensorView& actual;
+    const std::vector<double>& exact;
+    const std::vector<double>& low;
+  } grads[] = {{"dq", dq_v, exact.dq, low.dq}, {"dk", dk_v, exact.dk, low.dk},
+               {"dv", dv_v, exact.dv, low.dv}};
+  for (const auto& g : grads) {
+    const reference::Check check =
+        reference::check_backward(c.dtype, reference::gather(g.actual), g.exact, g.low,
+                                  reference::largest_magnitude(exact));
+    EXPECT_TRUE(check.passed()) << g.name << ": max abs error " << check.max_abs_error
+                                << " > tolerance " << check.tolerance;
+  }
+}
+
+struct FeatureCase {
+  int mask, softcap, alibi, dtype;
+};
+
+std::vector<FeatureCase> feature_grid() {
+  std::vector<FeatureCase> grid;
+  for (int m = 0; m < int(std::size(kMasks)); ++m)
+    for (int s = 0; s < 2; ++s)
+      for (int a = 0; a < 3; ++a)
+        for (int d = 0; d < 3; ++d) grid.push_back({m, s, a, d});
+  return grid;
+}
+
+class BackwardGrid : public ::testing::TestWithParam<int> {};
+
+// Every combination of mask x softcap x ALiBi x dtype, each on a different geometry and
+// layout; every fourth one with dropout.
+TEST_P(BackwardGrid, MatchesReference) {
+  const int n = GetParam();
+  const FeatureCase f = feature_grid()[size_t(n)];
+  const Geometry g = kGeometries[size_t(n) % std::size(kGeometries)];
+  Case c;
+  c.batch = g.batch;
+  c.seqlen_q = g.seqlen_q;
+  c.seqlen_k = g.seqlen_k;
+  c.heads = g.heads;
+  c.heads_k = g.heads_k;
+  c.head_dim = g.head_dim;
+  c.dtype = kDtypes[f.dtype];
+  c.causal = kMasks[f.mask].causal;
+  c.window_left = kMasks[f.mask].left;
+  c.window_right = kMasks[f.mask].right;
+  c.softcap = f.softcap ? 2.5f : 0.0f;
+  c.alibi = static_cast<Case::Alibi>(f.alibi);
+  const bool packable = c.seqlen_q == c.seqlen_k && c.heads == c.heads_k;
+  const Layout layouts[] = {Layout::Contiguous, Layout::HeadMajor, Layout::Padded,
+                            packable ? Layout::Packed : Layout::Contiguous};
+  c.layout = layouts[size_t(n / 3) % 4];
+  run_backward_case(c, n % 4 == 1 ? 0.17f : 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCombinations, BackwardGrid,
+                         ::testing::Range(0, int(feature_grid().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           const FeatureCase f = feature_grid()[size_t(info.param)];
+                           return std::string(kMasks[f.mask].name) + (f.softcap ? "_softcap" : "") +
+                                  (f.alibi == 1 ? "_alibiH" : f.alibi == 2 ? "_alibiBH" : "") +
+                                  "_" + dtype_name(kDtypes[f.dtype]) +
+                                  (info.param % 4 == 1 ? "_dropout" : "");
+                         });
+
+class BackwardHeadDims : public ::testing::TestWithParam<int> {};
+
+TEST_P(BackwardHeadDims, MatchesReference) {
+  const int d = GetParam();
+  Case c;
+  c.seqlen_q = 67;
+  c.seqlen_k = 93;
+  c.heads = 4;
+  c.heads_k = 2;
+  c.head_dim = d;
+  c.dtype = kDtypes[size_t(d / 8) % 3];
+  c.causal = (d / 8) % 2 == 0;
+  run_backward_case(c, (d / 8) % 3 == 1 ? 0.3f : 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Some, BackwardHeadDims,
+                         ::testing::Values(8, 16, 24, 56, 72, 88, 120, 128, 152, 184, 232, 256));
+
+TEST(BackwardLong, CausalBf16AcrossTiles) {
+  Case c;
+  c.seqlen_q = 300;
+  c.seqlen_k = 333;
+  c.heads = 2;
+  c.heads_k = 1;
+  c.head_dim = 64;
+  c.dtype = DType::BFloat16;
+  c.causal = true;
+  run_backward_case(c, 0.1f);
+  c.dtype = DType::Float32;
+  c.window_left = 50;
+  run_backward_case(c, 0.0f);
+}
+
+TEST(BackwardEdgeCases, NoKeysGiveZeroQueryGradients) {
+  for (DType dt : kDtypes) {
+    Case c;
+    c.batch = 2;
+    c.seqlen_q = 5;
+    c.seqlen_k = 0;
+    c.heads = 4;
+    c.heads_k = 2;
+    c.head_dim = 16;
+    c.dtype = dt;
+    run_backward_case(c, 0.0f);  // the reference's dq is all 0, so poisoned rows would fail
+  }
+}
+
+TEST(BackwardEdgeCases, FullyMaskedRowsAndUnseenKeysGiveZeroGradients) {
+  // Sq = 5, Sk = 2, causal: rows 0..2 see no key. Sq = 2, Sk = 9, window (0, 0): keys 0..6
+  // are seen by no row.
+  for (auto [sq, sk, left] : {std::tuple{5, 2, -1}, std::tuple{2, 9, 0}}) {
+    Case c;
+    c.seqlen_q = sq;
+    c.seqlen_k = sk;
+    c.heads = 2;
+    c.head_dim = 8;
+    c.causal = true;
+    c.window_left = left;
+    run_backward_case(c, 0.0f);
+    run_backward_case(c, 0.5f);
+  }
+}
+
+TEST(BackwardEdgeCases, EmptyQueryGivesZeroKeyGradients) {
+  Case c;
+  c.seqlen_q = 0;
+  c.seqlen_k = 9;
+  run_backward_case(c, 0.0f);
+  c.batch = 0;
+  run_backward_case(c, 0.0f);
+}
+
+TEST(BackwardEdgeCases, CustomScalesAndLargeSoftcapScores) {
+  for (float scale : {0.5f, -0.3f, 0.0f, 3.0f}) {
+    Case c;
+    c.seqlen_q = 33;
+    c.seqlen_k = 71;
+    c.heads = 2;
+    c.head_dim = 16;
+    c.dtype = DType::BFloat16;
+    c.softmax_scale = scale;
+    c.softcap = 1.5f;
+    run_backward_case(c, 0.0f);
+  }
+}
+
+// Each gradient element is written by exactly one work item that sums in a fixed order
+// (docs/ARCHITECTURE.md), so the result cannot depend on the run or the thread count.
+TEST(BackwardDeterminism, RepeatedRunsAndThreadCountsAreBitwiseEqual) {
+  Case c;
+  c.batch = 2;
+  c.seqlen_q = 150;
+  c.seqlen_k = 190;
+  c.heads = 4;
+  c.heads_k = 2;
+  c.head_dim = 64;
+  c.dtype = DType::BFloat16;
+  c.causal = true;
+  Inputs in = make_inputs(c);
+  Options o;
+  o.causal = true;
+  o.dropout_p = 0.2f;
+  o.dropout_seed = 7;
+  Buffer out(c.dtype, 2 * 150 * 4 * 64), lse(DType::Float32, 2 * 4 * 150),
+      dout(c.dtype, 2 * 150 * 4 * 64);
+  dout.fill_random();
+  forward(in.q, in.k, in.v, out.view({2, 150, 4, 64}), lse.view({2, 4, 150}), o);
+  std::vector<unsigned char> first[3];
+  for (int threads : {1, 2, 3, 7, 0, 0}) {
+    Buffer dq(c.dtype, 2 * 150 * 4 * 64), dk(c.dtype, 2 * 190 * 2 * 64), dv(c.dtype, 2 * 190 * 2 * 64);
+    dq.poison();
+    dk.poison();
+    dv.poison();
+    Execution e;
+    e.num_threads = threads;
+    o.deterministic = threads % 2 == 1;  // the CPU is deterministic either way
+    backward(in.q, in.k, in.v, out.view({2, 150, 4, 64}), dout.view({2, 150, 4, 64}),
+             lse.view({2, 4, 150}), dq.view({2, 150, 4, 64}), dk.view({2, 190, 2, 64}),
+             dv.view({2, 190, 2, 64}), o, e);
+    Buffer* grads[] = {&dq, &dk, &dv};
+    for (int g = 0; g < 3; ++g) {
+      if (first[g].empty())
+        first[g] = grads[g]->bytes;
+      else
+        EXPECT_EQ(grads[g]->bytes, first[g]) << "gradient " << g << ", " << threads << " threads";
+    }
+  }
+}
+
+// --- Ragged batches -----------------------------------------------------------------------
+
+TEST(BackwardVarlen, EmptySequencesSequsedAndEveryFeature) {
+  const std::vector<int32_t> lens_q{0, 37, 1, 64, 100, 5, 0};
+  const std::vector<int32_t> lens_k{3, 0, 77, 64, 99, 0, 0};
+  const int64_t B = int64_t(lens_q.size()), H = 4, D = 32;
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (int32_t n : lens_q) cu_q.push_back(cu_q.back() + n);
+  for (int32_t n : lens_k) cu_k.push_back(cu_k.back() + n);
+  const int64_t total_q = cu_q.back(), total_k = cu_k.back();
+  int n = 0;
+  for (DType dt : kDtypes)
+    for (const Mask& m : kMasks) {
+      const int64_t Hk = n % 2 ? 1 : 4;
+      SCOPED_TRACE(std::string("varlen ") + dtype_name(dt) + " mask=" + m.name + " case " +
+                   std::to_string(n) + " seed=" + std::to_string(test_seed()));
+      Buffer q(dt, total_q * H * D), k(dt, total_k * Hk * D), v(dt, total_k * Hk * D);
+      q.fill_random();
+      k.fill_random();
+      v.fill_random();
+      Buffer out(dt, total_q * H * D), lse(DType::Float32, H * total_q), dout(dt, total_q * H * D);
+      Buffer dq(dt, total_q * H * D), dk(dt, total_k * Hk * D), dv(dt, total_k * Hk * D);
+      dout.fill_random();
+      dq.poison();
+      dk.poison();
+      dv.poison();
+      Buffer cuq = int32_buffer(cu_q), cuk = int32_buffer(cu_k);
+      std::vector<int32_t> used;
+      for (int32_t len : lens_k) used.push_back(std::uniform_int_distribution<int32_t>(0, len)(rng()));
+      Buffer used_buf = int32_buffer(used);
+      Varlen varlen;
+      varlen.cu_seqlens_q = cuq.view({B + 1});
+      varlen.cu_seqlens_k = cuk.view({B + 1});
+      varlen.max_seqlen_q = 100 + (n % 4 == 0 ? 17 : 0);
+      varlen.max_seqlen_k = 99 + (n % 4 == 0 ? 17 : 0);
+      if (n % 2 == 1) varlen.seqused_k = used_buf.view({B});
+      Case shape;
+      shape.batch = B;
+      shape.heads = H;
+      shape.causal = m.causal;
+      shape.window_left = m.left;
+      shape.window_right = m.right;
+      shape.softcap = n % 3 == 1 ? 2.5f : 0.0f;
+      shape.alibi = static_cast<Case::Alibi>(n % 3);
+      Buffer slopes;
+      Options o = options_of(shape, slopes);
+      o.dropout_p = n % 3 == 2 ? 0.25f : 0.0f;
+      o.dropout_seed = 99 + n;
+      const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}),
+                       vv = v.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
+                       lv = lse.view({H, total_q}), dov = dout.view({total_q, H, D}),
+                       dqv = dq.view({total_q, H, D}), dkv = dk.view({total_k, Hk, D}),
+                       dvv = dv.view({total_k, Hk, D});
+      forward_varlen(qv, kv, vv, ov, lv, varlen, o);
+      expect_matches_reference(qv, kv, vv, o, &varlen, ov, &lv, "varlen forward");
+      backward_varlen(qv, kv, vv, ov, dov, lv, dqv, dkv, dvv, varlen, o);
+      const reference::Gradients exact = reference::backward(qv, kv, vv, dov, o, &varlen);
+      reference::Gradients low;
+      if (dt != DType::Float32)
+        low = reference::backward(qv, kv, vv, dov, o, &varlen, reference::Arithmetic::InputDType);
+      const double largest = reference::largest_magnitude(exact);
+      const reference::Check cq =
+          reference::check_backward(dt, reference::gather(dqv), exact.dq, low.dq, largest);
+      const reference::Check ck =
+          reference::check_backward(dt, reference::gather(dkv), exact.dk, low.dk, largest);
+      const reference::Check cv =
+          reference::check_backward(dt, reference::gather(dvv), exact.dv, low.dv, largest);
+      EXPECT_TRUE(cq.passed()) << "dq " << cq.max_abs_error << " > " << cq.tolerance;
+      EXPECT_TRUE(ck.passed()) << "dk " << ck.max_abs_error << " > " << ck.tolerance;
+      EXPECT_TRUE(cv.passed()) << "dv " << cv.max_abs_error << " > " << cv.tolerance;
+      ++n;
+    }
+}
+
+}  // namespace
+}  // namespace flashattn::testing
