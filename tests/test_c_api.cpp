@@ -4,6 +4,7 @@
 // byte for byte as they were.
 #include "flashattn/flashattn.h"
 
+#include <array>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -77,6 +78,7 @@ Options to_cpp(const fa_options& o) {
   options.dropout_p = o.dropout_p;
   options.dropout_seed = o.dropout_seed;
   options.dropout_offset = o.dropout_offset;
+  options.deterministic = o.deterministic != 0;
   return options;
 }
 
@@ -119,6 +121,7 @@ TEST(CInit, OptionsDefaults) {
   EXPECT_EQ(o.dropout_p, 0.0f);
   EXPECT_EQ(o.dropout_seed, 0u);
   EXPECT_EQ(o.dropout_offset, 0u);
+  EXPECT_EQ(o.deterministic, 0);
 }
 
 TEST(CInit, ExecutionDefaults) {
@@ -277,6 +280,112 @@ TEST(CForward, BitIdenticalToCpp) {
       expect_matches_reference(p.q, p.k, p.v, options, nullptr, out, &lse, "C ABI dense");
     }
   }
+}
+
+// fa_backward and fa_backward_varlen give the C++ entry points' bytes, dropout included.
+TEST(CBackward, BitIdenticalToCpp) {
+  for (const DType dtype : {DType::Float32, DType::BFloat16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    DenseProblem p(dtype);
+    fa_options o;
+    fa_options_init(&o);
+    o.causal = 1;
+    o.softcap = 20.0f;
+    o.alibi_slopes = &p.calibi;
+    o.dropout_p = 0.25f;
+    o.dropout_seed = 77;
+    o.dropout_offset = 5;
+    o.deterministic = 1;
+    ASSERT_EQ(fa_forward(&p.cq, &p.ck, &p.cv, &p.cout, &p.clse, &o, nullptr, nullptr), FA_OK)
+        << last_error();
+    using P = DenseProblem;
+    Buffer dout(dtype, P::B * P::Sq * P::H * P::D);
+    dout.fill_random();
+    Buffer grads[2][3];
+    for (auto& set : grads) {
+      set[0] = Buffer(dtype, P::B * P::Sq * P::H * P::D);
+      set[1] = Buffer(dtype, P::B * P::Sk * P::Hk * P::D);
+      set[2] = Buffer(dtype, P::B * P::Sk * P::Hk * P::D);
+      for (Buffer& b : set) b.poison();
+    }
+    const TensorView out = p.out_c.view({P::B, P::Sq, P::H, P::D});
+    const TensorView lse = p.lse_c.view({P::B, P::H, P::Sq});
+    const TensorView dov = dout.view({P::B, P::Sq, P::H, P::D});
+    const auto views = [&](Buffer* set) {
+      return std::array<TensorView, 3>{set[0].view({P::B, P::Sq, P::H, P::D}),
+                                       set[1].view({P::B, P::Sk, P::Hk, P::D}),
+                                       set[2].view({P::B, P::Sk, P::Hk, P::D})};
+    };
+    const auto c_views = views(grads[0]), cpp_views = views(grads[1]);
+    const fa_tensor cdout = to_c(dov), cdq = to_c(c_views[0]), cdk = to_c(c_views[1]),
+                    cdv = to_c(c_views[2]);
+    fa_run_info info;
+    fa_run_info_init(&info);
+    ASSERT_EQ(fa_backward(&p.cq, &p.ck, &p.cv, &p.cout, &cdout, &p.clse, &cdq, &cdk, &cdv, &o,
+                          nullptr, &info),
+              FA_OK)
+        << last_error();
+    EXPECT_EQ(info.deterministic, 1);
+    EXPECT_EQ(info.backend, FA_BACKEND_CPU);
+    backward(p.q, p.k, p.v, out, dov, lse, cpp_views[0], cpp_views[1], cpp_views[2], to_cpp(o));
+    for (int g = 0; g < 3; ++g)
+      EXPECT_TRUE(grads[0][g].bytes == grads[1][g].bytes) << "gradient " << g << " differs";
+    // A missing lse is an error with a message, not a crash.
+    EXPECT_EQ(fa_backward(&p.cq, &p.ck, &p.cv, &p.cout, &cdout, nullptr, &cdq, &cdk, &cdv, &o,
+                          nullptr, nullptr),
+              FA_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(last_error(), "lse: expected a tensor, given NULL");
+    // The struct_size rule holds for the grown fa_options.
+    fa_options old = o;
+    old.struct_size = sizeof(fa_options) - sizeof(int32_t) - 4;
+    EXPECT_EQ(fa_backward(&p.cq, &p.ck, &p.cv, &p.cout, &cdout, &p.clse, &cdq, &cdk, &cdv, &old,
+                          nullptr, nullptr),
+              FA_ERROR_INVALID_ARGUMENT);
+    EXPECT_TRUE(starts_with(last_error(), "options: expected struct_size")) << last_error();
+  }
+}
+
+TEST(CBackwardVarlen, MatchesCpp) {
+  // Query lengths (3, 0, 6), key lengths (5, 2, 4); H = 4, Hk = 1, D = 16.
+  const int64_t total_q = 9, total_k = 11, H = 4, Hk = 1, D = 16;
+  Buffer q(DType::Float32, total_q * H * D), k(DType::Float32, total_k * Hk * D),
+      v(DType::Float32, total_k * Hk * D), out(DType::Float32, total_q * H * D),
+      lse(DType::Float32, H * total_q), dout(DType::Float32, total_q * H * D);
+  for (Buffer* b : {&q, &k, &v, &dout}) b->fill_random();
+  Buffer cuq = int32_buffer({0, 3, 3, 9}), cuk = int32_buffer({0, 5, 7, 11});
+  Varlen varlen;
+  varlen.cu_seqlens_q = cuq.view({4});
+  varlen.cu_seqlens_k = cuk.view({4});
+  varlen.max_seqlen_q = 6;
+  varlen.max_seqlen_k = 5;
+  Options o;
+  o.causal = true;
+  o.dropout_p = 0.5f;
+  const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}),
+                   vv = v.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
+                   lv = lse.view({H, total_q}), dov = dout.view({total_q, H, D});
+  forward_varlen(qv, kv, vv, ov, lv, varlen, o);
+  Buffer c_dq(DType::Float32, total_q * H * D), c_dk(DType::Float32, total_k * Hk * D),
+      c_dv(DType::Float32, total_k * Hk * D);
+  Buffer dq(DType::Float32, total_q * H * D), dk(DType::Float32, total_k * Hk * D),
+      dv(DType::Float32, total_k * Hk * D);
+  backward_varlen(qv, kv, vv, ov, dov, lv, dq.view({total_q, H, D}), dk.view({total_k, Hk, D}),
+                  dv.view({total_k, Hk, D}), varlen, o);
+  fa_options co;
+  fa_options_init(&co);
+  co.causal = 1;
+  co.dropout_p = 0.5f;
+  const fa_tensor cq = to_c(qv), ck = to_c(kv), cv = to_c(vv), cout = to_c(ov), clse = to_c(lv),
+                  cdout = to_c(dov), cdq = to_c(c_dq.view({total_q, H, D})),
+                  cdk = to_c(c_dk.view({total_k, Hk, D})), cdv = to_c(c_dv.view({total_k, Hk, D})),
+                  ccuq = to_c(varlen.cu_seqlens_q), ccuk = to_c(varlen.cu_seqlens_k);
+  ASSERT_EQ(fa_backward_varlen(&cq, &ck, &cv, &cout, &cdout, &clse, &cdq, &cdk, &cdv, &ccuq,
+                               &ccuk, 6, 5, nullptr, &co, nullptr, nullptr),
+            FA_OK)
+      << last_error();
+  EXPECT_TRUE(c_dq.bytes == dq.bytes);
+  EXPECT_TRUE(c_dk.bytes == dk.bytes);
+  EXPECT_TRUE(c_dv.bytes == dv.bytes);
 }
 
 TEST(CForward, NullOptionalArgumentsAccepted) {
