@@ -16,13 +16,14 @@ int info_command(bool json);
 // parser, judges them (e.g. `--heads 6 --heads-k 4` must reach flashattn::forward).
 struct RunArgs {
   std::string backend = "auto";  // auto | cpu | cuda
+  int32_t device = 0;            // CUDA device index (cuda backend)
   int64_t batch = 1;
   int64_t seqlen_q = 1024;
   std::optional<int64_t> seqlen_k;  // default: seqlen_q
   int64_t heads = 8;
   std::optional<int64_t> heads_k;  // default: heads
   int64_t head_dim = 64;
-  std::string dtype = "fp32";  // fp32 | fp16 | bf16
+  std::optional<std::string> dtype;  // fp32 | fp16 | bf16; default: bf16 on cuda, fp32 on cpu
   bool causal = false;
   int32_t window_left = -1, window_right = -1;  // -1: unbounded
   float softcap = 0.0f;

@@ -69,15 +69,16 @@ struct Deferred {
   CLI::Option* softmax_scale = nullptr;
   CLI::Option* seed = nullptr;
   CLI::Option* window = nullptr;
+  CLI::Option* dtype = nullptr;
   int64_t seqlen_k_value = 0, heads_k_value = 0;
   float softmax_scale_value = 0.0f;
   uint64_t seed_value = 0;
-  std::string window_text;
+  std::string window_text, dtype_value;
 };
 
 // Their real default is computed later and stated in the help text; hide the placeholder 0.
 void hide_placeholder_defaults(const Deferred& d) {
-  for (CLI::Option* option : {d.seqlen_k, d.heads_k, d.softmax_scale, d.seed})
+  for (CLI::Option* option : {d.seqlen_k, d.heads_k, d.softmax_scale, d.seed, d.dtype})
     option->default_str("");
 }
 
@@ -91,6 +92,8 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& a, Deferred& d) {
 
   run->add_option("--backend", a.backend, "Backend to run on")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  run->add_option("--device", a.device, "CUDA device index (when the run is on cuda)")
+      ->check(at_least(0));
   run->add_option("--batch", a.batch, "Batch size B (number of sequences with --varlen)")
       ->check(sizes);
   run->add_option("--seqlen-q", a.seqlen_q, "Query length Sq (the longest one with --varlen)")
@@ -101,8 +104,9 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& a, Deferred& d) {
   d.heads_k = run->add_option("--heads-k", d.heads_k_value, "Key/value heads Hk [default: heads]")
                   ->check(sizes);
   run->add_option("--head-dim", a.head_dim, "Head dimension D")->check(sizes);
-  run->add_option("--dtype", a.dtype, "Element type of q, k, v and out")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  d.dtype = run->add_option("--dtype", d.dtype_value,
+                            "Element type of q, k, v and out [default: bf16 on cuda, fp32 on cpu]")
+                ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   run->add_flag("--causal", a.causal, "Causal mask (bottom-right aligned)");
   d.window =
       run->add_option("--window", d.window_text,
@@ -132,6 +136,7 @@ void apply_deferred(RunArgs& a, const Deferred& d) {
   if (d.heads_k->count() > 0) a.heads_k = d.heads_k_value;
   if (d.softmax_scale->count() > 0) a.softmax_scale = d.softmax_scale_value;
   if (d.seed->count() > 0) a.seed = d.seed_value;
+  if (d.dtype->count() > 0) a.dtype = d.dtype_value;
   if (d.window->count() > 0) std::tie(a.window_left, a.window_right) = *parse_window(d.window_text);
 }
 

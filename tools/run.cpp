@@ -1,8 +1,10 @@
 // `flashattn run`: one forward problem on random inputs, timed, optionally checked against the
 // float64 reference, and reported next to what standard (materialising) attention would cost.
 //
-// The steps, one function each: resolve the defaults -> make the problem (buffers, masks,
-// varlen lengths) -> time the forward call -> check it -> count FLOPs and memory -> report.
+// The steps, one function each: choose the backend -> resolve the defaults -> make the problem
+// on the host (buffers, masks, varlen lengths) -> hand it to a Runner (the host buffers
+// themselves, or copies on a GPU: runner.hpp) -> time the forward call -> check it -> count
+// FLOPs and memory -> report.
 #include <omp.h>
 
 #include <algorithm>
@@ -11,8 +13,10 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -24,6 +28,7 @@
 #include "common/numeric.hpp"
 #include "flashattn/flashattn.hpp"
 #include "reference/reference.hpp"
+#include "runner.hpp"
 
 namespace flashattn::cli {
 namespace {
@@ -71,12 +76,6 @@ DType dtype_of(const std::string& name) {
   if (name == "fp16") return DType::Float16;
   if (name == "bf16") return DType::BFloat16;
   return DType::Float32;  // the parser admits only fp32, fp16, bf16
-}
-
-Backend backend_of(const std::string& name) {
-  if (name == "cpu") return Backend::CPU;
-  if (name == "cuda") return Backend::CUDA;
-  return Backend::Auto;
 }
 
 // A row-major view of host memory (TensorView::contiguous wants an initializer_list).
@@ -147,10 +146,54 @@ class HostTensor {
 };
 
 // ----------------------------------------------------------------------------------------------
+// The backend
+
+// Where the run goes, and why (for the report).
+struct Placement {
+  Backend backend = Backend::CPU;    // CPU or CUDA, never Auto
+  std::string reason;                // "requested", or why auto chose this backend
+  std::optional<CudaDevice> device;  // the GPU of a cuda run (in a build with CUDA)
+};
+
+// --device N among the devices seen.
+CudaDevice pick_device(const std::vector<CudaDevice>& devices, int32_t index) {
+  for (const CudaDevice& d : devices)
+    if (d.index == index) return d;
+  throw std::invalid_argument("--device: expected a CUDA device index below " +
+                              std::to_string(devices.size()) + " (the devices seen), given " +
+                              std::to_string(index));
+}
+
+// cpu: the CPU. cuda: the GPU --device (in a build without CUDA the library refuses the call
+// itself). auto: the GPU when this build has CUDA and sees a device, else the CPU; also the CPU
+// for an explicit --dtype fp32, which only the cpu backend takes.
+Placement place(const RunArgs& a) {
+  if (a.backend == "cpu") return {Backend::CPU, "requested", std::nullopt};
+  if (!cuda_compiled()) {
+    if (a.backend == "cuda") return {Backend::CUDA, "requested", std::nullopt};
+    return {Backend::CPU, "this build has no CUDA backend", std::nullopt};
+  }
+  std::string why;
+  const std::vector<CudaDevice> devices = cuda_devices(&why);
+  if (a.backend == "cuda") {
+    if (devices.empty()) throw std::runtime_error("--backend cuda: no CUDA device (" + why + ")");
+    return {Backend::CUDA, "requested", pick_device(devices, a.device)};
+  }
+  if (devices.empty()) return {Backend::CPU, "no CUDA device: " + why, std::nullopt};
+  if (a.dtype == "fp32")
+    return {Backend::CPU, "fp32 runs on the cpu only; the cuda backend takes fp16 and bf16",
+            std::nullopt};
+  const std::string seen =
+      std::to_string(devices.size()) + " CUDA device" + (devices.size() == 1 ? "" : "s") + " seen";
+  return {Backend::CUDA, seen, pick_device(devices, a.device)};
+}
+
+// ----------------------------------------------------------------------------------------------
 // The problem
 
-// RunArgs with every default filled in.
-RunArgs resolve_defaults(RunArgs a) {
+// RunArgs with every default filled in (the dtype's depends on the backend).
+RunArgs resolve_defaults(RunArgs a, const Placement& placement) {
+  if (!a.dtype) a.dtype = placement.backend == Backend::CUDA ? "bf16" : "fp32";
   if (!a.seqlen_k) a.seqlen_k = a.seqlen_q;
   if (!a.heads_k) a.heads_k = a.heads;
   if (!a.seed) {
@@ -209,15 +252,17 @@ struct Problem {
     return result;
   }
 
-  RunInfo forward(const Execution& execution) const {
-    const std::optional<Varlen> ragged = varlen();
-    if (ragged)
-      return flashattn::forward_varlen(q.view(), k.view(), v.view(), out.view(), lse.view(),
-                                       *ragged, options(), execution);
-    return flashattn::forward(q.view(), k.view(), v.view(), out.view(), lse.view(), options(),
-                              execution);
+  // The views of the host buffers, as one forward call takes them.
+  ForwardCall call() const {
+    return {q.view(), k.view(), v.view(), out.view(), lse.view(), options(), varlen()};
   }
 };
+
+RunInfo forward(const ForwardCall& c, const Execution& execution) {
+  if (c.varlen)
+    return flashattn::forward_varlen(c.q, c.k, c.v, c.out, c.lse, *c.varlen, c.options, execution);
+  return flashattn::forward(c.q, c.k, c.v, c.out, c.lse, c.options, execution);
+}
 
 // Varlen: B lengths drawn uniformly in [0, max], except that the first sequence gets exactly
 // max, so that max_seqlen is reached and the longest case is always exercised. Query and key
@@ -256,7 +301,7 @@ int64_t sum(const std::vector<int64_t>& values) {
 Problem make_problem(const RunArgs& args) {
   Problem p;
   p.args = args;
-  p.dtype = dtype_of(args.dtype);
+  p.dtype = dtype_of(*args.dtype);
   std::mt19937_64 rng(*args.seed);
   const int64_t B = args.batch, H = args.heads, Hk = *args.heads_k, D = args.head_dim;
 
@@ -291,6 +336,40 @@ Problem make_problem(const RunArgs& args) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// Where the calls run
+
+// The CPU path: the library works on the problem's host buffers themselves.
+class HostRunner final : public Runner {
+ public:
+  explicit HostRunner(Problem& problem) : problem_(problem), call_(problem.call()) {}
+
+  const ForwardCall& call() const override { return call_; }
+  const char* timer() const override { return "steady_clock"; }
+
+  double time(const std::function<void()>& forward) override {
+    problem_.out.poison();
+    problem_.lse.poison();
+    const auto start = std::chrono::steady_clock::now();
+    forward();
+    const auto stop = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::milli>(stop - start).count();
+  }
+
+ private:
+  Problem& problem_;
+  ForwardCall call_;
+};
+
+// The one place where this build's CUDA support matters: a run on a GPU works on copies of
+// the problem's buffers there (device_runner.cpp); the outputs come back for --check.
+std::unique_ptr<Runner> make_runner(Problem& problem, [[maybe_unused]] const Placement& placement) {
+#ifdef FLASHATTN_CLI_CUDA
+  if (placement.device) return make_device_runner(problem.call(), placement.device->index);
+#endif
+  return std::make_unique<HostRunner>(problem);
+}
+
+// ----------------------------------------------------------------------------------------------
 // Timing
 
 struct Timing {
@@ -306,22 +385,20 @@ double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-// One warm-up call (first touch of the buffers, thread pool start-up; a bad argument throws
-// here, before anything is timed), then `repeat` timed calls. Outputs are poisoned before
-// every call, outside the timed region, so the last call's outputs are all its own.
-Timing time_forward(Problem& p, const Execution& execution) {
+// One warm-up call (first touch of the buffers, thread pool start-up, kernel loading; a bad
+// argument throws here, before anything is timed), then `repeat` timed calls. The runner
+// poisons the outputs before every call, outside the timed region, so the last call's outputs
+// are all its own; then it puts them in the host buffers.
+Timing time_forward(Runner& runner, const Execution& execution, int repeat) {
   Timing t;
   const auto call = [&] {
-    p.out.poison();
-    p.lse.poison();
-    const auto start = std::chrono::steady_clock::now();
-    t.info = p.forward(execution);
-    const auto stop = std::chrono::steady_clock::now();
+    const double ms = runner.time([&] { t.info = forward(runner.call(), execution); });
     t.workspace_bytes = std::max(t.workspace_bytes, t.info.workspace_bytes);
-    return std::chrono::duration<double, std::milli>(stop - start).count();
+    return ms;
   };
   call();
-  for (int r = 0; r < p.args.repeat; ++r) t.ms.push_back(call());
+  for (int r = 0; r < repeat; ++r) t.ms.push_back(call());
+  runner.finish();
   t.median_ms = median(t.ms);
   t.min_ms = *std::min_element(t.ms.begin(), t.ms.end());
   return t;
@@ -399,6 +476,8 @@ Costs count_costs(const Problem& p) {
 
 struct Outcome {
   const Problem& problem;
+  const Placement& placement;
+  const Runner& runner;
   const Timing& timing;
   const Costs& costs;
   const std::optional<CheckResult>& check;
@@ -425,9 +504,10 @@ json to_json(const Outcome& o) {
       {"version", flashattn::version()},
       {"backend_requested", a.backend},
       {"backend", backend_name(o.timing.info.backend)},
+      {"backend_reason", o.placement.reason},
       {"threads_requested", a.threads},
       {"threads_available", omp_get_max_threads()},
-      {"dtype", a.dtype},
+      {"dtype", *a.dtype},
       {"batch", a.batch},
       {"seqlen_q", a.seqlen_q},
       {"seqlen_k", *a.seqlen_k},
@@ -443,6 +523,7 @@ json to_json(const Outcome& o) {
       {"varlen", a.varlen},
       {"seed", *a.seed},
       {"repeat", a.repeat},
+      {"timer", o.runner.timer()},
       {"time_ms_median", o.timing.median_ms},
       {"time_ms_min", o.timing.min_ms},
       {"times_ms", o.timing.ms},
@@ -454,6 +535,17 @@ json to_json(const Outcome& o) {
       {"standard_attention_bytes", o.costs.standard_bytes},
       {"memory_ratio", o.memory_ratio() ? json(*o.memory_ratio()) : json(nullptr)},
   };
+  if (const std::optional<CudaDevice>& d = o.placement.device) {
+    j["device"] = {{"type", "cuda"},
+                   {"index", d->index},
+                   {"name", d->name},
+                   {"compute_capability", d->compute_capability},
+                   {"memory_bytes", d->memory_bytes}};
+  }
+  if (const std::optional<DeviceMemory> m = o.runner.device_memory()) {
+    j["device_free_bytes_before"] = m->free_bytes_before;
+    j["device_free_bytes_after"] = m->free_bytes_after;
+  }
   if (a.varlen) {
     j["seqlens_q"] = o.problem.lengths_q;
     j["seqlens_k"] = o.problem.lengths_k;
@@ -493,25 +585,54 @@ std::string describe_check(const char* name, const reference::Check& c) {
                 c.passed() ? "PASS" : "FAIL");
 }
 
+// "cpu (requested cpu), threads all (16)" or "auto -> cuda (1 CUDA device seen)".
+std::string describe_backend(const Outcome& o) {
+  const RunArgs& a = o.problem.args;
+  const std::string ran = backend_name(o.timing.info.backend);
+  std::string s = a.backend == "auto" ? "auto -> " + ran + " (" + o.placement.reason + ")"
+                                      : ran + " (requested " + a.backend + ")";
+  if (o.timing.info.backend == Backend::CPU)
+    s += ", threads " +
+         (a.threads > 0 ? std::to_string(a.threads) : format("all (%d)", omp_get_max_threads()));
+  return s;
+}
+
+// "cuda:0 NVIDIA H200, compute capability 9.0, 139.80 GiB; free 139.10 GiB before and after
+// the timed calls".
+std::string describe_device(const CudaDevice& d, const std::optional<DeviceMemory>& memory) {
+  std::string s =
+      format("cuda:%d ", d.index) + d.name +
+      format(", compute capability %d.%d, ", d.compute_capability / 10, d.compute_capability % 10) +
+      human_bytes(static_cast<double>(d.memory_bytes));
+  if (!memory) return s;
+  const std::string before = human_bytes(static_cast<double>(memory->free_bytes_before));
+  const std::string after = human_bytes(static_cast<double>(memory->free_bytes_after));
+  return s + "; free " + before +
+         (memory->free_bytes_before == memory->free_bytes_after
+              ? " before and after the timed calls"
+              : " before the timed calls, " + after + " after");
+}
+
 void print_text(const Outcome& o) {
   const RunArgs& a = o.problem.args;
-  const std::string threads =
-      a.threads > 0 ? std::to_string(a.threads) : format("all (%d)", omp_get_max_threads());
   std::cout << "flashattn " << flashattn::version() << " run\n"
             << format("problem     B=%lld Sq=%lld Sk=%lld H=%lld Hk=%lld D=%lld %s%s, ",
                       static_cast<long long>(a.batch), static_cast<long long>(a.seqlen_q),
                       static_cast<long long>(*a.seqlen_k), static_cast<long long>(a.heads),
                       static_cast<long long>(*a.heads_k), static_cast<long long>(a.head_dim),
-                      a.dtype.c_str(), a.varlen ? " varlen" : "")
+                      a.dtype->c_str(), a.varlen ? " varlen" : "")
             << describe_mask(a) << "\n";
   if (a.varlen)
     std::cout << "lengths     q " << join(o.problem.lengths_q) << "\n"
               << "            k " << join(o.problem.lengths_k) << "\n";
   std::cout << "seed        " << *a.seed << "\n"
-            << "backend     " << backend_name(o.timing.info.backend) << " (requested " << a.backend
-            << "), threads " << threads << "\n"
-            << format("time        median %.3f ms, min %.3f ms over %d runs (after 1 warm-up)\n",
-                      o.timing.median_ms, o.timing.min_ms, a.repeat)
+            << "backend     " << describe_backend(o) << "\n";
+  if (o.placement.device)
+    std::cout << "device      " << describe_device(*o.placement.device, o.runner.device_memory())
+              << "\n";
+  std::cout << format("time        median %.3f ms, min %.3f ms over %d runs (after 1 warm-up%s)\n",
+                      o.timing.median_ms, o.timing.min_ms, a.repeat,
+                      o.placement.device ? "; CUDA events on the run's stream" : "")
             << format("throughput  %.2f GFLOP/s (%.4g GFLOP over the visible (query, key) pairs)\n",
                       o.gflops(), o.costs.flops / 1e9)
             << "memory      engine peak extra "
@@ -529,17 +650,20 @@ void print_text(const Outcome& o) {
 }  // namespace
 
 int run_command(const RunArgs& given) {
-  Problem problem = make_problem(resolve_defaults(given));
+  const Placement placement = place(given);
+  Problem problem = make_problem(resolve_defaults(given, placement));
+  const std::unique_ptr<Runner> runner = make_runner(problem, placement);
   Execution execution;
-  execution.backend = backend_of(problem.args.backend);
+  execution.backend = placement.backend;
+  execution.stream = runner->stream();
   execution.num_threads = problem.args.threads;
 
-  const Timing timing = time_forward(problem, execution);
+  const Timing timing = time_forward(*runner, execution, problem.args.repeat);
   std::optional<CheckResult> check;
   if (problem.args.check) check = check_against_reference(problem);
   const Costs costs = count_costs(problem);
 
-  const Outcome outcome{problem, timing, costs, check};
+  const Outcome outcome{problem, placement, *runner, timing, costs, check};
   if (problem.args.json)
     std::cout << to_json(outcome).dump(2) << "\n";
   else
