@@ -5,26 +5,11 @@
 #include <cmath>
 #include <limits>
 
-#include "support.hpp"
+#include "sweep.hpp"
 
 namespace flashattn::testing {
 namespace {
 
-const DType kDtypes[] = {DType::Float32, DType::Float16, DType::BFloat16};
-
-struct Mask {
-  const char* name;
-  bool causal;
-  int32_t left, right;
-};
-constexpr Mask kMasks[] = {
-    {"none", false, -1, -1},       {"causal", true, -1, -1},   {"sliding", true, 19, -1},
-    {"band", false, 23, 7},        {"rightonly", false, -1, 3}, {"diagonal", false, 0, 0},
-};
-
-struct Geometry {
-  int64_t batch, seqlen_q, seqlen_k, heads, heads_k, head_dim;
-};
 // Odd lengths (1, 97, 113), Sq > Sk and Sq < Sk, GQA 1/2/8, head dims off powers of two;
 // smaller than the forward's so that the float64 backward keeps the suite fast.
 constexpr Geometry kGeometries[] = {
@@ -83,55 +68,19 @@ void run_backward_case(Case c, float dropout_p, Execution exec = {}) {
   }
 }
 
-struct FeatureCase {
-  int mask, softcap, alibi, dtype;
-};
-
-std::vector<FeatureCase> feature_grid() {
-  std::vector<FeatureCase> grid;
-  for (int m = 0; m < int(std::size(kMasks)); ++m)
-    for (int s = 0; s < 2; ++s)
-      for (int a = 0; a < 3; ++a)
-        for (int d = 0; d < 3; ++d) grid.push_back({m, s, a, d});
-  return grid;
-}
-
 class BackwardGrid : public ::testing::TestWithParam<int> {};
 
 // Every combination of mask x softcap x ALiBi x dtype, each on a different geometry and
 // layout; every fourth one with dropout.
 TEST_P(BackwardGrid, MatchesReference) {
   const int n = GetParam();
-  const FeatureCase f = feature_grid()[size_t(n)];
-  const Geometry g = kGeometries[size_t(n) % std::size(kGeometries)];
-  Case c;
-  c.batch = g.batch;
-  c.seqlen_q = g.seqlen_q;
-  c.seqlen_k = g.seqlen_k;
-  c.heads = g.heads;
-  c.heads_k = g.heads_k;
-  c.head_dim = g.head_dim;
-  c.dtype = kDtypes[f.dtype];
-  c.causal = kMasks[f.mask].causal;
-  c.window_left = kMasks[f.mask].left;
-  c.window_right = kMasks[f.mask].right;
-  c.softcap = f.softcap ? 2.5f : 0.0f;
-  c.alibi = static_cast<Case::Alibi>(f.alibi);
-  const bool packable = c.seqlen_q == c.seqlen_k && c.heads == c.heads_k;
-  const Layout layouts[] = {Layout::Contiguous, Layout::HeadMajor, Layout::Padded,
-                            packable ? Layout::Packed : Layout::Contiguous};
-  c.layout = layouts[size_t(n / 3) % 4];
-  run_backward_case(c, n % 4 == 1 ? 0.17f : 0.0f);
+  run_backward_case(grid_case(n, kGeometries), n % 4 == 1 ? 0.17f : 0.0f);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCombinations, BackwardGrid,
                          ::testing::Range(0, int(feature_grid().size())),
                          [](const ::testing::TestParamInfo<int>& info) {
-                           const FeatureCase f = feature_grid()[size_t(info.param)];
-                           return std::string(kMasks[f.mask].name) + (f.softcap ? "_softcap" : "") +
-                                  (f.alibi == 1 ? "_alibiH" : f.alibi == 2 ? "_alibiBH" : "") +
-                                  "_" + dtype_name(kDtypes[f.dtype]) +
-                                  (info.param % 4 == 1 ? "_dropout" : "");
+                           return grid_name(info.param) + (info.param % 4 == 1 ? "_dropout" : "");
                          });
 
 class BackwardHeadDims : public ::testing::TestWithParam<int> {};

@@ -5,47 +5,18 @@
 #include <limits>
 #include <numeric>
 
-#include "support.hpp"
+#include "sweep.hpp"
 
 namespace flashattn::testing {
 namespace {
 
-// fp32 becomes fp16 on CUDA (backend_dtype), so the grid keeps its shape on both backends.
-const DType kDtypes[] = {backend_dtype(DType::Float32), DType::Float16, DType::BFloat16};
-
-struct Mask {
-  const char* name;
-  bool causal;
-  int32_t left, right;
-};
-constexpr Mask kMasks[] = {
-    {"none", false, -1, -1},       {"causal", true, -1, -1},   {"sliding", true, 19, -1},
-    {"band", false, 23, 7},        {"rightonly", false, -1, 3}, {"diagonal", false, 0, 0},
-};
-
 // Shapes the feature grid cycles through: odd lengths, Sq > Sk and Sq < Sk, single rows and
 // keys, GQA ratios 1, 2 and 8, head dims that are not powers of two.
-struct Geometry {
-  int64_t batch, seqlen_q, seqlen_k, heads, heads_k, head_dim;
-};
 constexpr Geometry kGeometries[] = {
     {2, 97, 113, 4, 2, 40},  {1, 113, 97, 8, 1, 64},  {3, 1, 97, 2, 2, 24},
     {2, 97, 1, 8, 8, 8},     {1, 200, 64, 6, 3, 96},  {1, 64, 200, 16, 2, 136},
     {2, 130, 130, 2, 2, 256}, {1, 65, 63, 8, 1, 200}, {2, 129, 129, 3, 3, 48},
 };
-
-struct FeatureCase {
-  int mask, softcap, alibi, dtype;
-};
-
-std::vector<FeatureCase> feature_grid() {
-  std::vector<FeatureCase> grid;
-  for (int m = 0; m < int(std::size(kMasks)); ++m)
-    for (int s = 0; s < 2; ++s)
-      for (int a = 0; a < 3; ++a)
-        for (int d = 0; d < 3; ++d) grid.push_back({m, s, a, d});
-  return grid;
-}
 
 class FeatureGrid : public ::testing::TestWithParam<int> {};
 
@@ -53,25 +24,7 @@ class FeatureGrid : public ::testing::TestWithParam<int> {};
 // memory layout so that the grid also walks through shapes.
 TEST_P(FeatureGrid, MatchesReference) {
   const int n = GetParam();
-  const FeatureCase f = feature_grid()[size_t(n)];
-  const Geometry g = kGeometries[size_t(n) % std::size(kGeometries)];
-  Case c;
-  c.batch = g.batch;
-  c.seqlen_q = g.seqlen_q;
-  c.seqlen_k = g.seqlen_k;
-  c.heads = g.heads;
-  c.heads_k = g.heads_k;
-  c.head_dim = g.head_dim;
-  c.dtype = kDtypes[f.dtype];
-  c.causal = kMasks[f.mask].causal;
-  c.window_left = kMasks[f.mask].left;
-  c.window_right = kMasks[f.mask].right;
-  c.softcap = f.softcap ? 2.5f : 0.0f;  // small enough that tanh bends the scores
-  c.alibi = static_cast<Case::Alibi>(f.alibi);
-  const bool packable = c.seqlen_q == c.seqlen_k && c.heads == c.heads_k;
-  const Layout layouts[] = {Layout::Contiguous, Layout::HeadMajor, Layout::Padded,
-                            packable ? Layout::Packed : Layout::Contiguous};
-  c.layout = layouts[size_t(n / 3) % 4];
+  Case c = grid_case(n, kGeometries);
   c.with_lse = n % 5 != 0;
   run_dense_case(c);
 }
@@ -79,13 +32,7 @@ TEST_P(FeatureGrid, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(AllCombinations, FeatureGrid,
                          ::testing::Range(0, int(feature_grid().size())),
                          [](const ::testing::TestParamInfo<int>& info) {
-                           const FeatureCase f = feature_grid()[size_t(info.param)];
-                           return std::string(kMasks[f.mask].name) + (f.softcap ? "_softcap" : "") +
-                                  (f.alibi == 1 ? "_alibiH" : f.alibi == 2 ? "_alibiBH" : "") +
-                                  "_" + dtype_name(kDtypes[f.dtype]) +
-                                  (kDtypes[f.dtype] == DType::Float16 && f.dtype == 0
-                                       ? "_for_fp32"  // CUDA runs the fp32 cases in fp16
-                                       : "");
+                           return grid_name(info.param);
                          });
 }  // namespace
 }  // namespace flashattn::testing

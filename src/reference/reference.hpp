@@ -72,7 +72,8 @@ double max_abs_error(const std::vector<double>& actual, const std::vector<double
 Check check_forward(DType dtype, const std::vector<double>& actual,
                     const std::vector<double>& exact, const std::vector<double>& low_precision);
 // The same for a gradient: fp32 within 1e-5 relative, fp16/bf16 within 3x the InputDType
-// implementation's error plus a floor. For fp32, "relative" is to the largest exact element
+// implementation's error plus a floor (the larger of the forward's floor and one unit in the
+// last place of `call_magnitude`: see reference.cpp for the cancellation that needs it). For fp32, "relative" is to the largest exact element
 // of this gradient or `call_magnitude`, the largest of all three gradients of the call: they
 // share the loss's scale, and one of them can be exactly 0 by cancellation alone (with a
 // diagonal mask P = 1, so dS = dP - D = 0 up to fp32 rounding of two long dot products).
