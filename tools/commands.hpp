@@ -12,7 +12,7 @@ namespace flashattn::cli {
 // `flashattn info [--json]`: version, backends compiled in, devices seen.
 int info_command(bool json);
 
-// `flashattn run ...`: the arguments as given. Sizes are int64 so that the library, not the
+// `flashattn run ...`: the arguments as given (--seed seeds both the inputs and dropout). Sizes are int64 so that the library, not the
 // parser, judges them (e.g. `--heads 6 --heads-k 4` must reach flashattn::forward).
 struct RunArgs {
   std::string backend = "auto";  // auto | cpu | cuda
@@ -30,6 +30,9 @@ struct RunArgs {
   std::optional<float> softmax_scale;  // default: 1/sqrt(head_dim), chosen by the library
   bool alibi = false;
   bool varlen = false;
+  bool backward = false;        // time (and with --check, check) a backward call too
+  float dropout = 0.0f;         // Options::dropout_p; the library judges the range
+  bool deterministic = false;   // Options::deterministic
   bool check = false;
   bool json = false;
   int repeat = 5;

@@ -1,6 +1,6 @@
 // The GPU side of `flashattn run` (compiled only with CUDA): the call's host views staged on
-// one device, the outputs poisoned before every call and copied back after the timed calls,
-// and each call timed by a pair of CUDA events on the run's own stream.
+// one device, the outputs of a pass poisoned before each of its calls and copied back after the
+// timed calls, and each call timed by a pair of CUDA events on the run's own stream.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -51,7 +51,9 @@ size_t span_bytes(const TensorView& t) {
 
 class DeviceRunner final : public Runner {
  public:
-  DeviceRunner(const ForwardCall& host, int32_t device) : call_(host) {
+  DeviceRunner(const ForwardCall& host, const std::optional<BackwardCall>& host_backward,
+               int32_t device)
+      : call_(host) {
     check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
     stream_ = make_stream();
     start_ = make_event();
@@ -61,8 +63,8 @@ class DeviceRunner final : public Runner {
     call_.q = input("q", host.q, cuda);
     call_.k = input("k", host.k, cuda);
     call_.v = input("v", host.v, cuda);
-    call_.out = output("out", host.out, cuda);
-    call_.lse = output("lse", host.lse, cuda);
+    call_.out = output(Pass::Forward, "out", host.out, cuda);
+    call_.lse = output(Pass::Forward, "lse", host.lse, cuda);
     if (host.options.alibi_slopes)
       call_.options.alibi_slopes = input("alibi_slopes", *host.options.alibi_slopes, cuda);
     if (host.varlen) {
@@ -71,21 +73,34 @@ class DeviceRunner final : public Runner {
       if (host.varlen->seqused_k)
         call_.varlen->seqused_k = input("seqused_k", *host.varlen->seqused_k, cuda);
     }
+    if (host_backward) {
+      BackwardCall& b = backward_.emplace();
+      b.dout = input("dout", host_backward->dout, cuda);
+      b.dq = output(Pass::Backward, "dq", host_backward->dq, cuda);
+      b.dk = output(Pass::Backward, "dk", host_backward->dk, cuda);
+      b.dv = output(Pass::Backward, "dv", host_backward->dv, cuda);
+    }
     check(cudaStreamSynchronize(stream_.get()), "copying the inputs to the device");
     memory_.free_bytes_before = free_bytes();
   }
 
   const ForwardCall& call() const override { return call_; }
+  const BackwardCall* backward_call() const override {
+    return backward_ ? &*backward_ : nullptr;
+  }
   void* stream() const override { return stream_.get(); }
   const char* timer() const override { return "cuda_events"; }
 
-  double time(const std::function<void()>& forward) override {
+  double time(Pass pass, const std::function<void()>& call) override {
     for (const Output& o : outputs_)  // all-ones bytes are NaN in fp32, fp16 and bf16
-      check(cudaMemsetAsync(o.device, 0xFF, o.bytes, stream_.get()), "poisoning " + o.name);
+      if (o.pass == pass)
+        check(cudaMemsetAsync(o.device, 0xFF, o.bytes, stream_.get()), "poisoning " + o.name);
     check(cudaEventRecord(start_.get(), stream_.get()), "cudaEventRecord (start)");
-    forward();
+    call();
     check(cudaEventRecord(stop_.get(), stream_.get()), "cudaEventRecord (stop)");
-    check(cudaEventSynchronize(stop_.get()), "the forward call (waiting for its end)");
+    check(cudaEventSynchronize(stop_.get()),
+          std::string("the ") + (pass == Pass::Forward ? "forward" : "backward") +
+              " call (waiting for its end)");
     float ms = 0.0f;
     check(cudaEventElapsedTime(&ms, start_.get(), stop_.get()), "cudaEventElapsedTime");
     return ms;
@@ -103,6 +118,7 @@ class DeviceRunner final : public Runner {
 
  private:
   struct Output {
+    Pass pass;  // the call that writes it
     std::string name;
     void* device;
     void* host;
@@ -147,9 +163,10 @@ class DeviceRunner final : public Runner {
     return view;
   }
 
-  TensorView output(const std::string& name, const TensorView& host, Device device) {
+  TensorView output(Pass pass, const std::string& name, const TensorView& host, Device device) {
     TensorView view = allocate(name, host, device);
-    if (view.data != nullptr) outputs_.push_back({name, view.data, host.data, span_bytes(host)});
+    if (view.data != nullptr)
+      outputs_.push_back({pass, name, view.data, host.data, span_bytes(host)});
     return view;
   }
 
@@ -164,14 +181,17 @@ class DeviceRunner final : public Runner {
   Event start_, stop_;
   std::vector<DeviceMemoryPtr> buffers_;
   ForwardCall call_;  // the device views
+  std::optional<BackwardCall> backward_;  // the device views, with --backward
   std::vector<Output> outputs_;
   DeviceMemory memory_;
 };
 
 }  // namespace
 
-std::unique_ptr<Runner> make_device_runner(const ForwardCall& host, int32_t device) {
-  return std::make_unique<DeviceRunner>(host, device);
+std::unique_ptr<Runner> make_device_runner(const ForwardCall& host,
+                                           const std::optional<BackwardCall>& host_backward,
+                                           int32_t device) {
+  return std::make_unique<DeviceRunner>(host, host_backward, device);
 }
 
 }  // namespace flashattn::cli

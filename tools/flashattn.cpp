@@ -1,6 +1,7 @@
 // flashattn: the command-line program. `flashattn info` says what this build holds and sees;
-// `flashattn run` times one forward call on random inputs, optionally checks it against the
-// float64 reference, and reports throughput and memory next to what standard attention needs.
+// `flashattn run` times one forward call (and with --backward one backward call) on random
+// inputs, optionally checks it against the float64 reference, and reports throughput and memory
+// next to what standard attention needs.
 //
 // The parser only rejects what cannot even be turned into a call (an unknown dtype, a negative
 // size to allocate); every real argument check is the library's, so its error messages are the
@@ -85,7 +86,8 @@ void hide_placeholder_defaults(const Deferred& d) {
 CLI::App* add_run_command(CLI::App& app, RunArgs& a, Deferred& d) {
   CLI::App* run = app.add_subcommand(
       "run",
-      "Time one forward call on random inputs; optionally check it against the float64 reference");
+      "Time one forward call (and with --backward one backward call) on random inputs; "
+      "optionally check them against the float64 reference");
   run->option_defaults()->always_capture_default();
   // Negative sizes cannot be allocated; every other judgement on sizes is the library's.
   const CLI::Validator sizes = at_least(0);
@@ -120,13 +122,21 @@ CLI::App* add_run_command(CLI::App& app, RunArgs& a, Deferred& d) {
   run->add_flag("--alibi", a.alibi, "ALiBi with slopes 2^(-8(h+1)/H)");
   run->add_flag("--varlen", a.varlen,
                 "Ragged batch of random lengths (the first sequence has the full lengths)");
+  run->add_flag("--backward", a.backward,
+                "Also time the backward pass (random dout) and report forward + backward");
+  run->add_option("--dropout", a.dropout,
+                  "Dropout probability P in [0, 1); its seed is --seed, its offset 0");
+  run->add_flag("--deterministic", a.deterministic,
+                "Ask for bitwise reproducible gradients (Options::deterministic)");
   run->add_flag("--check", a.check,
-                "Check out and lse against the float64 reference (exit 1 on failure)");
+                "Check out and lse (with --backward also dq, dk, dv) against the float64 "
+                "reference (exit 1 on failure)");
   run->add_flag("--json", a.json, "Print one JSON object instead of text");
   run->add_option("--repeat", a.repeat, "Timed runs after one warm-up run")->check(at_least(1));
   run->add_option("--threads", a.threads, "CPU threads; 0 = all")->check(at_least(0));
   d.seed = run->add_option("--seed", d.seed_value,
-                           "Input RNG seed [default: fresh random, printed for replay]");
+                           "Seed of the inputs (and of dropout) [default: fresh random, printed "
+                           "for replay]");
   hide_placeholder_defaults(d);
   return run;
 }

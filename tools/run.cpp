@@ -1,18 +1,21 @@
-// `flashattn run`: one forward problem on random inputs, timed, optionally checked against the
-// float64 reference, and reported next to what standard (materialising) attention would cost.
+// `flashattn run`: one forward problem on random inputs (with --backward also its backward
+// pass), timed, optionally checked against the float64 reference, and reported next to what
+// standard (materialising) attention would cost.
 //
 // The steps, one function each: choose the backend -> resolve the defaults -> make the problem
-// on the host (buffers, masks, varlen lengths) -> hand it to a Runner (the host buffers
-// themselves, or copies on a GPU: runner.hpp) -> time the forward call -> check it -> count
-// FLOPs and memory -> report.
+// on the host (buffers, masks, varlen lengths, dout) -> hand it to a Runner (the host buffers
+// themselves, or copies on a GPU: runner.hpp) -> time the forward call -> time the backward
+// call (training.cpp makes it) -> check them -> count FLOPs and memory -> report.
 #include <omp.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -29,6 +32,7 @@
 #include "flashattn/flashattn.hpp"
 #include "reference/reference.hpp"
 #include "runner.hpp"
+#include "training.hpp"
 
 namespace flashattn::cli {
 namespace {
@@ -105,6 +109,7 @@ class HostTensor {
   }
 
   TensorView view() const { return contiguous_view(bytes_.data(), dtype_, sizes_); }
+  const std::vector<int64_t>& sizes() const { return sizes_; }
 
   // Standard normal values, rounded to the dtype.
   void fill_normal(std::mt19937_64& rng) {
@@ -165,10 +170,15 @@ CudaDevice pick_device(const std::vector<CudaDevice>& devices, int32_t index) {
 }
 
 // cpu: the CPU. cuda: the GPU --device (in a build without CUDA the library refuses the call
-// itself). auto: the GPU when this build has CUDA and sees a device, else the CPU; also the CPU
-// for an explicit --dtype fp32, which only the cpu backend takes.
+// itself; so it does a backward or dropout on cuda, for now). auto: the GPU when this build has
+// CUDA and sees a device, else the CPU; also the CPU for an explicit --dtype fp32, which only the
+// cpu backend takes, and for a backward or dropout, which only the cpu backend runs for now.
 Placement place(const RunArgs& a) {
   if (a.backend == "cpu") return {Backend::CPU, "requested", std::nullopt};
+  if (a.backend == "auto" && a.backward)
+    return {Backend::CPU, "the backward runs on the cpu only for now", std::nullopt};
+  if (a.backend == "auto" && a.dropout > 0.0f)
+    return {Backend::CPU, "dropout runs on the cpu only for now", std::nullopt};
   if (!cuda_compiled()) {
     if (a.backend == "cuda") return {Backend::CUDA, "requested", std::nullopt};
     return {Backend::CPU, "this build has no CUDA backend", std::nullopt};
@@ -203,14 +213,15 @@ RunArgs resolve_defaults(RunArgs a, const Placement& placement) {
   return a;
 }
 
-// Everything one forward call reads and writes. The views are built on demand from the owning
-// buffers, so a Problem can be moved freely.
+// Everything one forward call (and with --backward, one backward call) reads and writes. The
+// views are built on demand from the owning buffers, so a Problem can be moved freely.
 struct Problem {
   RunArgs args;  // defaults resolved
   DType dtype = DType::Float32;
   std::vector<int64_t> lengths_q, lengths_k;        // varlen only: per sequence
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;  // varlen only
   HostTensor q, k, v, out, lse;
+  HostTensor dout, dq, dk, dv;      // --backward only
   std::vector<float> alibi_slopes;  // (H), empty without --alibi
 
   // The keys row i of a sequence sees are bounded by these (SPEC.md: causal means right = 0).
@@ -226,6 +237,11 @@ struct Problem {
     o.softcap = args.softcap;
     if (args.alibi)
       o.alibi_slopes = contiguous_view(alibi_slopes.data(), DType::Float32, {args.heads});
+    // One seed for the inputs and the dropout mask: the printed seed replays both.
+    o.dropout_p = args.dropout;
+    o.dropout_seed = *args.seed;
+    o.dropout_offset = 0;
+    o.deterministic = args.deterministic;
     return o;
   }
 
@@ -255,6 +271,11 @@ struct Problem {
   // The views of the host buffers, as one forward call takes them.
   ForwardCall call() const {
     return {q.view(), k.view(), v.view(), out.view(), lse.view(), options(), varlen()};
+  }
+  // The backward call's own views (with --backward).
+  std::optional<BackwardCall> backward_call() const {
+    if (!args.backward) return std::nullopt;
+    return BackwardCall{dout.view(), dq.view(), dk.view(), dv.view()};
   }
 };
 
@@ -297,7 +318,8 @@ int64_t sum(const std::vector<int64_t>& values) {
   return s;
 }
 
-// The RNG draws, in order: varlen lengths (if any), then q, k, v. A seed replays a run exactly.
+// The RNG draws, in order: varlen lengths (if any), then q, k, v, then dout (with --backward,
+// so the inputs of a seed are the same with or without it). A seed replays a run exactly.
 Problem make_problem(const RunArgs& args) {
   Problem p;
   p.args = args;
@@ -326,6 +348,13 @@ Problem make_problem(const RunArgs& args) {
   p.q.fill_normal(rng);
   p.k.fill_normal(rng);
   p.v.fill_normal(rng);
+  if (args.backward) {
+    p.dout = HostTensor(p.dtype, p.out.sizes());
+    p.dout.fill_normal(rng);
+    p.dq = HostTensor(p.dtype, p.q.sizes());
+    p.dk = HostTensor(p.dtype, p.k.sizes());
+    p.dv = HostTensor(p.dtype, p.v.sizes());
+  }
 
   // ALiBi slopes of the paper: a geometric sequence 2^(-8/H), 2^(-16/H), ..., 2^(-8).
   if (args.alibi)
@@ -341,16 +370,26 @@ Problem make_problem(const RunArgs& args) {
 // The CPU path: the library works on the problem's host buffers themselves.
 class HostRunner final : public Runner {
  public:
-  explicit HostRunner(Problem& problem) : problem_(problem), call_(problem.call()) {}
+  explicit HostRunner(Problem& problem)
+      : problem_(problem), call_(problem.call()), backward_(problem.backward_call()) {}
 
   const ForwardCall& call() const override { return call_; }
+  const BackwardCall* backward_call() const override {
+    return backward_ ? &*backward_ : nullptr;
+  }
   const char* timer() const override { return "steady_clock"; }
 
-  double time(const std::function<void()>& forward) override {
-    problem_.out.poison();
-    problem_.lse.poison();
+  double time(Pass pass, const std::function<void()>& call) override {
+    if (pass == Pass::Forward) {
+      problem_.out.poison();
+      problem_.lse.poison();
+    } else {
+      problem_.dq.poison();
+      problem_.dk.poison();
+      problem_.dv.poison();
+    }
     const auto start = std::chrono::steady_clock::now();
-    forward();
+    call();
     const auto stop = std::chrono::steady_clock::now();
     return std::chrono::duration<double, std::milli>(stop - start).count();
   }
@@ -358,13 +397,15 @@ class HostRunner final : public Runner {
  private:
   Problem& problem_;
   ForwardCall call_;
+  std::optional<BackwardCall> backward_;
 };
 
 // The one place where this build's CUDA support matters: a run on a GPU works on copies of
 // the problem's buffers there (device_runner.cpp); the outputs come back for --check.
 std::unique_ptr<Runner> make_runner(Problem& problem, [[maybe_unused]] const Placement& placement) {
 #ifdef FLASHATTN_CLI_CUDA
-  if (placement.device) return make_device_runner(problem.call(), placement.device->index);
+  if (placement.device)
+    return make_device_runner(problem.call(), problem.backward_call(), placement.device->index);
 #endif
   return std::make_unique<HostRunner>(problem);
 }
@@ -387,20 +428,38 @@ double median(std::vector<double> values) {
 
 // One warm-up call (first touch of the buffers, thread pool start-up, kernel loading; a bad
 // argument throws here, before anything is timed), then `repeat` timed calls. The runner
-// poisons the outputs before every call, outside the timed region, so the last call's outputs
-// are all its own; then it puts them in the host buffers.
-Timing time_forward(Runner& runner, const Execution& execution, int repeat) {
+// poisons the pass's outputs before every call, outside the timed region, so the last call's
+// outputs are all its own (runner.finish() then puts them in the host buffers).
+Timing time_calls(Runner& runner, Pass pass, const std::function<RunInfo()>& library_call,
+                  int repeat) {
   Timing t;
   const auto call = [&] {
-    const double ms = runner.time([&] { t.info = forward(runner.call(), execution); });
+    const double ms = runner.time(pass, [&] { t.info = library_call(); });
     t.workspace_bytes = std::max(t.workspace_bytes, t.info.workspace_bytes);
     return ms;
   };
   call();
   for (int r = 0; r < repeat; ++r) t.ms.push_back(call());
-  runner.finish();
   t.median_ms = median(t.ms);
   t.min_ms = *std::min_element(t.ms.begin(), t.ms.end());
+  return t;
+}
+
+// The forward, then (with --backward) the backward on the forward's last out and lse.
+struct Timings {
+  Timing forward;
+  std::optional<Timing> backward;
+};
+
+Timings time_passes(Runner& runner, const Execution& execution, int repeat) {
+  Timings t;
+  t.forward = time_calls(
+      runner, Pass::Forward, [&] { return forward(runner.call(), execution); }, repeat);
+  if (const BackwardCall* grads = runner.backward_call())
+    t.backward = time_calls(
+        runner, Pass::Backward, [&] { return backward(runner.call(), *grads, execution); },
+        repeat);
+  runner.finish();
   return t;
 }
 
@@ -409,7 +468,10 @@ Timing time_forward(Runner& runner, const Execution& execution, int repeat) {
 
 struct CheckResult {
   reference::Check out, lse;
-  bool passed() const { return out.passed() && lse.passed(); }
+  std::optional<GradientCheck> gradients;  // with --backward
+  bool passed() const {
+    return out.passed() && lse.passed() && (!gradients || gradients->passed());
+  }
 };
 
 // SPEC.md's rule: against the float64 oracle; fp16/bf16 errors are judged relative to a plain
@@ -429,6 +491,8 @@ CheckResult check_against_reference(const Problem& p) {
                                    low_precision.out);
   c.lse = reference::check_forward(p.dtype, reference::gather(p.lse.view()), exact.lse,
                                    low_precision.lse);
+  if (const std::optional<BackwardCall> grads = p.backward_call())
+    c.gradients = check_gradients(p.call(), *grads);
   return c;
 }
 
@@ -448,6 +512,13 @@ int64_t visible_pairs(int64_t seqlen_q, int64_t seqlen_k, int32_t left, int32_t 
   }
   return pairs;
 }
+
+// The forward's counts. The backward's follow the usual convention: 2.5x the forward's FLOPs
+// (5 matrix products the size of the forward's 2: S recomputed, dV, dP, dQ and dK), and a
+// materialising backward holds at least P (kept from the forward) and dP: twice the forward's
+// score matrices (fp32).
+constexpr double kBackwardFlopsFactor = 2.5;
+constexpr uint64_t kForwardBackwardMatrices = 2;  // P and dP
 
 struct Costs {
   double flops = 0;             // 4 H D per visible pair: q k^T and P v, 2 FLOPs per multiply-add
@@ -474,21 +545,59 @@ Costs count_costs(const Problem& p) {
 // ----------------------------------------------------------------------------------------------
 // Reporting
 
+double gflops_of(double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e9 : 0.0; }
+
+// Engine memory as a fraction of standard attention's (null when the latter is zero).
+std::optional<double> ratio_of(uint64_t engine_bytes, uint64_t standard_bytes) {
+  if (standard_bytes == 0) return std::nullopt;
+  return static_cast<double>(engine_bytes) / static_cast<double>(standard_bytes);
+}
+
+json or_null(const std::optional<double>& value) { return value ? json(*value) : json(nullptr); }
+
+// A float option as the shortest decimal that reads back as it (0.1, not 0.10000000149011612).
+double shortest(float value) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, value);
+  return error == std::errc() ? std::strtod(std::string(text, end).c_str(), nullptr) : value;
+}
+
 struct Outcome {
   const Problem& problem;
   const Placement& placement;
   const Runner& runner;
-  const Timing& timing;
+  const Timing& timing;                   // the forward's
+  const std::optional<Timing>& backward;  // with --backward
   const Costs& costs;
   const std::optional<CheckResult>& check;
 
-  double gflops() const {
-    return timing.median_ms > 0 ? costs.flops / (timing.median_ms * 1e-3) / 1e9 : 0.0;
-  }
-  // Engine memory as a fraction of standard attention's (null when the latter is zero).
+  double gflops() const { return gflops_of(costs.flops, timing.median_ms); }
   std::optional<double> memory_ratio() const {
-    if (costs.standard_bytes == 0) return std::nullopt;
-    return static_cast<double>(timing.workspace_bytes) / static_cast<double>(costs.standard_bytes);
+    return ratio_of(timing.workspace_bytes, costs.standard_bytes);
+  }
+
+  // With --backward only: the backward's figures and those of the whole step.
+  double backward_flops() const { return kBackwardFlopsFactor * costs.flops; }
+  double backward_gflops() const { return gflops_of(backward_flops(), backward->median_ms); }
+  double total_median_ms() const { return timing.median_ms + backward->median_ms; }
+  double total_min_ms() const { return timing.min_ms + backward->min_ms; }
+  double total_gflops() const {
+    return gflops_of(costs.flops + backward_flops(), total_median_ms());
+  }
+  // The engine's peak extra memory over both calls, against standard attention's forward +
+  // backward need (its P and dP matrices).
+  size_t engine_fwd_bwd_bytes() const {
+    return std::max(timing.workspace_bytes, backward->workspace_bytes);
+  }
+  uint64_t standard_fwd_bwd_bytes() const {
+    return kForwardBackwardMatrices * costs.standard_bytes;
+  }
+  std::optional<double> memory_fwd_bwd_ratio() const {
+    return ratio_of(engine_fwd_bwd_bytes(), standard_fwd_bwd_bytes());
+  }
+  // RunInfo::deterministic of every call made (the forward's, and the backward's).
+  bool deterministic() const {
+    return timing.info.deterministic && (!backward || backward->info.deterministic);
   }
   // The scale the library uses when none is given.
   float softmax_scale() const {
@@ -496,6 +605,41 @@ struct Outcome {
         1.0f / std::sqrt(static_cast<float>(problem.args.head_dim)));
   }
 };
+
+// --backward's timing and throughput (null without it). The top-level time, throughput and
+// memory fields are the forward's.
+json backward_json(const Outcome& o) {
+  if (!o.backward) return nullptr;
+  const Timing& t = *o.backward;
+  return {{"time_ms_median", t.median_ms},
+          {"time_ms_min", t.min_ms},
+          {"times_ms", t.ms},
+          {"flops", o.backward_flops()},
+          {"flops_convention", kBackwardFlopsFactor * o.costs.flops_convention},
+          {"flops_factor", kBackwardFlopsFactor},
+          {"gflops", o.backward_gflops()},
+          {"tflops", o.backward_gflops() / 1e3},
+          {"workspace_bytes", t.workspace_bytes}};
+}
+
+// The whole training step (null without --backward): summed times, and memory against
+// standard attention's forward + backward need.
+json forward_backward_json(const Outcome& o) {
+  if (!o.backward) return nullptr;
+  return {{"time_ms_median", o.total_median_ms()},
+          {"time_ms_min", o.total_min_ms()},
+          {"flops", o.costs.flops + o.backward_flops()},
+          {"flops_convention", (1.0 + kBackwardFlopsFactor) * o.costs.flops_convention},
+          {"gflops", o.total_gflops()},
+          {"tflops", o.total_gflops() / 1e3},
+          {"engine_peak_extra_bytes", o.engine_fwd_bwd_bytes()},
+          {"standard_attention_p_and_dp_bytes", o.standard_fwd_bwd_bytes()},
+          {"memory_ratio", or_null(o.memory_fwd_bwd_ratio())}};
+}
+
+json check_json(const reference::Check& c) {
+  return {{"max_abs_error", c.max_abs_error}, {"tolerance", c.tolerance}, {"passed", c.passed()}};
+}
 
 json to_json(const Outcome& o) {
   const RunArgs& a = o.problem.args;
@@ -522,6 +666,11 @@ json to_json(const Outcome& o) {
       {"alibi", a.alibi},
       {"varlen", a.varlen},
       {"seed", *a.seed},
+      {"dropout_p", shortest(a.dropout)},
+      {"dropout_seed", *a.seed},  // the run's --seed
+      {"dropout_offset", 0},
+      {"deterministic_requested", a.deterministic},
+      {"deterministic", o.deterministic()},  // RunInfo of every call made
       {"repeat", a.repeat},
       {"timer", o.runner.timer()},
       {"time_ms_median", o.timing.median_ms},
@@ -533,7 +682,9 @@ json to_json(const Outcome& o) {
       {"tflops", o.gflops() / 1e3},
       {"engine_peak_extra_bytes", o.timing.workspace_bytes},
       {"standard_attention_bytes", o.costs.standard_bytes},
-      {"memory_ratio", o.memory_ratio() ? json(*o.memory_ratio()) : json(nullptr)},
+      {"memory_ratio", or_null(o.memory_ratio())},
+      {"backward", backward_json(o)},
+      {"forward_backward", forward_backward_json(o)},
   };
   if (const std::optional<CudaDevice>& d = o.placement.device) {
     j["device"] = {{"type", "cuda"},
@@ -557,8 +708,12 @@ json to_json(const Outcome& o) {
     j["check"] = {{"out_max_abs_error", c.out.max_abs_error},
                   {"out_tolerance", c.out.tolerance},
                   {"lse_max_abs_error", c.lse.max_abs_error},
-                  {"lse_tolerance", c.lse.tolerance},
-                  {"passed", c.passed()}};
+                  {"lse_tolerance", c.lse.tolerance}};
+    if (c.gradients)
+      j["check"]["gradients"] = {{"dq", check_json(c.gradients->dq)},
+                                 {"dk", check_json(c.gradients->dk)},
+                                 {"dv", check_json(c.gradients->dv)}};
+    j["check"]["passed"] = c.passed();
   }
   return j;
 }
@@ -613,6 +768,56 @@ std::string describe_device(const CudaDevice& d, const std::optional<DeviceMemor
               : " before the timed calls, " + after + " after");
 }
 
+// "training   backward; dropout 0.1 (seed 7, offset 0); deterministic: yes (requested: no)",
+// when the run has any of them.
+std::string describe_training(const Outcome& o) {
+  const RunArgs& a = o.problem.args;
+  const std::string dropout =
+      a.dropout != 0.0f ? format("dropout %g (seed %llu, offset 0)", a.dropout,
+                                 static_cast<unsigned long long>(*a.seed))
+                        : "no dropout";
+  return std::string(a.backward ? "forward + backward" : "forward only") + "; " + dropout +
+         "; deterministic: " + (o.deterministic() ? "yes" : "no") +
+         " (requested: " + (a.deterministic ? "yes" : "no") + ")";
+}
+
+// The forward's time, throughput and memory lines.
+void print_forward_figures(const Outcome& o) {
+  std::cout << format("time        median %.3f ms, min %.3f ms over %d runs (after 1 warm-up%s)\n",
+                      o.timing.median_ms, o.timing.min_ms, o.problem.args.repeat,
+                      o.placement.device ? "; CUDA events on the run's stream" : "")
+            << format("throughput  %.2f GFLOP/s (%.4g GFLOP over the visible (query, key) pairs)\n",
+                      o.gflops(), o.costs.flops / 1e9)
+            << "memory      engine peak extra "
+            << human_bytes(static_cast<double>(o.timing.workspace_bytes))
+            << " vs standard attention "
+            << human_bytes(static_cast<double>(o.costs.standard_bytes));
+  if (o.memory_ratio()) std::cout << " (" << percent(*o.memory_ratio()) << ")";
+  std::cout << "\n";
+}
+
+// With --backward: forward, backward and total time and throughput; memory over both calls.
+void print_forward_backward_figures(const Outcome& o) {
+  const Timing &f = o.timing, &b = *o.backward;
+  std::cout << format("time        forward  median %.3f ms, min %.3f ms over %d runs (after 1 "
+                      "warm-up%s)\n",
+                      f.median_ms, f.min_ms, o.problem.args.repeat,
+                      o.placement.device ? "; CUDA events on the run's stream" : "")
+            << format("            backward median %.3f ms, min %.3f ms\n", b.median_ms, b.min_ms)
+            << format("            total    median %.3f ms, min %.3f ms\n", o.total_median_ms(),
+                      o.total_min_ms())
+            << format("throughput  forward %.2f, backward %.2f, total %.2f GFLOP/s (forward: "
+                      "%.4g GFLOP over the visible (query, key) pairs; backward: %gx that)\n",
+                      o.gflops(), o.backward_gflops(), o.total_gflops(), o.costs.flops / 1e9,
+                      kBackwardFlopsFactor)
+            << "memory      engine peak extra (forward, backward) "
+            << human_bytes(static_cast<double>(o.engine_fwd_bwd_bytes()))
+            << " vs standard attention forward + backward (P and dP, fp32) "
+            << human_bytes(static_cast<double>(o.standard_fwd_bwd_bytes()));
+  if (o.memory_fwd_bwd_ratio()) std::cout << " (" << percent(*o.memory_fwd_bwd_ratio()) << ")";
+  std::cout << "\n";
+}
+
 void print_text(const Outcome& o) {
   const RunArgs& a = o.problem.args;
   std::cout << "flashattn " << flashattn::version() << " run\n"
@@ -625,26 +830,26 @@ void print_text(const Outcome& o) {
   if (a.varlen)
     std::cout << "lengths     q " << join(o.problem.lengths_q) << "\n"
               << "            k " << join(o.problem.lengths_k) << "\n";
+  if (a.backward || a.dropout != 0.0f || a.deterministic)
+    std::cout << "training    " << describe_training(o) << "\n";
   std::cout << "seed        " << *a.seed << "\n"
             << "backend     " << describe_backend(o) << "\n";
   if (o.placement.device)
     std::cout << "device      " << describe_device(*o.placement.device, o.runner.device_memory())
               << "\n";
-  std::cout << format("time        median %.3f ms, min %.3f ms over %d runs (after 1 warm-up%s)\n",
-                      o.timing.median_ms, o.timing.min_ms, a.repeat,
-                      o.placement.device ? "; CUDA events on the run's stream" : "")
-            << format("throughput  %.2f GFLOP/s (%.4g GFLOP over the visible (query, key) pairs)\n",
-                      o.gflops(), o.costs.flops / 1e9)
-            << "memory      engine peak extra "
-            << human_bytes(static_cast<double>(o.timing.workspace_bytes))
-            << " vs standard attention "
-            << human_bytes(static_cast<double>(o.costs.standard_bytes));
-  if (o.memory_ratio()) std::cout << " (" << percent(*o.memory_ratio()) << ")";
-  std::cout << "\n";
-  if (o.check)
+  if (o.backward)
+    print_forward_backward_figures(o);
+  else
+    print_forward_figures(o);
+  if (o.check) {
     std::cout << "check       " << describe_check("out", o.check->out) << "\n"
-              << "            " << describe_check("lse", o.check->lse) << "\n"
-              << "result      " << (o.check->passed() ? "PASS" : "FAIL") << "\n";
+              << "            " << describe_check("lse", o.check->lse) << "\n";
+    if (const std::optional<GradientCheck>& g = o.check->gradients)
+      std::cout << "            " << describe_check("dq", g->dq) << "\n"
+                << "            " << describe_check("dk", g->dk) << "\n"
+                << "            " << describe_check("dv", g->dv) << "\n";
+    std::cout << "result      " << (o.check->passed() ? "PASS" : "FAIL") << "\n";
+  }
 }
 
 }  // namespace
@@ -658,12 +863,13 @@ int run_command(const RunArgs& given) {
   execution.stream = runner->stream();
   execution.num_threads = problem.args.threads;
 
-  const Timing timing = time_forward(*runner, execution, problem.args.repeat);
+  const Timings timings = time_passes(*runner, execution, problem.args.repeat);
   std::optional<CheckResult> check;
   if (problem.args.check) check = check_against_reference(problem);
   const Costs costs = count_costs(problem);
 
-  const Outcome outcome{problem, placement, *runner, timing, costs, check};
+  const Outcome outcome{problem,          placement, *runner, timings.forward,
+                        timings.backward, costs,     check};
   if (problem.args.json)
     std::cout << to_json(outcome).dump(2) << "\n";
   else
