@@ -3,7 +3,8 @@
 # with nvcc on the PATH (or in /usr/local/cuda/bin) the CUDA backend builds too.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev)
+# python3-venv and python3-dev: the Python package's venv and its extension's headers.
+packages=(cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev python3-venv python3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds flashattn and runs every test: the full build (with CUDA when nvcc is present; GPU
 # tests report themselves skipped without a GPU), then the CPU-only configuration, so that
-# both sides of the FLASHATTN_CUDA switch are exercised.
+# both sides of the FLASHATTN_CUDA switch are exercised. Then the Python package: a venv,
+# `pip install .` (scikit-build-core + nanobind from PyPI; CUDA when nvcc is present) and
+# pytest over tests/python (NumPy tests always; PyTorch CPU tests with torch==2.11.0, which
+# FLASHATTN_TEST_TORCH=0 leaves out; GPU tests skip, with the reason shown, without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -19,3 +22,23 @@ cmake -S . -B build-cpu-only -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUD
 cmake --build build-cpu-only -j "$jobs"
 echo "== tests (CUDA: off) =="
 ctest --test-dir build-cpu-only --output-on-failure -j "$jobs"
+
+echo "== Python package: pip install . into a venv =="
+venv=build-py/venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q pytest numpy ml_dtypes
+if [ "${FLASHATTN_TEST_TORCH:-1}" != 0 ]; then
+  "$venv/bin/python" -m pip install -q torch==2.11.0
+fi
+# A fixed build directory: a second run rebuilds only what changed.
+"$venv/bin/python" -m pip install -q -C build-dir=build-py/wheel .
+
+echo "== Python tests =="
+# From tests/python, so that `import flashattn` finds the installed package, not the sources.
+status=0
+(cd tests/python && "../../$venv/bin/python" -m pytest -q) || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "test.sh: pytest collected no tests (exit 5): the Python tests did not run" >&2
+  exit 1
+fi
+exit "$status"

@@ -1,0 +1,87 @@
+"""The framework-neutral path: NumPy arrays and any array with ``__dlpack__`` (forward only).
+
+CPU inputs are viewed as NumPy arrays (``np.from_dlpack``: no copy) and the results are NumPy
+arrays; CUDA inputs are viewed as CuPy arrays when CuPy is installed, with the results allocated
+by CuPy and the call on CuPy's current stream. NumPy has no bfloat16 of its own: arrays of
+``ml_dtypes.bfloat16`` are passed to the library as uint16 views of the same bits.
+"""
+import numpy as np
+
+from . import _C
+
+_FLOATS = ("float32", "float16", "bfloat16")
+
+
+def _namespace(x):
+    """(array module, converter) for the input's framework."""
+    if isinstance(x, np.ndarray):
+        return np, lambda a: a
+    if hasattr(x, "__dlpack_device__"):
+        device_type = int(x.__dlpack_device__()[0])
+        if device_type == 1:  # kDLCPU
+            return np, lambda a: a if a is None or isinstance(a, np.ndarray) else np.from_dlpack(a)
+        if device_type == 2:  # kDLCUDA
+            try:
+                import cupy
+            except ImportError:
+                raise TypeError("q: CUDA arrays other than torch tensors need CuPy installed "
+                                "(the results are allocated as CuPy arrays)") from None
+            return cupy, lambda a: a if a is None else cupy.from_dlpack(a)
+        raise TypeError(f"q: expected a CPU or CUDA array, given DLPack device type {device_type}")
+    raise TypeError(f"q: expected a torch.Tensor, a NumPy array or an array with __dlpack__, "
+                    f"given {type(x).__name__}")
+
+
+def _bits(a):
+    """What _C receives: bfloat16 (ml_dtypes) as uint16 views of the same bits."""
+    if a is not None and getattr(a.dtype, "name", "") == "bfloat16" and isinstance(a, np.ndarray):
+        return a.view(np.uint16)
+    return a
+
+
+def _check_float(a, name):
+    if getattr(a.dtype, "name", str(a.dtype)) not in _FLOATS:
+        raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16, given {a.dtype}")
+
+
+def _execution(xp) -> dict:
+    if xp is np:
+        return {}
+    return {"stream": xp.cuda.get_current_stream().ptr}
+
+
+def _dropout(dropout_p: float) -> dict:
+    if dropout_p > 0.0:
+        # NumPy's global generator, so np.random.seed governs it.
+        return {"dropout_p": dropout_p, "seed": int(np.random.randint(0, 2**62)), "offset": 0}
+    return {}
+
+
+def forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+    xp, convert = _namespace(q)
+    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k = (
+        convert(a) for a in (q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k))
+    for a, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_float(a, name)
+    varlen = cu_seqlens_q is not None
+    ndim = 3 if varlen else 4
+    for a, name in ((q, "q"), (v, "v")):
+        if a.ndim != ndim:
+            raise ValueError(f"{name}: expected {ndim} dimensions, given {a.ndim} "
+                             f"(shape {tuple(a.shape)})")
+    out = xp.empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=q.dtype)
+    if varlen:
+        lse = xp.empty((q.shape[1], q.shape[0]), dtype=xp.float32)
+    else:
+        lse = xp.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=xp.float32)
+    options = dict(softmax_scale=softmax_scale, causal=bool(causal),
+                   window_left=int(window_size[0]), window_right=int(window_size[1]),
+                   softcap=float(softcap), alibi_slopes=alibi_slopes,
+                   **_dropout(dropout_p), **_execution(xp))
+    if varlen:
+        _C.forward_varlen(_bits(q), _bits(k), _bits(v), _bits(out), lse, cu_seqlens_q,
+                          cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), **options)
+    else:
+        _C.forward(_bits(q), _bits(k), _bits(v), _bits(out), lse, **options)
+    return out, lse

@@ -1,0 +1,282 @@
+"""The FlashAttention functions: the established names, argument orders and defaults.
+
+Each function takes PyTorch tensors (CPU or CUDA, differentiable; see flashattn.torch_ops) or,
+forward only, NumPy arrays / DLPack arrays (see flashattn._array).
+"""
+import sys
+
+from . import _array
+
+_COMMON_ARGS = """\
+        dropout_p: float. Dropout probability in [0, 1); pass 0.0 at evaluation time. Each
+            probability is kept with probability 1 - dropout_p and scaled by 1/(1 - dropout_p);
+            the mask comes from a Philox4x32-10 stream whose seed is drawn from torch's default
+            generator (torch.manual_seed governs it; NumPy inputs: np.random). CPU backend only
+            for now: on CUDA tensors dropout_p > 0 raises NotImplementedError.
+        softmax_scale: float. The scaling of QK^T before the softmax. Default 1 / sqrt(headdim).
+        causal: bool. Whether to apply the causal mask (bottom-right aligned; see below).
+        window_size: (left, right). Sliding-window local attention when not (-1, -1); -1 means
+            unbounded on that side. causal=True sets right to 0 and keeps left.
+        softcap: float. Anything > 0 activates softcapping: scores become
+            softcap * tanh(scores / softcap).
+        alibi_slopes: (nheads,) or (batch_size, nheads), fp32. A bias of
+            -alibi_slope * |i + seqlen_k - seqlen_q - j| is added to the score of query i and
+            key j.
+        deterministic: bool. Whether the backward is bitwise reproducible run to run (the CPU
+            backward always is).
+        return_attn_probs: bool. Also return the log-sum-exp; the third element, which
+            upstream fills with the dropout-masked probabilities for testing only, is None:
+            the probabilities are never materialised."""
+
+_MASKS = """\
+    Masks (1 = attend, 0 = masked out). With causal=True the mask is aligned to the bottom-right
+    corner of the seqlen_q x seqlen_k score matrix: query i sees key j iff
+    j <= i + seqlen_k - seqlen_q. For seqlen_q = 2, seqlen_k = 5:
+        1 1 1 1 0
+        1 1 1 1 1
+    For seqlen_q = 5, seqlen_k = 2:
+        0 0
+        0 0
+        0 0
+        1 0
+        1 1
+    A query row that sees no key gives an output of 0 (and a log-sum-exp of -inf).
+
+    With window_size = (left, right), query i sees the keys j in
+    [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right] (inclusive; a bound of -1
+    is dropped). For seqlen_q = seqlen_k = 5, window_size = (1, 1):
+        1 1 0 0 0
+        1 1 1 0 0
+        0 1 1 1 0
+        0 0 1 1 1
+        0 0 0 1 1
+    and causal=True with window_size = (2, -1) (a causal sliding window of 3 keys):
+        1 0 0 0 0
+        1 1 0 0 0
+        1 1 1 0 0
+        0 1 1 1 0
+        0 0 1 1 1"""
+
+_RETURNS = """\
+    Return:
+        out: {out_shape}.
+        softmax_lse [optional, if return_attn_probs=True]: {lse_shape}, fp32. The log-sum-exp
+            (natural log) of each row of the scaled, masked scores.
+        S_dmask [optional, if return_attn_probs=True]: None (not materialised)."""
+
+
+def _is_torch(x) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _window(window_size):
+    left, right = window_size
+    return int(left), int(right)
+
+
+def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+           deterministic, return_attn_probs):
+    if _is_torch(q):
+        from . import torch_ops
+
+        left, right = _window(window_size)
+        out, lse, _ = torch_ops.fwd(q, k, v, float(dropout_p), softmax_scale, bool(causal),
+                                    left, right, float(softcap), alibi_slopes,
+                                    bool(deterministic))
+    else:
+        out, lse = _array.forward(q, k, v, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            return_attn_probs, block_table):
+    if block_table is not None:
+        raise NotImplementedError("block_table: expected None (the paged KV cache arrives "
+                                  "with forward_kvcache), given a tensor")
+    if _is_torch(q):
+        from . import torch_ops
+
+        left, right = _window(window_size)
+        out, lse, _ = torch_ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                           int(max_seqlen_q), int(max_seqlen_k),
+                                           float(dropout_p), softmax_scale, bool(causal),
+                                           left, right, float(softcap), alibi_slopes,
+                                           bool(deterministic))
+    else:
+        out, lse = _array.forward(q, k, v, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                                  max_seqlen_q, max_seqlen_k)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False):
+    return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                  alibi_slopes, deterministic, return_attn_probs)
+
+
+flash_attn_func.__doc__ = f"""Exact attention, dense batch.
+
+    Multi-query and grouped-query attention (MQA/GQA) by passing k, v with fewer heads than q:
+    nheads must be a multiple of nheads_k, and query head h reads key/value head
+    h // (nheads // nheads_k). E.g. with 6 query heads and 2 key/value heads, query heads
+    0, 1, 2 read head 0 and query heads 3, 4, 5 read head 1.
+
+    Arguments:
+        q: (batch_size, seqlen_q, nheads, headdim)
+        k: (batch_size, seqlen_k, nheads_k, headdim)
+        v: (batch_size, seqlen_k, nheads_k, headdim_v)
+            Only the last dimension needs unit stride; any other strides are used as given.
+            fp16/bf16 on CUDA; fp32/fp16/bf16 on the CPU. headdim: a multiple of 8 up to 256.
+{_COMMON_ARGS}
+
+{_MASKS}
+
+{_RETURNS.format(out_shape="(batch_size, seqlen_q, nheads, headdim_v)",
+                 lse_shape="(batch_size, nheads, seqlen_q)")}
+    """
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    return _dense(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal,
+                  window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+flash_attn_qkvpacked_func.__doc__ = f"""Exact attention with q, k, v packed in one tensor.
+
+    q, k and v are strided views of qkv (qkv[:, :, 0], [:, :, 1], [:, :, 2]): nothing is copied,
+    and the gradient comes back as one (batch_size, seqlen, 3, nheads, headdim) tensor.
+    For GQA/MQA use flash_attn_kvpacked_func or flash_attn_func.
+
+    Arguments:
+        qkv: (batch_size, seqlen, 3, nheads, headdim)
+{_COMMON_ARGS}
+
+{_MASKS}
+
+{_RETURNS.format(out_shape="(batch_size, seqlen, nheads, headdim)",
+                 lse_shape="(batch_size, nheads, seqlen)")}
+    """
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    return _dense(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size,
+                  softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+flash_attn_kvpacked_func.__doc__ = f"""Exact attention with k and v packed in one tensor.
+
+    k and v are strided views of kv (kv[:, :, 0], kv[:, :, 1]): nothing is copied. GQA/MQA:
+    nheads must be a multiple of nheads_k (see flash_attn_func).
+
+    Arguments:
+        q: (batch_size, seqlen_q, nheads, headdim)
+        kv: (batch_size, seqlen_k, 2, nheads_k, headdim)
+{_COMMON_ARGS}
+
+{_MASKS}
+
+{_RETURNS.format(out_shape="(batch_size, seqlen_q, nheads, headdim)",
+                 lse_shape="(batch_size, nheads, seqlen_q)")}
+    """
+
+
+_VARLEN_NOTE = """\
+    Ragged batch: the sequences are concatenated along the first dimension; sequence b holds
+    rows cu_seqlens[b] .. cu_seqlens[b + 1] - 1. The masks apply within each sequence, with
+    that sequence's own seqlen_q and seqlen_k (so causal is bottom-right aligned per
+    sequence). Empty sequences are allowed."""
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, block_table)
+
+
+flash_attn_varlen_func.__doc__ = f"""Exact attention over a ragged batch.
+
+{_VARLEN_NOTE}
+
+    Arguments:
+        q: (total_q, nheads, headdim), total_q = the total number of queries in the batch.
+        k: (total_k, nheads_k, headdim), total_k = the total number of keys in the batch.
+        v: (total_k, nheads_k, headdim_v)
+        cu_seqlens_q: (batch_size + 1,), int32. Prefix sums of the query lengths, from 0.
+        cu_seqlens_k: (batch_size + 1,), int32. Prefix sums of the key lengths, from 0.
+        max_seqlen_q: int. The longest query sequence.
+        max_seqlen_k: int. The longest key sequence.
+{_COMMON_ARGS}
+        block_table: must be None (the paged KV cache is not available yet).
+
+{_MASKS}
+
+{_RETURNS.format(out_shape="(total_q, nheads, headdim_v)", lse_shape="(nheads, total_q)")}
+    """
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    return _varlen(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen,
+                   max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap,
+                   alibi_slopes, deterministic, return_attn_probs, None)
+
+
+flash_attn_varlen_qkvpacked_func.__doc__ = f"""Exact attention over a ragged batch, q, k, v
+    packed in one tensor (strided views, never copied).
+
+{_VARLEN_NOTE}
+
+    Arguments:
+        qkv: (total, 3, nheads, headdim), total = the total number of tokens in the batch.
+        cu_seqlens: (batch_size + 1,), int32. Prefix sums of the sequence lengths, from 0.
+        max_seqlen: int. The longest sequence.
+{_COMMON_ARGS}
+
+{_MASKS}
+
+{_RETURNS.format(out_shape="(total, nheads, headdim)", lse_shape="(nheads, total)")}
+    """
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False):
+    return _varlen(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
+                   alibi_slopes, deterministic, return_attn_probs, None)
+
+
+flash_attn_varlen_kvpacked_func.__doc__ = f"""Exact attention over a ragged batch, k and v
+    packed in one tensor (strided views, never copied).
+
+{_VARLEN_NOTE}
+
+    Arguments:
+        q: (total_q, nheads, headdim)
+        kv: (total_k, 2, nheads_k, headdim)
+        cu_seqlens_q: (batch_size + 1,), int32. Prefix sums of the query lengths, from 0.
+        cu_seqlens_k: (batch_size + 1,), int32. Prefix sums of the key lengths, from 0.
+        max_seqlen_q: int. The longest query sequence.
+        max_seqlen_k: int. The longest key sequence.
+{_COMMON_ARGS}
+
+{_MASKS}
+
+{_RETURNS.format(out_shape="(total_q, nheads, headdim)", lse_shape="(nheads, total_q)")}
+    """

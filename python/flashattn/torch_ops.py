@@ -1,0 +1,275 @@
+"""PyTorch integration: custom ops (torch.library) with fake implementations and autograd.
+
+Four ops, ``flashattn::fwd``, ``flashattn::bwd``, ``flashattn::varlen_fwd`` and
+``flashattn::varlen_bwd``, each a thin call into the C ABI with outputs allocated by torch on
+the input's device (so the caching allocator and CUDA-graph capture see every allocation; the
+library allocates nothing on the GPU for the forward). The forward ops have autograd
+registered on them, so ``torch.compile(fullgraph=True)`` traces them as single nodes, forward
+and backward, with no graph break.
+
+Dropout: the forward op draws a seed from torch's default (CPU) generator, so
+``torch.manual_seed`` governs it, and returns it as ``rng_state = [seed, offset]`` (int64,
+CPU), which the backward replays: forward and backward drop the same elements (Philox4x32-10,
+a pure function of seed, offset and the element's coordinates). Dropout runs on the CPU
+backend only for now; on CUDA tensors the library answers NotImplementedError.
+
+Tensors reach the library as raw descriptors (pointer, dtype, device, sizes, strides): no
+DLPack round trip and no stream synchronisation, so a call on the current CUDA stream is
+capturable. Only the last dimension needs unit stride; other strides pass through, so packed
+qkv/kv views are never copied.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3}
+
+
+def _desc(t: Optional[Tensor], name: str):
+    """The raw descriptor _C takes: (data_ptr, fa_dtype, fa_device_type, index, sizes, strides)."""
+    if t is None:
+        return None
+    dtype = _DTYPES.get(t.dtype)
+    if dtype is None:
+        raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 (int32 for "
+                        f"sequence offsets), given {t.dtype}")
+    if t.device.type == "cpu":
+        device, index = 0, 0
+    elif t.device.type == "cuda":
+        device = 1
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    else:
+        raise TypeError(f"{name}: expected a CPU or CUDA tensor, given device {t.device}")
+    return (t.data_ptr(), dtype, device, index, tuple(t.shape), tuple(t.stride()))
+
+
+def _execution(t: Tensor) -> dict:
+    if t.device.type == "cuda":
+        return {"stream": torch.cuda.current_stream(t.device).cuda_stream}
+    return {}
+
+
+def _contiguous_last(t: Optional[Tensor]) -> Optional[Tensor]:
+    """The library needs unit stride in the last dimension only (and no zero strides in
+    gradients that autograd expands from a scalar)."""
+    if t is None:
+        return None
+    if t.stride(-1) != 1 or 0 in t.stride():
+        return t.contiguous()
+    return t
+
+
+def _check_dim(t: Tensor, name: str, ndim: int, layout: str) -> None:
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions {layout}, given {t.dim()} "
+                         f"(shape {tuple(t.shape)})")
+
+
+def _draw_rng_state(dropout_p: float) -> Tensor:
+    if dropout_p > 0.0:
+        seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+        return torch.cat([seed, torch.zeros(1, dtype=torch.int64)])
+    return torch.zeros(2, dtype=torch.int64)
+
+
+def _rng_args(dropout_p: float, rng_state: Tensor) -> dict:
+    if dropout_p > 0.0:
+        seed, offset = rng_state.tolist()
+        return {"dropout_p": dropout_p, "seed": seed, "offset": offset}
+    return {}
+
+
+def _options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+             deterministic) -> dict:
+    return {
+        "softmax_scale": softmax_scale,
+        "causal": causal,
+        "window_left": window_left,
+        "window_right": window_right,
+        "softcap": softcap,
+        "alibi_slopes": _desc(alibi_slopes, "alibi_slopes"),
+        "deterministic": deterministic,
+    }
+
+
+class _DeviceGuard:
+    """Makes the tensor's GPU current for the call (no-op on the CPU)."""
+
+    def __init__(self, t: Tensor):
+        self.guard = torch.cuda.device(t.device) if t.device.type == "cuda" else None
+
+    def __enter__(self):
+        if self.guard is not None:
+            self.guard.__enter__()
+
+    def __exit__(self, *exc):
+        if self.guard is not None:
+            self.guard.__exit__(*exc)
+
+
+# ---------------------------------------------------------------------------- dense
+
+@torch.library.custom_op("flashattn::fwd", mutates_args=())
+def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: Optional[float],
+        causal: bool, window_left: int, window_right: int, softcap: float,
+        alibi_slopes: Optional[Tensor], deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """out (B, Sq, H, Dv), lse (B, H, Sq) fp32, rng_state (2,) int64 on the CPU."""
+    _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
+    _check_dim(v, "v", 4, "(batch, seqlen_k, nheads_k, headdim_v)")
+    q, k, v = (_contiguous_last(t) for t in (q, k, v))
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    rng_state = _draw_rng_state(dropout_p)
+    with _DeviceGuard(q):
+        _C.forward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
+                   _desc(lse, "lse"),
+                   **_options(softmax_scale, causal, window_left, window_right, softcap,
+                              alibi_slopes, deterministic),
+                   **_rng_args(dropout_p, rng_state), **_execution(q))
+    return out, lse, rng_state
+
+
+@fwd.register_fake
+def _(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+      alibi_slopes, deterministic):
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return out, lse, torch.empty(2, dtype=torch.int64, device="cpu")
+
+
+@torch.library.custom_op("flashattn::bwd", mutates_args=())
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+        rng_state: Tensor, dropout_p: float, softmax_scale: Optional[float], causal: bool,
+        window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+        deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv with the shapes and dtypes of q, k, v (contiguous)."""
+    dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    with _DeviceGuard(q):
+        _C.backward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
+                    _desc(dout, "dout"), _desc(lse, "lse"), _desc(dq, "dq"), _desc(dk, "dk"),
+                    _desc(dv, "dv"),
+                    **_options(softmax_scale, causal, window_left, window_right, softcap,
+                               alibi_slopes, deterministic),
+                    **_rng_args(dropout_p, rng_state), **_execution(q))
+    return dq, dk, dv
+
+
+@bwd.register_fake
+def _(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, causal, window_left,
+      window_right, softcap, alibi_slopes, deterministic):
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    (q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+     alibi_slopes, deterministic) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, rng_state, alibi_slopes)
+    ctx.args = (dropout_p, softmax_scale, causal, window_left, window_right, softcap)
+    ctx.deterministic = deterministic
+
+
+def _fwd_backward(ctx, dout, dlse, drng_state):
+    q, k, v, out, lse, rng_state, alibi_slopes = ctx.saved_tensors
+    (dropout_p, softmax_scale, causal, window_left, window_right, softcap) = ctx.args
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, causal,
+                     window_left, window_right, softcap, alibi_slopes, ctx.deterministic)
+    return (dq, dk, dv) + (None,) * 8
+
+
+fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+# ---------------------------------------------------------------------------- varlen
+
+@torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
+def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               max_seqlen_q: int, max_seqlen_k: int, dropout_p: float,
+               softmax_scale: Optional[float], causal: bool, window_left: int,
+               window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+               deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """out (total_q, H, Dv), lse (H, total_q) fp32, rng_state (2,) int64 on the CPU."""
+    _check_dim(q, "q", 3, "(total_q, nheads, headdim)")
+    _check_dim(v, "v", 3, "(total_k, nheads_k, headdim_v)")
+    q, k, v = (_contiguous_last(t) for t in (q, k, v))
+    total_q, nheads, _ = q.shape
+    out = q.new_empty((total_q, nheads, v.shape[-1]))
+    lse = q.new_empty((nheads, total_q), dtype=torch.float32)
+    rng_state = _draw_rng_state(dropout_p)
+    with _DeviceGuard(q):
+        _C.forward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
+                          _desc(lse, "lse"), _desc(cu_seqlens_q, "cu_seqlens_q"),
+                          _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+                          **_options(softmax_scale, causal, window_left, window_right, softcap,
+                                     alibi_slopes, deterministic),
+                          **_rng_args(dropout_p, rng_state), **_execution(q))
+    return out, lse, rng_state
+
+
+@varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic):
+    total_q, nheads, _ = q.shape
+    out = q.new_empty((total_q, nheads, v.shape[-1]))
+    lse = q.new_empty((nheads, total_q), dtype=torch.float32)
+    return out, lse, torch.empty(2, dtype=torch.int64, device="cpu")
+
+
+@torch.library.custom_op("flashattn::varlen_bwd", mutates_args=())
+def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+               max_seqlen_k: int, rng_state: Tensor, dropout_p: float,
+               softmax_scale: Optional[float], causal: bool, window_left: int,
+               window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+               deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    with _DeviceGuard(q):
+        _C.backward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
+                           _desc(dout, "dout"), _desc(lse, "lse"), _desc(dq, "dq"),
+                           _desc(dk, "dk"), _desc(dv, "dv"),
+                           _desc(cu_seqlens_q, "cu_seqlens_q"),
+                           _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+                           **_options(softmax_scale, causal, window_left, window_right,
+                                      softcap, alibi_slopes, deterministic),
+                           **_rng_args(dropout_p, rng_state), **_execution(q))
+    return dq, dk, dv
+
+
+@varlen_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      rng_state, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+      alibi_slopes, deterministic):
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+
+
+def _varlen_fwd_setup_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+     deterministic) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state,
+                          alibi_slopes)
+    ctx.args = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_left,
+                window_right, softcap)
+    ctx.deterministic = deterministic
+
+
+def _varlen_fwd_backward(ctx, dout, dlse, drng_state):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state, alibi_slopes = ctx.saved_tensors
+    (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_left, window_right,
+     softcap) = ctx.args
+    dq, dk, dv = varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                            max_seqlen_k, rng_state, dropout_p, softmax_scale, causal,
+                            window_left, window_right, softcap, alibi_slopes,
+                            ctx.deterministic)
+    return (dq, dk, dv) + (None,) * 12
+
+
+varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
