@@ -332,3 +332,18 @@ def test_example_training_loop_matches_sdpa():
     path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_swap.py"
     main = runpy.run_path(str(path))["main"]
     assert main(["--compare", "--steps", "8", "--seqlen", "32", "--rtol", "1e-4"]) == 0
+
+
+def test_torch_compile_dynamic_shapes_and_upstream_module_path():
+    from flashattn.flash_attn_interface import flash_attn_func as upstream_path_func
+
+    assert upstream_path_func is flash_attn_func
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True),
+                             fullgraph=True, dynamic=True, backend="aot_eager")
+    for s in (17, 40, 63):
+        q, k, v = (make((2, s, 4, 32)) for _ in range(3))
+        got = compiled(q, k, v)
+        torch.testing.assert_close(got, flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
+        got.sum().backward()
+        assert q.grad.shape == q.shape
