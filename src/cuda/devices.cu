@@ -50,11 +50,15 @@ std::vector<CudaDevice> devices(std::string* why) {
 
 PointerLocation locate(const void* pointer) {
   PointerLocation where;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+  // Asked once per process: every call checks several pointers, and without a driver each
+  // query would fail the same way again.
+  static const bool have_device = [] {
+    int count = 0;
+    const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
     cudaGetLastError();
-    return where;  // no driver or no device: nothing can be said (and nothing is on a GPU)
-  }
+    return ok;
+  }();
+  if (!have_device) return where;  // nothing can be said (and nothing is on a GPU)
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
     cudaGetLastError();
