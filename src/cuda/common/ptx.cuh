@@ -43,6 +43,21 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sha
                : "r"(shared_src));
 }
 
+// Plain shared/global moves, for the epilogue.
+__device__ __forceinline__ void st_shared_32(uint32_t shared_dst, uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(shared_dst), "r"(value));
+}
+__device__ __forceinline__ uint4 ld_shared_128(uint32_t shared_src) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(shared_src));
+  return v;
+}
+__device__ __forceinline__ void st_global_128(void* global_dst, uint4 value) {
+  *static_cast<uint4*>(global_dst) = value;
+}
+
 // D (16x8, fp32) += A (16x16, row-major) * B (16x8, column-major). Fragments per lane
 // (g = lane / 4, c = 2 (lane % 4)): a0 = A[g][c..c+1], a1 = A[g+8][c..], a2 = A[g][c+8..],
 // a3 = A[g+8][c+8..]; b0 = B[c..c+1][g], b1 = B[c+8..c+9][g]; d0,d1 = D[g][c..c+1],

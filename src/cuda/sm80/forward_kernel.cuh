@@ -46,21 +46,65 @@ struct ForwardConfig {
   static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shapes");
 };
 
-// Copies `rows` x kHeadDim elements (rows `valid_rows` and beyond, and columns from
-// `head_dim` on, as zeros) from global memory into a padded shared tile, all threads helping.
-template <typename Cfg>
-__device__ __forceinline__ void load_tile(typename Cfg::Element* tile,
-                                          const typename Cfg::Element* src, int64_t row_stride,
-                                          int rows, int64_t valid_rows, int head_dim) {
-  for (int chunk = threadIdx.x; chunk < rows * Cfg::kChunksPerRow; chunk += Cfg::kThreads) {
-    const int row = chunk / Cfg::kChunksPerRow, col = (chunk % Cfg::kChunksPerRow) * 8;
-    const bool valid = row < valid_rows && col < head_dim;
-    ptx::cp_async_16(ptx::shared_address(tile + row * Cfg::kRowStride + col),
-                     valid ? src + row * row_stride + col : src, valid);
-  }
-}
+// Copies tiles of kRows x kHeadDim elements from global memory into padded shared tiles,
+// all threads helping, with a thread-to-chunk mapping fixed for the whole kernel: groups of
+// kThreadsPerRow threads cover a row's 16-byte chunks (128 contiguous bytes per pass, so the
+// global reads coalesce), kRowsPerPass rows per pass. Everything that depends only on the
+// thread (its row, its columns, whether they lie inside head_dim) is computed once, so a
+// full tile costs one cp.async and one 64-bit add per chunk; only tiles at the end of a
+// sequence test rows. Rows from `valid_rows` on and columns from `head_dim` on are zero-filled.
+template <typename Cfg, int kRows>
+struct TileLoader {
+  static constexpr int kThreadsPerRow = Cfg::kChunksPerRow < 8 ? Cfg::kChunksPerRow : 8;
+  static constexpr int kColumnPasses = (Cfg::kChunksPerRow + kThreadsPerRow - 1) / kThreadsPerRow;
+  static constexpr int kRowsPerPass = Cfg::kThreads / kThreadsPerRow;
+  static constexpr int kRowPasses = kRows / kRowsPerPass;
+  static_assert(Cfg::kThreads % kThreadsPerRow == 0 && kRows % kRowsPerPass == 0, "tile loader");
 
-template <typename Cfg>
+  int row;                 // this thread's first row in the tile
+  int chunk;               // this thread's first 16-byte chunk in a row
+  uint32_t column_valid;   // bit c: the chunk of column pass c lies inside head_dim
+
+  __device__ explicit TileLoader(int head_dim) {
+    row = static_cast<int>(threadIdx.x) / kThreadsPerRow;
+    chunk = static_cast<int>(threadIdx.x) % kThreadsPerRow;
+    column_valid = 0;
+#pragma unroll
+    for (int c = 0; c < kColumnPasses; ++c)
+      if ((chunk + c * kThreadsPerRow) * 8 < head_dim) column_valid |= 1u << c;
+  }
+
+  // `src` points at the tile's row 0; rows from `valid_rows` on are zero-filled.
+  __device__ __forceinline__ void load(uint32_t tile, const typename Cfg::Element* src,
+                                       int64_t row_stride, int64_t valid_rows) const {
+    constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
+    const bool full = valid_rows >= kRows;
+    const typename Cfg::Element* thread_src = src + row * row_stride + chunk * 8;
+    const uint32_t thread_tile = tile + (row * Cfg::kRowStride + chunk * 8) * kElementBytes;
+#pragma unroll
+    for (int r = 0; r < kRowPasses; ++r) {
+      const bool row_ok = full || row + r * kRowsPerPass < valid_rows;
+#pragma unroll
+      for (int c = 0; c < kColumnPasses; ++c) {
+        // Head dims that are not a multiple of 8 chunks: in the last pass some threads have
+        // no chunk (theirs would spill into the next row).
+        if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && c == kColumnPasses - 1 &&
+            chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
+          continue;
+        const bool valid = row_ok && ((column_valid >> c) & 1u);
+        ptx::cp_async_16(
+            thread_tile + (r * kRowsPerPass * Cfg::kRowStride + c * kThreadsPerRow * 8) * kElementBytes,
+            valid ? thread_src + c * kThreadsPerRow * 8 : src, valid);
+      }
+      thread_src += kRowsPerPass * row_stride;
+    }
+  }
+};
+
+// kScoreMods: softcap, ALiBi or a non-positive scale may occur. Without them (the common
+// case) S holds raw dot products and the scale folds into the exponent; the kernel is then
+// compiled without that code, which frees registers and instructions in the inner loop.
+template <typename Cfg, bool kScoreMods>
 __global__ void __launch_bounds__(Cfg::kThreads)
     forward_kernel(const __grid_constant__ ForwardParams p) {
   using Element = typename Cfg::Element;
@@ -72,10 +116,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   constexpr int kOTiles = kHeadDim / 8;    // n8 tiles of O per m-tile
   constexpr float kLog2e = 1.4426950408889634f;
 
+  // Shared memory: Q (kBlockM rows), then K and V (kBlockN rows each, two stages each).
   extern __shared__ __align__(16) unsigned char shared_raw[];
-  Element* sQ = reinterpret_cast<Element*>(shared_raw);
-  Element* sK = sQ + kBlockM * kRowStride;       // 2 stages
-  Element* sV = sK + 2 * kBlockN * kRowStride;   // 2 stages
+  constexpr uint32_t kElementBytes = sizeof(Element);
+  constexpr uint32_t kStageBytes = kBlockN * kRowStride * kElementBytes;
+  const uint32_t sQ_address = ptx::shared_address(shared_raw);
+  const uint32_t sK_address = sQ_address + kBlockM * kRowStride * kElementBytes;
+  const uint32_t sV_address = sK_address + 2 * kStageBytes;
 
   // Heavier (later, under causal masks) query blocks first, for a better tail.
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -99,12 +146,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + kBlockN - 1) / kBlockN);
 
   // Prologue: Q and the first K/V block.
-  load_tile<Cfg>(sQ, q, p.q_row_stride, kBlockM, rows_here, p.head_dim);
+  const TileLoader<Cfg, kBlockN> k_loader(p.head_dim), v_loader(p.head_dim_v);
+  TileLoader<Cfg, kBlockM>(p.head_dim).load(sQ_address, q, p.q_row_stride, rows_here);
   if (n_blocks > 0) {
-    load_tile<Cfg>(sK, k + keys.begin * p.k_row_stride, p.k_row_stride, kBlockN,
-                   keys.end - keys.begin, p.head_dim);
-    load_tile<Cfg>(sV, v + keys.begin * p.v_row_stride, p.v_row_stride, kBlockN,
-                   keys.end - keys.begin, p.head_dim_v);
+    k_loader.load(sK_address, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin);
+    v_loader.load(sV_address, v + keys.begin * p.v_row_stride, p.v_row_stride, keys.end - keys.begin);
   }
   ptx::cp_async_commit();
 
@@ -118,13 +164,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const auto row_of = [&](int mt, int r) -> int64_t {
     return m0 + warp_row0 + mt * 16 + quad_row + r * 8;
   };
-  const float slope =
-      p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
-  const bool softcap = p.softcap > 0.0f;
+  const float slope = kScoreMods && p.alibi_slopes != nullptr
+                          ? p.alibi_slopes[b * p.alibi_batch_stride + h]
+                          : 0.0f;
+  const bool softcap = kScoreMods && p.softcap > 0.0f;
   // The plain path (no softcap, no ALiBi, positive scale) keeps raw dot products in S and
   // folds the scale into the exponent: p = 2^(s c - m c) with c = scale log2(e), one FFMA.
   // Otherwise S is first turned into base-2 scores x = log2(e) s' and c = 1.
-  const bool plain = !softcap && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f;
+  const bool plain = !kScoreMods || (!softcap && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f);
   const float exp_scale = plain ? p.softmax_scale * kLog2e : 1.0f;
   const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
 
@@ -141,10 +188,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // ldmatrix addresses as one 32-bit shared base per tile (this lane's row and column within
   // the fragment) plus compile-time offsets, so each load is [register + immediate]: pointer
   // arithmetic per unrolled load would hold dozens of address registers and spill.
-  constexpr uint32_t kElementBytes = sizeof(Element);
-  constexpr uint32_t kStageBytes = kBlockN * kRowStride * kElementBytes;
   const uint32_t q_base =
-      ptx::shared_address(sQ) +
+      sQ_address +
       ((warp_row0 + lane % 16) * kRowStride + (lane / 16) * 8) * kElementBytes;
   const uint32_t k_lane = ((lane % 8 + (lane / 16) * 8) * kRowStride + ((lane / 8) % 2) * 8) * kElementBytes;
   const uint32_t v_lane = ((lane % 8 + ((lane / 8) % 2) * 8) * kRowStride + (lane / 16) * 8) * kElementBytes;
@@ -159,10 +204,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     __syncthreads();  // block n has landed, and every warp is done with block n - 1
     if (n + 1 < n_blocks) {  // prefetch block n + 1 into the other stage
       const int64_t j1 = j0 + kBlockN;
-      load_tile<Cfg>(sK + (stage ^ 1) * kBlockN * kRowStride, k + j1 * p.k_row_stride,
-                     p.k_row_stride, kBlockN, keys.end - j1, p.head_dim);
-      load_tile<Cfg>(sV + (stage ^ 1) * kBlockN * kRowStride, v + j1 * p.v_row_stride,
-                     p.v_row_stride, kBlockN, keys.end - j1, p.head_dim_v);
+      k_loader.load(sK_address + (stage ^ 1) * kStageBytes, k + j1 * p.k_row_stride,
+                    p.k_row_stride, keys.end - j1);
+      v_loader.load(sV_address + (stage ^ 1) * kStageBytes, v + j1 * p.v_row_stride,
+                    p.v_row_stride, keys.end - j1);
     }
     ptx::cp_async_commit();
     if (kQInRegisters && n == 0) {  // Q fragments once, for the whole head dim
@@ -174,7 +219,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
 
     // S = Q K^T for this warp's rows x kBlockN keys.
-    const uint32_t k_base = ptx::shared_address(sK) + stage * kStageBytes + k_lane;
+    const uint32_t k_base = sK_address + stage * kStageBytes + k_lane;
     float s[kMTiles][kSTiles][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
@@ -277,7 +322,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
 
     // O += P V: the S accumulators of two adjacent key tiles are exactly one A fragment.
-    const uint32_t v_base = ptx::shared_address(sV) + stage * kStageBytes + v_lane;
+    const uint32_t v_base = sV_address + stage * kStageBytes + v_lane;
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       uint32_t pf[kMTiles][4];
@@ -301,7 +346,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
   }
 
-  // Epilogue: out = O / l in the storage dtype; lse = ln 2 * (c max + log2 l).
+  // Epilogue: out = O / l in the storage dtype; lse = ln 2 * (c max + log2 l). O goes through
+  // this warp's own rows of the Q tile in shared memory (no other warp reads them, so a warp
+  // barrier suffices), so that global stores are 16 bytes per lane and whole rows per pass.
+  ptx::cp_async_wait<0>();  // with no key block at all, Q's copy may still be in flight
+  __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -310,32 +359,48 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key: out = 0
-      const int64_t i = row_of(mt, r);
-      if (i >= seq.seqlen_q) continue;
-      Element* out = static_cast<Element*>(p.out) + b * p.out_batch_stride +
-                     (seq.q_row0 + i) * p.out_row_stride + h * p.out_head_stride;
+      const uint32_t row_address =
+          sQ_address + ((warp_row0 + mt * 16 + quad_row + r * 8) * kRowStride + quad_col) * kElementBytes;
 #pragma unroll
-      for (int t = 0; t < kOTiles; ++t) {
-        const int col = t * 8 + quad_col;
-        if (col < p.head_dim_v)
-          *reinterpret_cast<uint32_t*>(out + col) =
-              ptx::pack2<Element>(o[mt][t][2 * r] * inv, o[mt][t][2 * r + 1] * inv);
-      }
-      if (p.lse != nullptr && lane % 4 == 0)
+      for (int t = 0; t < kOTiles; ++t)
+        ptx::st_shared_32(row_address + t * 8 * kElementBytes,
+                          ptx::pack2<Element>(o[mt][t][2 * r] * inv, o[mt][t][2 * r + 1] * inv));
+      const int64_t i = row_of(mt, r);
+      if (p.lse != nullptr && lane % 4 == 0 && i < seq.seqlen_q)
         p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_row0 + i] =
             l == 0.0f ? -INFINITY
                       : (row_max[mt][r] * exp_scale + log2f(l)) * 0.6931471805599453f;
     }
+  __syncwarp();
+  constexpr int kWarpRows = 16 * kMTiles;
+  Element* out = static_cast<Element*>(p.out) + b * p.out_batch_stride +
+                 (seq.q_row0 + m0 + warp_row0) * p.out_row_stride + h * p.out_head_stride;
+  const int64_t warp_rows_valid = seq.seqlen_q - (m0 + warp_row0);
+  static_assert(kWarpRows * Cfg::kChunksPerRow % 32 == 0, "epilogue passes");
+#pragma unroll
+  for (int pass = 0; pass < kWarpRows * Cfg::kChunksPerRow / 32; ++pass) {
+    const int idx = lane + 32 * pass;
+    const int row = idx / Cfg::kChunksPerRow, col = (idx % Cfg::kChunksPerRow) * 8;
+    if (row < warp_rows_valid && col < p.head_dim_v)
+      ptx::st_global_128(out + row * p.out_row_stride + col,
+                         ptx::ld_shared_128(sQ_address + ((warp_row0 + row) * kRowStride + col) * kElementBytes));
+  }
 }
 
 // Launches the kernel for one (dtype, head-dim bucket) configuration.
 template <typename Cfg>
 void launch_forward(const ForwardParams& p) {
-  const auto kernel = forward_kernel<Cfg>;
-  if (Cfg::kSharedBytes > 48 * 1024) {
-    static const cudaError_t attribute_status = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSharedBytes);
-    (void)attribute_status;  // a failure shows up as a launch error below
+  const bool score_mods = p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f);
+  const auto kernel = score_mods ? forward_kernel<Cfg, true> : forward_kernel<Cfg, false>;
+  if (Cfg::kSharedBytes > 48 * 1024) {  // once per kernel
+    static const bool attributes_set = [] {
+      cudaFuncSetAttribute(forward_kernel<Cfg, true>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSharedBytes);
+      cudaFuncSetAttribute(forward_kernel<Cfg, false>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSharedBytes);
+      return true;  // a failure shows up as a launch error below
+    }();
+    (void)attributes_set;
   }
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
