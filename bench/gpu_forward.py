@@ -98,6 +98,14 @@ QUICK_SEQLENS = (512, 2048)
 MEMORY_HDIM = 128
 DEFAULT_MEMORY_SEQLENS = (4096, 16384)
 PEERS = ("flash", "cudnn", "efficient", "naive")
+
+
+def peer_list(text: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
+    return names
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                  "efficient": "EFFICIENT_ATTENTION"}
 TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}  # absolute, on outputs of magnitude ~1
@@ -138,6 +146,7 @@ class FaOptions(ctypes.Structure):
         ("dropout_p", ctypes.c_float),
         ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),
+        ("deterministic", ctypes.c_int32),
     ]
 
 
@@ -157,6 +166,7 @@ class FaRunInfo(ctypes.Structure):
         ("struct_size", ctypes.c_size_t),
         ("backend", ctypes.c_int32),
         ("workspace_bytes", ctypes.c_size_t),
+        ("deterministic", ctypes.c_int32),
     ]
 
 
@@ -778,7 +788,7 @@ def run_system(system: str, cfg: Config, sets: list[tuple], lib: FlashAttnLib | 
         if check:
             try:
                 row["check"] = check_ours(prepared, sets, cfg.causal, args.dtype,
-                                          with_peer=not args.skip_peers)
+                                          with_peer=not args.skip_peers and "flash" in args.peers)
             except Exception as e:  # the check's own failure (e.g. memory) is not fatal
                 row["check"] = {"ok": False, "failed": "the check raised " + first_line(e)}
             row["error"] = row["check"].get("max_abs_vs_peer",
@@ -808,7 +818,7 @@ def run_benchmark(args: argparse.Namespace, meta: dict, lib: FlashAttnLib | None
     """Every config of the grid; writes the outputs after each config so that a partial run
     still leaves its results behind."""
     import torch
-    systems = ["ours"] + ([] if args.skip_peers else list(PEERS))
+    systems = ["ours"] + ([] if args.skip_peers else list(args.peers))
     grid = build_grid(args)
     checked: set[tuple[int, bool]] = set()
     rows: list[dict] = []
@@ -1172,6 +1182,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: hdim 64,128, seqlen 512,2k, short timing")
     p.add_argument("--skip-peers", action="store_true", help="ours only")
+    p.add_argument("--peers", type=peer_list, default=list(PEERS),
+                   help="comma-separated subset of " + ",".join(PEERS) + " (default: all)")
     p.add_argument("--self-test-cpu", action="store_true",
                    help="check the ctypes binding on the CPU backend with numpy, then exit")
     args = p.parse_args(argv)

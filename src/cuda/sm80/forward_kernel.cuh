@@ -349,7 +349,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // Epilogue: out = O / l in the storage dtype; lse = ln 2 * (c max + log2 l). O goes through
   // this warp's own rows of the Q tile in shared memory (no other warp reads them, so a warp
   // barrier suffices), so that global stores are 16 bytes per lane and whole rows per pass.
-  ptx::cp_async_wait<0>();  // with no key block at all, Q's copy may still be in flight
+  // With no key block at all, the copies of Q (by every thread of the CTA) may still be in
+  // flight; n_blocks is the same for the whole CTA.
+  if (n_blocks == 0) {
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+  }
   __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
