@@ -138,6 +138,7 @@ class FaOptions(ctypes.Structure):
         ("dropout_p", ctypes.c_float),
         ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),
+        ("deterministic", ctypes.c_int32),
     ]
 
 
@@ -157,6 +158,7 @@ class FaRunInfo(ctypes.Structure):
         ("struct_size", ctypes.c_size_t),
         ("backend", ctypes.c_int32),
         ("workspace_bytes", ctypes.c_size_t),
+        ("deterministic", ctypes.c_int32),
     ]
 
 
