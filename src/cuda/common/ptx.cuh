@@ -43,6 +43,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sha
                : "r"(shared_src));
 }
 
+// Two 8x8 b16 matrices, transposed (lanes 0-15 give the row addresses): what a B operand of a
+// single n8 tile needs when it is stored k-major.
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t shared_src) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(shared_src));
+}
+
 // D (16x8, fp32) += A (16x16, row-major) * B (16x8, column-major). Fragments per lane
 // (g = lane / 4, c = 2 (lane % 4)): a0 = A[g][c..c+1], a1 = A[g+8][c..], a2 = A[g][c+8..],
 // a3 = A[g+8][c+8..]; b0 = B[c..c+1][g], b1 = B[c+8..c+9][g]; d0,d1 = D[g][c..c+1],
