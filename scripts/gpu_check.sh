@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One run on a GPU machine: build (with CUDA), run the GPU tests, compute-sanitizer on a small
-# sweep, and the GPU benchmark. Full logs go to $OUT (or ./gpu-results); a short summary is
+# sweep (forward and backward), and the GPU benchmarks (forward, then forward+backward). Full logs go to $OUT (or ./gpu-results); a short summary is
 # printed last.
 #   scripts/gpu_check.sh [all|test|bench|quick]   (default all; quick = tests + a small bench)
 # Build dependencies that the GPU machine lacks travel in .deps/ (scripts/prepare_gpu_deps.sh).
@@ -40,6 +40,16 @@ if [ "$stage" = all ] || [ "$stage" = test ] || [ "$stage" = quick ]; then
       --gtest_filter="$filter" >"$out/sanitizer_$tool.log" 2>&1
     note "compute-sanitizer $tool: status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_$tool.log" | tail -1)) $(( $(date +%s) - start )) s"
   done
+  # The backward on a small sweep: causal+softcap and band+ALiBi grid points (dropout and the
+  # deterministic mode among them), edge cases, the smallest and largest head-dim buckets,
+  # varlen with empty sequences, the stream test and the CUDA validation rules.
+  filter='*BackwardGrid*causal_softcap*:*BackwardGrid*band_alibiH_*:BackwardEdgeCases.*:*BackwardHeadDims*/0:*BackwardHeadDims*/11:BackwardVarlen.*:CudaBackward.RunsOnTheGivenStream*:CudaBackwardErrors.*'
+  for tool in memcheck racecheck; do
+    start=$(date +%s)
+    compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
+      --gtest_filter="$filter" >"$out/sanitizer_backward_$tool.log" 2>&1
+    note "compute-sanitizer $tool (backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_backward_$tool.log" | tail -1)) $(( $(date +%s) - start )) s"
+  done
 fi
 
 if [ "$stage" = all ] || [ "$stage" = bench ] || [ "$stage" = quick ]; then
@@ -50,6 +60,11 @@ if [ "$stage" = all ] || [ "$stage" = bench ] || [ "$stage" = quick ]; then
     --out "$out" $quick >"$out/bench.log" 2>&1
   note "bench: status $? ($(( $(date +%s) - start )) s)"
   tail -60 "$out/bench.log"
+  start=$(date +%s)
+  PYTHONUNBUFFERED=1 python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
+    --out "$out/backward" $quick >"$out/bench_backward.log" 2>&1
+  note "bench backward: status $? ($(( $(date +%s) - start )) s)"
+  tail -60 "$out/bench_backward.log"
 fi
 echo
 cat "$summary"

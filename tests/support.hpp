@@ -319,6 +319,48 @@ inline RunInfo forward_on_backend(const TensorView& q, const TensorView& k, cons
 #endif
 }
 
+// Runs backward (dense when varlen is null) on the suite's backend, with host views in and
+// out: on CUDA every input is mirrored to the GPU, the gradients poisoned there (so an element
+// the kernels forget to write comes back NaN) and copied back after the call.
+inline RunInfo backward_on_backend(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const TensorView& dout,
+                                   const TensorView& lse, const TensorView& dq,
+                                   const TensorView& dk, const TensorView& dv,
+                                   const Options& options, const Varlen* varlen = nullptr,
+                                   Execution execution = {}) {
+  execution.backend = kTestBackend;
+#ifndef FLASHATTN_TEST_CUDA
+  return varlen ? backward_varlen(q, k, v, out, dout, lse, dq, dk, dv, *varlen, options, execution)
+                : backward(q, k, v, out, dout, lse, dq, dk, dv, options, execution);
+#else
+  DeviceMirror mq(q), mk(k), mv(v), mout(out), mdout(dout), mlse(lse), mdq(dq), mdk(dk), mdv(dv);
+  std::optional<DeviceMirror> mslopes, mcuq, mcuk, mused;
+  Options device_options = options;
+  if (options.alibi_slopes) device_options.alibi_slopes = mslopes.emplace(*options.alibi_slopes).view();
+  mdq.poison();
+  mdk.poison();
+  mdv.poison();
+  RunInfo info;
+  if (varlen) {
+    Varlen dvarlen = *varlen;
+    dvarlen.cu_seqlens_q = mcuq.emplace(varlen->cu_seqlens_q).view();
+    dvarlen.cu_seqlens_k = mcuk.emplace(varlen->cu_seqlens_k).view();
+    if (varlen->seqused_k) dvarlen.seqused_k = mused.emplace(*varlen->seqused_k).view();
+    info = backward_varlen(mq.view(), mk.view(), mv.view(), mout.view(), mdout.view(),
+                           mlse.view(), mdq.view(), mdk.view(), mdv.view(), dvarlen,
+                           device_options, execution);
+  } else {
+    info = backward(mq.view(), mk.view(), mv.view(), mout.view(), mdout.view(), mlse.view(),
+                    mdq.view(), mdk.view(), mdv.view(), device_options, execution);
+  }
+  cuda_check(cudaDeviceSynchronize(), "kernel");
+  mdq.download();
+  mdk.download();
+  mdv.download();
+  return info;
+#endif
+}
+
 // Checks a backend's out (and lse) against the oracle under the accuracy rule.
 inline void expect_matches_reference(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const Options& options, const Varlen* varlen,

@@ -1,7 +1,12 @@
-// The CPU backward against the float64 reference backward (SPEC.md's 3x rule for gradients),
-// over the forward suite's grid kinds: masks x softcap x ALiBi x dtype on odd geometries,
-// dropout, head dims, Sq != Sk both ways, Sk = 0, fully masked rows, GQA 1/2/8, ragged
-// batches with empty sequences; plus determinism across runs and thread counts.
+// A backend's backward against the float64 reference backward (SPEC.md's 3x rule for
+// gradients), over the forward suite's grid kinds: masks x softcap x ALiBi x dtype on odd
+// geometries, dropout, head dims, Sq != Sk both ways, Sk = 0, fully masked rows, GQA 1/2/8,
+// ragged batches with empty sequences; plus (CPU) determinism across runs and thread counts.
+// Compiled once per backend: test_backward_cpu, and test_backward_cuda (FLASHATTN_TEST_CUDA,
+// label gpu), where the inputs' forward still runs on the CPU engine (reference-checked) and
+// its out and lse are mirrored to the GPU with every other tensor (backward_on_backend); the
+// CUDA backend takes fp16/bf16 only, so fp32 cases run in fp16 there (backend_dtype), and
+// every other case alternates between the default and the deterministic mode.
 #include <cmath>
 #include <limits>
 
@@ -18,14 +23,18 @@ constexpr Geometry kGeometries[] = {
     {1, 70, 70, 2, 2, 256}, {1, 65, 63, 8, 1, 200}, {2, 129, 129, 3, 3, 48},
 };
 
-// One backward call with fresh inputs: forward on the engine (checked against the reference,
-// dropout included), then backward with poisoned gradients, each checked by the 3x rule.
-void run_backward_case(Case c, float dropout_p, Execution exec = {}) {
-  SCOPED_TRACE(c.describe() + " dropout=" + std::to_string(dropout_p));
+// One backward call with fresh inputs: forward on the CPU engine (checked against the
+// reference, dropout included), then backward on the suite's backend with poisoned gradients,
+// each checked by the 3x rule.
+void run_backward_case(Case c, float dropout_p, bool deterministic = false, Execution exec = {}) {
+  c.dtype = backend_dtype(c.dtype);
+  SCOPED_TRACE(c.describe() + " dropout=" + std::to_string(dropout_p) +
+               (deterministic ? " deterministic" : ""));
   Inputs in = make_inputs(c);
   Buffer slopes;
   Options o = options_of(c, slopes);
   o.dropout_p = dropout_p;
+  o.deterministic = deterministic;
   o.dropout_seed = rng()();
   o.dropout_offset = rng()() >> 20;
   const int64_t B = c.batch, Sq = c.seqlen_q, Sk = c.seqlen_k, H = c.heads, Hk = c.heads_k,
@@ -41,11 +50,14 @@ void run_backward_case(Case c, float dropout_p, Execution exec = {}) {
   const TensorView out_v = out.view({B, Sq, H, D}), lse_v = lse.view({B, H, Sq}),
                    dout_v = dout.view({B, Sq, H, D}), dq_v = dq.view({B, Sq, H, D}),
                    dk_v = dk.view({B, Sk, Hk, D}), dv_v = dv.view({B, Sk, Hk, D});
-  exec.backend = Backend::CPU;
-  forward(in.q, in.k, in.v, out_v, lse_v, o, exec);
+  Execution cpu = exec;
+  cpu.backend = Backend::CPU;
+  forward(in.q, in.k, in.v, out_v, lse_v, o, cpu);
   expect_matches_reference(in.q, in.k, in.v, o, nullptr, out_v, &lse_v, "forward");
-  const RunInfo info = backward(in.q, in.k, in.v, out_v, dout_v, lse_v, dq_v, dk_v, dv_v, o, exec);
-  EXPECT_TRUE(info.deterministic);
+  const RunInfo info =
+      backward_on_backend(in.q, in.k, in.v, out_v, dout_v, lse_v, dq_v, dk_v, dv_v, o, nullptr, exec);
+  EXPECT_EQ(info.backend, kTestBackend);
+  EXPECT_EQ(info.deterministic, kTestBackend == Backend::CPU || deterministic);
 
   using reference::Arithmetic;
   const reference::Gradients exact = reference::backward(in.q, in.k, in.v, dout_v, o);
@@ -71,10 +83,10 @@ void run_backward_case(Case c, float dropout_p, Execution exec = {}) {
 class BackwardGrid : public ::testing::TestWithParam<int> {};
 
 // Every combination of mask x softcap x ALiBi x dtype, each on a different geometry and
-// layout; every fourth one with dropout.
+// layout; every fourth one with dropout, every other one in deterministic mode.
 TEST_P(BackwardGrid, MatchesReference) {
   const int n = GetParam();
-  run_backward_case(grid_case(n, kGeometries), n % 4 == 1 ? 0.17f : 0.0f);
+  run_backward_case(grid_case(n, kGeometries), n % 4 == 1 ? 0.17f : 0.0f, n % 2 == 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCombinations, BackwardGrid,
@@ -95,7 +107,7 @@ TEST_P(BackwardHeadDims, MatchesReference) {
   c.head_dim = d;
   c.dtype = kDtypes[size_t(d / 8) % 3];
   c.causal = (d / 8) % 2 == 0;
-  run_backward_case(c, (d / 8) % 3 == 1 ? 0.3f : 0.0f);
+  run_backward_case(c, (d / 8) % 3 == 1 ? 0.3f : 0.0f, (d / 8) % 4 >= 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Some, BackwardHeadDims,
@@ -111,6 +123,7 @@ TEST(BackwardLong, CausalBf16AcrossTiles) {
   c.dtype = DType::BFloat16;
   c.causal = true;
   run_backward_case(c, 0.1f);
+  run_backward_case(c, 0.1f, true);
   c.dtype = DType::Float32;
   c.window_left = 50;
   run_backward_case(c, 0.0f);
@@ -127,6 +140,7 @@ TEST(BackwardEdgeCases, NoKeysGiveZeroQueryGradients) {
     c.head_dim = 16;
     c.dtype = dt;
     run_backward_case(c, 0.0f);  // the reference's dq is all 0, so poisoned rows would fail
+    run_backward_case(c, 0.0f, true);
   }
 }
 
@@ -142,7 +156,7 @@ TEST(BackwardEdgeCases, FullyMaskedRowsAndUnseenKeysGiveZeroGradients) {
     c.causal = true;
     c.window_left = left;
     run_backward_case(c, 0.0f);
-    run_backward_case(c, 0.5f);
+    run_backward_case(c, 0.5f, true);
   }
 }
 
@@ -151,6 +165,7 @@ TEST(BackwardEdgeCases, EmptyQueryGivesZeroKeyGradients) {
   c.seqlen_q = 0;
   c.seqlen_k = 9;
   run_backward_case(c, 0.0f);
+  run_backward_case(c, 0.0f, true);
   c.batch = 0;
   run_backward_case(c, 0.0f);
 }
@@ -165,13 +180,15 @@ TEST(BackwardEdgeCases, CustomScalesAndLargeSoftcapScores) {
     c.dtype = DType::BFloat16;
     c.softmax_scale = scale;
     c.softcap = 1.5f;
-    run_backward_case(c, 0.0f);
+    run_backward_case(c, 0.0f, scale < 0.0f);
   }
 }
 
 // Each gradient element is written by exactly one work item that sums in a fixed order
 // (docs/ARCHITECTURE.md), so the result cannot depend on the run or the thread count.
 TEST(BackwardDeterminism, RepeatedRunsAndThreadCountsAreBitwiseEqual) {
+  if (kTestBackend != Backend::CPU)
+    GTEST_SKIP() << "CPU thread counts; the CUDA suite has CudaBackward.DeterministicModeIsBitwiseReproducible";
   Case c;
   c.batch = 2;
   c.seqlen_q = 150;
@@ -227,7 +244,8 @@ TEST(BackwardVarlen, EmptySequencesSequsedAndEveryFeature) {
     for (const Mask& m : kMasks) {
       const int64_t Hk = n % 2 ? 1 : 4;
       SCOPED_TRACE(std::string("varlen ") + dtype_name(dt) + " mask=" + m.name + " case " +
-                   std::to_string(n) + " seed=" + std::to_string(test_seed()));
+                   std::to_string(n) + " seed=" + std::to_string(test_seed()) +
+                   (n % 4 == 3 ? " deterministic" : ""));
       Buffer q(dt, total_q * H * D), k(dt, total_k * Hk * D), v(dt, total_k * Hk * D);
       q.fill_random();
       k.fill_random();
@@ -260,14 +278,17 @@ TEST(BackwardVarlen, EmptySequencesSequsedAndEveryFeature) {
       Options o = options_of(shape, slopes);
       o.dropout_p = n % 3 == 2 ? 0.25f : 0.0f;
       o.dropout_seed = 99 + n;
+      o.deterministic = n % 4 == 3;
       const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}),
                        vv = v.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
                        lv = lse.view({H, total_q}), dov = dout.view({total_q, H, D}),
                        dqv = dq.view({total_q, H, D}), dkv = dk.view({total_k, Hk, D}),
                        dvv = dv.view({total_k, Hk, D});
-      forward_varlen(qv, kv, vv, ov, lv, varlen, o);
+      Execution cpu;
+      cpu.backend = Backend::CPU;
+      forward_varlen(qv, kv, vv, ov, lv, varlen, o, cpu);
       expect_matches_reference(qv, kv, vv, o, &varlen, ov, &lv, "varlen forward");
-      backward_varlen(qv, kv, vv, ov, dov, lv, dqv, dkv, dvv, varlen, o);
+      backward_on_backend(qv, kv, vv, ov, dov, lv, dqv, dkv, dvv, o, &varlen);
       const reference::Gradients exact = reference::backward(qv, kv, vv, dov, o, &varlen);
       reference::Gradients low;
       if (dt != DType::Float32)

@@ -81,6 +81,38 @@ TEST(Mask, BlockSummariesAreExact) {
             }
 }
 
+// The backward's key-parallel pass walks rows_seeing_keys: exactly the rows that see at least
+// one key of the block (a row outside would lose its gradient, one inside that sees nothing
+// would only cost time).
+TEST(Mask, RowsSeeingAKeyBlockAreExact) {
+  for (int64_t sq : {1, 5, 13, 20})
+    for (int64_t sk : {1, 4, 13, 20})
+      for (int left : {-1, 0, 2, 9})
+        for (int right : {-1, 0, 3, 30})
+          for (int64_t j0 = 0; j0 < sk; ++j0)
+            for (int64_t j1 = j0 + 1; j1 <= sk; ++j1) {
+              int64_t lo = sq, hi = 0;
+              for (int64_t i = 0; i < sq; ++i)
+                for (int64_t j = j0; j < j1; ++j)
+                  if (literal_visible(i, j, sq, sk, left, right)) {
+                    lo = std::min(lo, i);
+                    hi = std::max(hi, i + 1);
+                  }
+              const KeyRange rows = rows_seeing_keys(j0, j1, sq, sk, left, right);
+              if (lo >= hi) {
+                // No row sees the block: the range may only hold rows that see nothing.
+                for (int64_t i = rows.begin; i < rows.end; ++i)
+                  for (int64_t j = j0; j < j1; ++j)
+                    ASSERT_FALSE(literal_visible(i, j, sq, sk, left, right));
+                continue;
+              }
+              ASSERT_EQ(rows.begin, lo) << sq << " " << sk << " " << left << " " << right
+                                        << " keys " << j0 << ".." << j1;
+              ASSERT_EQ(rows.end, hi) << sq << " " << sk << " " << left << " " << right
+                                      << " keys " << j0 << ".." << j1;
+            }
+}
+
 TEST(Mask, AlibiBiasIsMinusSlopeTimesDistanceFromTheDiagonal) {
   EXPECT_FLOAT_EQ(alibi_bias(0.5f, 0, 3, 2, 5), -0.5f * 0);   // d = 0 + 5 - 2 = 3
   EXPECT_FLOAT_EQ(alibi_bias(0.5f, 0, 0, 2, 5), -0.5f * 3);

@@ -90,12 +90,15 @@ struct Options {
   // Dropout (training): each probability is kept with probability 1 - dropout_p and scaled by
   // 1 / (1 - dropout_p); the keep bit is a pure function of (seed, offset, b, h, i, j)
   // (src/common/philox.hpp), so a backward with the same options sees the forward's mask.
-  // CPU backend only for now; lse stays that of the undropped softmax.
+  // CPU forward and backward, CUDA backward (the CUDA forward does not take it yet); lse
+  // stays that of the undropped softmax.
   float dropout_p = 0.0f;              // in [0, 1); 0: off
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;         // advance it between training steps for a fresh mask
   // Backward: ask for gradients that are bitwise identical run to run. The CPU engine is
-  // deterministic whatever this says (docs/ARCHITECTURE.md says how).
+  // deterministic whatever this says; the CUDA backward's default mode adds dq with atomics
+  // in no fixed order, and this option trades that for a second, query-parallel kernel
+  // (docs/ARCHITECTURE.md says how).
   bool deterministic = false;
 };
 
@@ -122,7 +125,8 @@ struct Varlen {
 struct RunInfo {
   Backend backend = Backend::CPU;  // the backend that ran
   size_t workspace_bytes = 0;      // peak memory the engine allocated beyond the caller's tensors
-  bool deterministic = true;       // the result is bitwise reproducible (always, on the CPU)
+  bool deterministic = true;       // the result is bitwise reproducible (always, on the CPU;
+                                   // on CUDA, the backward's Options::deterministic)
 };
 
 // out = dropout(softmax(mask(scale * q k^T))) v, and lse = logsumexp of each row (skipped when absent).

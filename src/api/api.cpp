@@ -5,6 +5,7 @@
 #include "api/validate.hpp"
 #include "cpu/backward.hpp"
 #include "cpu/forward.hpp"
+#include "cuda/backward.hpp"
 #include "cuda/devices.hpp"
 #include "cuda/forward.hpp"
 #include "flashattn/flashattn.hpp"
@@ -131,10 +132,16 @@ RunInfo run(const detail::ValidatedForward& call) {
 RunInfo run(const detail::ValidatedBackward& call) {
   RunInfo info;
   info.backend = call.backend;
-  // The CUDA backward arrives with a later issue; validation rejects it before this point.
-  if (call.backend == Backend::CPU) {
-    info.workspace_bytes = detail::cpu::backward(call.params);
-    return info;
+  switch (call.backend) {
+    case Backend::CPU:  // deterministic whatever was asked (docs/ARCHITECTURE.md)
+      info.workspace_bytes = detail::cpu::backward(call.params);
+      return info;
+    case Backend::CUDA:  // the default mode adds dQ with atomics, in no fixed order
+      info.workspace_bytes = detail::cuda::backward(call.params);
+      info.deterministic = call.params.deterministic;
+      return info;
+    case Backend::Auto:
+      break;
   }
   throw Error(ErrorCode::Internal, "backend", "a resolved backend with a backward kernel",
               backend_name(call.backend));

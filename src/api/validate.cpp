@@ -306,12 +306,13 @@ void row_strides(const TensorView& t, bool is_varlen, int64_t& batch_stride,
   head_stride = t.strides[r + 1];
 }
 
-}  // namespace
+// What the shared checks are for: the CUDA backend's feature set differs by direction.
+enum class Direction { Forward, Backward };
 
-ValidatedForward validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                  const TensorView& out, const std::optional<TensorView>& lse,
-                                  const Varlen* varlen, const Options& options,
-                                  const Execution& execution) {
+ValidatedForward validate_call(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const std::optional<TensorView>& lse,
+                               const Varlen* varlen, const Options& options,
+                               const Execution& execution, Direction direction) {
   check_options(options);
   if (execution.num_threads < 0)
     fail("num_threads", "0 (all cores) or a thread count >= 1",
@@ -472,8 +473,9 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
   if (backend == Backend::CUDA) {
     if (!cuda_compiled())
       unsupported("backend", "cpu or auto (this build has no CUDA backend)", "cuda");
-    // The kernels have no dropout yet: never run them as if p were 0.
-    if (options.dropout_p > 0.0f)
+    // The forward kernel has no dropout yet: never run it as if p were 0. (The backward
+    // kernels draw the keep bits from common/philox.hpp.)
+    if (direction == Direction::Forward && options.dropout_p > 0.0f)
       unsupported("dropout_p",
                   "0 on the cuda backend (dropout on cuda arrives with the CUDA backward)",
                   number_string(options.dropout_p));
@@ -544,6 +546,15 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
   return result;
 }
 
+}  // namespace
+
+ValidatedForward validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& out, const std::optional<TensorView>& lse,
+                                  const Varlen* varlen, const Options& options,
+                                  const Execution& execution) {
+  return validate_call(q, k, v, out, lse, varlen, options, execution, Direction::Forward);
+}
+
 ValidatedBackward validate_backward(const TensorView& q, const TensorView& k,
                                     const TensorView& v, const TensorView& out,
                                     const TensorView& dout, const TensorView& lse,
@@ -552,9 +563,7 @@ ValidatedBackward validate_backward(const TensorView& q, const TensorView& k,
                                     const Options& options, const Execution& execution) {
   // The forward's own checks cover q, k, v, out, lse, the options and the backend.
   const ValidatedForward forward =
-      validate_forward(q, k, v, out, lse, varlen, options, execution);
-  if (forward.backend == Backend::CUDA)
-    unsupported("backend", "cpu (the CUDA backward arrives with a later version)", "cuda");
+      validate_call(q, k, v, out, lse, varlen, options, execution, Direction::Backward);
 
   const bool is_varlen = varlen != nullptr;
   const int rank = is_varlen ? 3 : 4;
@@ -599,6 +608,11 @@ ValidatedBackward validate_backward(const TensorView& q, const TensorView& k,
                      view == &dout ? dout_extent : check_view(name, *view, view->ndim));
     for (size_t m = 0; m < n; ++m)
       check_disjoint(g.name, *g.view, g.extent, grads[m].name, *grads[m].view, grads[m].extent);
+  }
+  if (forward.backend == Backend::CUDA) {
+    // The kernels read dout and write the gradients in 16-byte (dq) and 4-byte chunks.
+    check_rows_aligned("dout", dout);
+    for (const Gradient& g : grads) check_rows_aligned(g.name, *g.view);
   }
   check_pointer_location("dout", dout);
   for (const Gradient& g : grads) check_pointer_location(g.name, *g.view);

@@ -51,6 +51,20 @@ FA_HOST_DEVICE bool block_fully_visible(int64_t i0, int64_t i1, int64_t j0, int6
          j1 <= visible_keys(i0, seqlen_q, seqlen_k, left, right).end;
 }
 
+// The query rows that see at least one key of [j0, j1) (0 <= j0 < j1 <= seqlen_k), as a
+// [begin, end) range within [0, seqlen_q): row i sees a key there iff d + right >= j0 (when
+// right >= 0) and d - left < j1 (when left >= 0), d = i + seqlen_k - seqlen_q, both
+// monotone in i. The backward's key-parallel pass walks only these rows.
+FA_HOST_DEVICE KeyRange rows_seeing_keys(int64_t j0, int64_t j1, int64_t seqlen_q,
+                                         int64_t seqlen_k, int32_t left, int32_t right) {
+  const int64_t shift = seqlen_k - seqlen_q;
+  KeyRange r;
+  r.begin = right >= 0 ? clamp64(j0 - right - shift, 0, seqlen_q) : 0;
+  r.end = left >= 0 ? clamp64(j1 + left - shift, 0, seqlen_q) : seqlen_q;
+  if (r.end < r.begin) r.end = r.begin;
+  return r;
+}
+
 // ALiBi: the bias added to the score of (i, j), -slope * |i + seqlen_k - seqlen_q - j|.
 FA_HOST_DEVICE float alibi_bias(float slope, int64_t i, int64_t j, int64_t seqlen_q,
                                 int64_t seqlen_k) {

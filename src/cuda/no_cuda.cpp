@@ -1,4 +1,5 @@
 // The CUDA queries of a build configured without CUDA.
+#include "cuda/backward.hpp"
 #include "cuda/devices.hpp"
 #include "cuda/forward.hpp"
 
@@ -16,6 +17,11 @@ std::vector<CudaDevice> devices(std::string* why) {
 PointerLocation locate(const void*) { return {}; }
 
 size_t forward(const ForwardParams&) {  // unreachable: validation rejects the cuda backend
+  throw Error(ErrorCode::Unsupported, "backend", "cpu or auto (this build has no CUDA backend)",
+              "cuda");
+}
+
+size_t backward(const BackwardParams&) {  // unreachable: validation rejects the cuda backend
   throw Error(ErrorCode::Unsupported, "backend", "cpu or auto (this build has no CUDA backend)",
               "cuda");
 }

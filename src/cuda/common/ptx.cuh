@@ -43,6 +43,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t sha
                : "r"(shared_src));
 }
 
+// Two 8x8 b16 matrices, transposed (lanes 0-15 give the row addresses): what a B operand of a
+// single n8 tile needs when it is stored k-major.
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t shared_src) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(shared_src));
+}
+
 // Plain shared/global moves, for the epilogue.
 __device__ __forceinline__ void st_shared_32(uint32_t shared_dst, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(shared_dst), "r"(value));

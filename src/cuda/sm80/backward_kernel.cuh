@@ -1,0 +1,636 @@
+// The sm80 backward kernels: FlashAttention-2's backward schedule with mma.sync.
+//
+// Given the forward's lse, P is recomputed tile by tile and never stored in global memory:
+//
+//   S  = Q K^T                  (scores, modified exactly as the forward: softcap, ALiBi, mask)
+//   P  = 2^(S log2e - lse log2e), dropped and scaled by dropout's keep bits (common/philox.hpp)
+//   dP = dO V^T  (o dropout's multipliers)
+//   dS = P o (dP - D) [o (1 - tanh^2) with a softcap],   D_i = rowsum(dO_i o O_i)
+//   dV += P^T dO     dK += dS^T Q     dQ += dS K         (dK, dQ scaled by softmax_scale last)
+//
+// backward_dkdv_kernel: grid (key blocks, Hk, B). A CTA owns kBlockN keys of one key/value
+//   head and walks every query head of its GQA group and every block of kBlockM query rows
+//   that can see those keys (rows_seeing_keys: block skipping under causal/window masks),
+//   with Q and dO double-buffered by cp.async. dK and dV stay in fp32 registers for the whole
+//   walk and are written once, so GQA's sum over the group needs no atomics and no expanded
+//   copy. In the default mode each step also adds its dS K to an fp32 dQ accumulator in
+//   global memory with atomicAdd (converted to dq's dtype by a last kernel).
+// backward_dq_kernel (deterministic mode): grid (query blocks, H, B). A CTA owns kBlockM
+//   query rows and walks the key blocks they see in a fixed order, recomputing S, P, dP and
+//   dS, accumulating dQ in registers and writing it once: no atomics, bitwise reproducible.
+//   The key-parallel kernel then skips its dQ step.
+//
+// Register fragments follow ptx.cuh's conventions. P and dS go through shared memory (as
+// 16-bit values, like the MMA operands they become) because they are consumed in three
+// different warp layouts: transposed as the A operand of P^T dO and dS^T Q (each warp owns 16
+// keys x a slice of the head dim, so its dK/dV accumulators never move), and untransposed as
+// the A operand of dS K (each warp owns 16 query rows x a slice of the head dim).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/mask.hpp"
+#include "common/params.hpp"
+#include "common/philox.hpp"
+#include "cuda/common/ptx.cuh"
+
+namespace flashattn::detail::cuda::sm80 {
+
+// What the backward kernels get besides the call itself: the workspace and the dropout key.
+struct BackwardKernelParams {
+  BackwardParams bp;
+  // fp32 dQ accumulator (default mode; unused in deterministic mode): row i of (b, h) is at
+  // row_index(b, h, i) * accum_dim, accum_dim being the head-dim bucket.
+  float* dq_accum = nullptr;
+  int32_t accum_dim = 0;
+  // D_i = rowsum(dO_i o O_i) in fp32, indexed like lse: row_index(b, h, i).
+  float* delta = nullptr;
+  DropoutRng dropout;
+  bool has_dropout = false;
+};
+
+// Row i of sequence b, head h in lse-shaped buffers (dense (B, H, Sq); varlen (H, total_q)).
+__device__ __forceinline__ int64_t row_index(const ForwardParams& p, int32_t b, int32_t h,
+                                             int64_t q_row0, int64_t i) {
+  return b * p.lse_batch_stride + h * p.lse_head_stride + q_row0 + i;
+}
+
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
+struct BackwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;  // the bucket: a multiple of 32
+  static constexpr int kBlockM = kBlockM_;    // query rows per step
+  static constexpr int kBlockN = kBlockN_;    // keys per CTA (key-parallel) / per step (dq)
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRowStride = kHeadDim + 8;  // Q, dO, K, V rows in shared memory
+  static constexpr int kPStride = kBlockN + 8;     // P, dS rows (padded like the others)
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+
+  // S and dP (kBlockM x kBlockN): kWarpsM warps along the rows (one m16 tile each) times
+  // kWarpsN along the keys. dQ (kBlockM x kHeadDim) uses the same warps, split along the
+  // head dim instead of the keys.
+  static constexpr int kWarpsM = kBlockM / 16;
+  static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kSTiles = kBlockN / kWarpsN / 8;   // n8 tiles of S per warp
+  static constexpr int kQTiles = kHeadDim / kWarpsN / 8;  // n8 tiles of dQ per warp
+  // dK and dV (kBlockN x kHeadDim): kBlockN / 16 warps along the keys times the rest along
+  // the head dim; these accumulators live in registers for the whole CTA.
+  static constexpr int kWarpsKeys = kBlockN / 16;
+  static constexpr int kWarpsKD = kWarps / kWarpsKeys;
+  static constexpr int kKTiles = kHeadDim / kWarpsKD / 8;  // n8 tiles of dK (and dV) per warp
+
+  static constexpr int kTileBytes = kRowStride * 2;  // bytes of one padded row (16-bit)
+  static constexpr int kQBytes = kBlockM * kRowStride * 2;
+  static constexpr int kKBytes = kBlockN * kRowStride * 2;
+  static constexpr int kPBytes = kBlockM * kPStride * 2;
+  static constexpr int kRowStatBytes = kBlockM * 4;
+  // Key-parallel kernel: Q, dO (2 stages each), K, V, P, dS, lse and D (2 stages each).
+  static constexpr int kDkdvSharedBytes = 4 * kQBytes + 2 * kKBytes + 2 * kPBytes + 4 * kRowStatBytes;
+  // dQ kernel: Q, dO, K and V (2 stages each), dS, lse and D.
+  static constexpr int kDqSharedBytes = 2 * kQBytes + 4 * kKBytes + kPBytes + 2 * kRowStatBytes;
+
+  static_assert(kHeadDim % 32 == 0 && kBlockM % 16 == 0 && kBlockN % 16 == 0, "tile shapes");
+  static_assert(kWarps % kWarpsM == 0 && kWarps % kWarpsKeys == 0, "warp layouts");
+  static_assert(kSTiles % 2 == 0 && kSTiles * 8 * kWarpsN == kBlockN, "S split in n16 slices");
+  static_assert(kQTiles * 8 * kWarpsN == kHeadDim && kKTiles * 8 * kWarpsKD == kHeadDim,
+                "head dim split in n8 slices");
+};
+
+// Copies `rows` x kHeadDim elements into a padded shared tile (rows from `valid_rows` on and
+// columns from `width` on as zeros), all threads helping.
+template <typename Cfg>
+__device__ __forceinline__ void load_rows_async(typename Cfg::Element* tile,
+                                                const typename Cfg::Element* src,
+                                                int64_t row_stride, int rows, int64_t valid_rows,
+                                                int width) {
+  for (int chunk = threadIdx.x; chunk < rows * Cfg::kChunksPerRow; chunk += Cfg::kThreads) {
+    const int row = chunk / Cfg::kChunksPerRow, col = (chunk % Cfg::kChunksPerRow) * 8;
+    const bool valid = row < valid_rows && col < width;
+    ptx::cp_async_16(ptx::shared_address(tile + row * Cfg::kRowStride + col),
+                     valid ? src + row * row_stride + col : src, valid);
+  }
+}
+
+// The lane's byte offset within a 16x16 fragment of a shared tile with `stride` elements per
+// row, for the two ldmatrix address patterns (see ptx.cuh: lane l addresses row l % 8 of
+// matrix l / 8):
+//  - rows l % 16, column (l / 16) * 8: an A operand stored row-major (A rows = tile rows), or
+//    a B operand stored k-major (tile rows = k), loaded with .trans;
+//  - rows l % 8 + (l / 16) * 8, column ((l / 8) % 2) * 8: a B operand stored n-major (tile
+//    rows = n, like K for Q K^T), or an A operand stored k-major (tile rows = k, like P for
+//    P^T dO), loaded with .trans.
+template <int kStride>
+__device__ __forceinline__ uint32_t lane_offset_rows16(int lane) {
+  return static_cast<uint32_t>(((lane % 16) * kStride + (lane / 16) * 8) * 2);
+}
+template <int kStride>
+__device__ __forceinline__ uint32_t lane_offset_rows8(int lane) {
+  return static_cast<uint32_t>(((lane % 8 + (lane / 16) * 8) * kStride + ((lane / 8) % 2) * 8) * 2);
+}
+
+// acc (16 x 8 kNTiles) += A (16 x 16 kKSteps) B (16 kKSteps x 8 kNTiles) for one warp, both
+// operands in shared memory at the lane's address for k-step 0 / n-tile 0.
+//  kATrans false: A is stored row-major with kAStride elements per row (k-steps are columns);
+//          true:  A is stored k-major (A^T row-major), read with ldmatrix.trans.
+//  kBTrans false: B is stored n-major (B^T row-major, rows = n);
+//          true:  B is stored k-major (rows = k), read with ldmatrix.trans.
+// With kBTrans an odd tile count ends with an x2 load.
+template <typename Element, int kKSteps, int kNTiles, bool kATrans, int kAStride, bool kBTrans,
+          int kBStride>
+__device__ __forceinline__ void warp_mma(float (&acc)[kNTiles][4], uint32_t a_addr,
+                                         uint32_t b_addr) {
+  static_assert(kBTrans || kNTiles % 2 == 0, "n-major B operands come in n16 slices");
+  constexpr uint32_t kAStep = kATrans ? 16 * kAStride * 2 : 32;  // bytes per k-step
+  constexpr uint32_t kBStep = kBTrans ? 16 * kBStride * 2 : 32;
+  constexpr uint32_t kBTile = kBTrans ? 16 : 8 * kBStride * 2;   // bytes per n8 tile
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    uint32_t a[4];
+    if (kATrans)
+      ptx::ldmatrix_x4_trans(a, a_addr + kk * kAStep);
+    else
+      ptx::ldmatrix_x4(a, a_addr + kk * kAStep);
+#pragma unroll
+    for (int t = 0; t + 1 < kNTiles; t += 2) {
+      uint32_t bf[4];
+      if (kBTrans)
+        ptx::ldmatrix_x4_trans(bf, b_addr + kk * kBStep + t * kBTile);
+      else
+        ptx::ldmatrix_x4(bf, b_addr + kk * kBStep + t * kBTile);
+      ptx::mma_16816<Element>(acc[t], a, bf[0], bf[1]);
+      ptx::mma_16816<Element>(acc[t + 1], a, bf[2], bf[3]);
+    }
+    if constexpr (kNTiles % 2 == 1) {
+      uint32_t bf[2];
+      ptx::ldmatrix_x2_trans(bf, b_addr + kk * kBStep + (kNTiles - 1) * kBTile);
+      ptx::mma_16816<Element>(acc[kNTiles - 1], a, bf[0], bf[1]);
+    }
+  }
+}
+
+// Everything one (query block, key block) tile needs to turn S and dP into P and dS.
+struct TileContext {
+  int32_t b, h;
+  int64_t m0, j0;           // first query row and first key of the tile (within the sequence)
+  int64_t seqlen_q, seqlen_k;
+  bool needs_mask;          // the tile is not fully visible (block_fully_visible)
+  float slope;              // ALiBi slope of (b, h), 0 when off
+};
+
+// For one warp: S (in s) and dP (in dp) of its 16 rows x 8 kSTiles keys become P o M (in s,
+// written to sP when kStoreP) and dS (in dp, written to sdS). sLse holds lse log2(e) per
+// row of the tile (+inf for rows that see nothing or lie past the sequence), sD holds D.
+template <typename Cfg, bool kStoreP>
+__device__ __forceinline__ void probabilities_and_ds(
+    const BackwardKernelParams& kp, const TileContext& tc, float (&s)[Cfg::kSTiles][4],
+    float (&dp)[Cfg::kSTiles][4], const float* sLse, const float* sD,
+    typename Cfg::Element* sP, typename Cfg::Element* sdS, int warp_row0, int warp_col0,
+    int lane) {
+  using Element = typename Cfg::Element;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const ForwardParams& p = kp.bp.fwd;
+  const bool softcap = p.softcap > 0.0f;
+  // Without softcap and ALiBi S stays raw and the scale goes into the exponent (one FFMA).
+  const bool plain = !softcap && p.alibi_slopes == nullptr;
+  const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+  const int quad_row = lane / 4, quad_col = (lane % 4) * 2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp_row0 + quad_row + r * 8;  // within the tile
+    const int64_t i = tc.m0 + row;
+    const float lse2 = sLse[row], delta = sD[row];
+    int lo = 0, hi = Cfg::kBlockN;
+    if (tc.needs_mask) {
+      const KeyRange visible =
+          visible_keys(i, tc.seqlen_q, tc.seqlen_k, p.window_left, p.window_right);
+      const int64_t lo64 = visible.begin - tc.j0, hi64 = visible.end - tc.j0;
+      lo = lo64 < 0 ? 0 : (lo64 > Cfg::kBlockN ? Cfg::kBlockN : static_cast<int>(lo64));
+      hi = hi64 < 0 ? 0 : (hi64 > Cfg::kBlockN ? Cfg::kBlockN : static_cast<int>(hi64));
+    }
+    // |i + Sk - Sq - j| = |diagonal - c| for the tile column c = j - j0.
+    const int diagonal = static_cast<int>(i + tc.seqlen_k - tc.seqlen_q - tc.j0);
+    const bool draw = kp.has_dropout && i < tc.seqlen_q;
+#pragma unroll
+    for (int t = 0; t < Cfg::kSTiles; ++t) {
+      const int c0 = warp_col0 + t * 8 + quad_col;
+      // Columns c0, c0 + 1 share one group of 4 keys (j0 and c0 are even).
+      uint32_t keep = 3u;
+      if (draw) {
+        const int64_t j = tc.j0 + c0;
+        keep = kp.dropout.keep_bits4(static_cast<uint32_t>(tc.b), static_cast<uint32_t>(tc.h),
+                                     static_cast<uint32_t>(i), static_cast<uint32_t>(j / 4)) >>
+               (j % 4);
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = c0 + e;
+        float x = s[t][2 * r + e];
+        float grad = 1.0f;  // d(softcapped score) / d(scaled score)
+        if (plain) {
+          x = fmaf(x, score_scale, -lse2);
+        } else {
+          x *= score_scale;
+          if (softcap) {
+            const float th = tanhf(x);
+            grad = 1.0f - th * th;
+            x = p.softcap * th * kLog2e;
+          }
+          x -= tc.slope * kLog2e * static_cast<float>(abs(diagonal - c));
+          x -= lse2;
+        }
+        if (c < lo || c >= hi) x = -INFINITY;
+        const float prob = ptx::exp2_approx(x);  // masked, or a row that saw nothing: 0
+        float dpe = dp[t][2 * r + e];
+        float kept_prob = prob;
+        if (kp.has_dropout) {
+          const bool kept = (keep >> e) & 1u;
+          dpe = kept ? dpe * kp.dropout.scale : 0.0f;
+          kept_prob = kept ? prob * kp.dropout.scale : 0.0f;
+        }
+        s[t][2 * r + e] = kept_prob;
+        dp[t][2 * r + e] = prob * (dpe - delta) * grad;
+      }
+      if (kStoreP)
+        *reinterpret_cast<uint32_t*>(sP + row * Cfg::kPStride + c0) =
+            ptx::pack2<Element>(s[t][2 * r], s[t][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(sdS + row * Cfg::kPStride + c0) =
+          ptx::pack2<Element>(dp[t][2 * r], dp[t][2 * r + 1]);
+    }
+  }
+}
+
+// Loads lse (as lse log2 e, +inf for rows past the sequence or that saw no key: their P is 0)
+// and D of query rows [m0, m0 + kBlockM) of (b, h) into shared memory. Plain stores: the
+// caller's next __syncthreads publishes them.
+template <typename Cfg>
+__device__ __forceinline__ void load_row_stats(const BackwardKernelParams& kp, int32_t b,
+                                               int32_t h, const SequenceView& seq, int64_t m0,
+                                               float* sLse, float* sD) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  for (int r = threadIdx.x; r < Cfg::kBlockM; r += Cfg::kThreads) {
+    const int64_t i = m0 + r;
+    float lse2 = INFINITY, delta = 0.0f;
+    if (i < seq.seqlen_q) {
+      const int64_t at = row_index(kp.bp.fwd, b, h, seq.q_row0, i);
+      const float lse = kp.bp.fwd.lse[at];
+      lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      delta = kp.delta[at];
+    }
+    sLse[r] = lse2;
+    sD[r] = delta;
+  }
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    backward_dkdv_kernel(const __grid_constant__ BackwardKernelParams kp) {
+  using Element = typename Cfg::Element;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  constexpr int kRowStride = Cfg::kRowStride, kPStride = Cfg::kPStride;
+  constexpr int kSTiles = Cfg::kSTiles, kKTiles = Cfg::kKTiles, kQTiles = Cfg::kQTiles;
+  const BackwardParams& bp = kp.bp;
+  const ForwardParams& p = bp.fwd;
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  Element* sQ = reinterpret_cast<Element*>(shared_raw);  // 2 stages
+  Element* sdO = sQ + 2 * kBlockM * kRowStride;          // 2 stages
+  Element* sK = sdO + 2 * kBlockM * kRowStride;
+  Element* sV = sK + kBlockN * kRowStride;
+  Element* sP = sV + kBlockN * kRowStride;
+  Element* sdS = sP + kBlockM * kPStride;
+  float* sLse = reinterpret_cast<float*>(sdS + kBlockM * kPStride);  // 2 stages
+  float* sD = sLse + 2 * kBlockM;                                     // 2 stages
+
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const SequenceView seq = sequence_view(p, b);
+  // Keys past seqused_k take no part but are still this CTA's to write (with zeros).
+  const int64_t stored_k =
+      p.is_varlen() ? int64_t{p.cu_seqlens_k[b + 1]} - p.cu_seqlens_k[b] : seq.seqlen_k;
+  const int64_t j0 = int64_t{n_block} * kBlockN;
+  if (j0 >= stored_k) return;
+  const int64_t keys_here = seq.seqlen_k - j0 < 0 ? 0
+                            : (seq.seqlen_k - j0 < kBlockN ? seq.seqlen_k - j0 : kBlockN);
+
+  // The query blocks that see these keys, for each head of the group.
+  int64_t m_first = 0;
+  int m_blocks = 0;
+  if (keys_here > 0 && seq.seqlen_q > 0) {
+    const KeyRange rows = rows_seeing_keys(j0, j0 + keys_here, seq.seqlen_q, seq.seqlen_k,
+                                           p.window_left, p.window_right);
+    if (!rows.empty()) {
+      m_first = rows.begin / kBlockM;
+      m_blocks = static_cast<int>((rows.end + kBlockM - 1) / kBlockM - m_first);
+    }
+  }
+  const int group = p.group_size();
+  const int steps = group * m_blocks;
+
+  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride +
+                     (seq.k_row0 + j0) * p.k_row_stride + hk * p.k_head_stride;
+  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
+                     (seq.k_row0 + j0) * p.v_row_stride + hk * p.v_head_stride;
+  // Q, dO, lse and D of step `it` into stage `stage`.
+  const auto load_step = [&](int it, int stage) {
+    const int h = hk * group + it / m_blocks;
+    const int64_t m0 = (m_first + it % m_blocks) * kBlockM;
+    const int64_t row = seq.q_row0 + m0;
+    load_rows_async<Cfg>(sQ + stage * kBlockM * kRowStride,
+                         static_cast<const Element*>(p.q) + b * p.q_batch_stride +
+                             row * p.q_row_stride + h * p.q_head_stride,
+                         p.q_row_stride, kBlockM, seq.seqlen_q - m0, p.head_dim);
+    load_rows_async<Cfg>(sdO + stage * kBlockM * kRowStride,
+                         static_cast<const Element*>(bp.dout) + b * bp.dout_batch_stride +
+                             row * bp.dout_row_stride + h * bp.dout_head_stride,
+                         bp.dout_row_stride, kBlockM, seq.seqlen_q - m0, p.head_dim_v);
+    load_row_stats<Cfg>(kp, b, h, seq, m0, sLse + stage * kBlockM, sD + stage * kBlockM);
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // S/dP/dQ layout: 16 rows x a slice of keys (S) or of the head dim (dQ).
+  const int warp_m = warp % Cfg::kWarpsM, warp_n = warp / Cfg::kWarpsM;
+  // dK/dV layout: 16 keys x a slice of the head dim.
+  const int warp_key = warp % Cfg::kWarpsKeys, warp_kd = warp / Cfg::kWarpsKeys;
+
+  float dk[kKTiles][4] = {}, dv[kKTiles][4] = {};
+
+  if (steps > 0) {
+    load_rows_async<Cfg>(sK, k, p.k_row_stride, kBlockN, keys_here, p.head_dim);
+    load_rows_async<Cfg>(sV, v, p.v_row_stride, kBlockN, keys_here, p.head_dim_v);
+    load_step(0, 0);
+    ptx::cp_async_commit();
+  }
+
+  const uint32_t q_lane = lane_offset_rows16<kRowStride>(lane);     // A of S, dP; B^T-trans
+  const uint32_t k_lane = lane_offset_rows8<kRowStride>(lane);      // B of S, dP
+  const uint32_t p_lane_t = lane_offset_rows8<kPStride>(lane);      // A^T of dV, dK
+  const uint32_t p_lane = lane_offset_rows16<kPStride>(lane);       // A of dQ
+  const uint32_t sQ_addr = ptx::shared_address(sQ), sdO_addr = ptx::shared_address(sdO);
+  const uint32_t sK_addr = ptx::shared_address(sK), sV_addr = ptx::shared_address(sV);
+  const uint32_t sP_addr = ptx::shared_address(sP), sdS_addr = ptx::shared_address(sdS);
+  constexpr uint32_t kStageBytes = Cfg::kQBytes;
+
+  for (int it = 0; it < steps; ++it) {
+    const int stage = it & 1;
+    const int h = hk * group + it / m_blocks;
+    const int64_t m0 = (m_first + it % m_blocks) * kBlockM;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // step it has landed, and every warp is done with step it - 1
+    if (it + 1 < steps) load_step(it + 1, stage ^ 1);
+    ptx::cp_async_commit();
+
+    const uint32_t q_addr = sQ_addr + stage * kStageBytes, do_addr = sdO_addr + stage * kStageBytes;
+    // S = Q K^T and dP = dO V^T for this warp's 16 rows x kSTiles * 8 keys.
+    float s[kSTiles][4] = {}, dpv[kSTiles][4] = {};
+    const uint32_t a_row = warp_m * 16 * kRowStride * 2;
+    const uint32_t b_row = warp_n * kSTiles * 8 * kRowStride * 2;
+    warp_mma<Element, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
+        s, q_addr + a_row + q_lane, sK_addr + b_row + k_lane);
+    warp_mma<Element, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
+        dpv, do_addr + a_row + q_lane, sV_addr + b_row + k_lane);
+
+    TileContext tc;
+    tc.b = b;
+    tc.h = h;
+    tc.m0 = m0;
+    tc.j0 = j0;
+    tc.seqlen_q = seq.seqlen_q;
+    tc.seqlen_k = seq.seqlen_k;
+    const int64_t m1 = m0 + kBlockM < seq.seqlen_q ? m0 + kBlockM : seq.seqlen_q;
+    tc.needs_mask = !block_fully_visible(m0, m1, j0, j0 + kBlockN, seq.seqlen_q, seq.seqlen_k,
+                                         p.window_left, p.window_right);
+    tc.slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
+    probabilities_and_ds<Cfg, true>(kp, tc, s, dpv, sLse + stage * kBlockM, sD + stage * kBlockM,
+                                    sP, sdS, warp_m * 16, warp_n * kSTiles * 8, lane);
+    __syncthreads();  // P and dS are in shared memory
+
+    // dV += (P o M)^T dO and dK += dS^T Q: 16 keys x kKTiles * 8 columns per warp.
+    const uint32_t pt_col = warp_key * 16 * 2;
+    const uint32_t d_col = warp_kd * kKTiles * 8 * 2;
+    warp_mma<Element, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
+        dv, sP_addr + pt_col + p_lane_t, do_addr + d_col + q_lane);
+    warp_mma<Element, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
+        dk, sdS_addr + pt_col + p_lane_t, q_addr + d_col + q_lane);
+
+    // dQ += dS K, added to the fp32 accumulator (default mode), in chunks of at most 8 n8
+    // tiles so that the partial sums never hold more than 32 registers.
+    if (!bp.deterministic) {
+      constexpr int kChunks = kQTiles > 8 ? 2 : 1;
+      constexpr int kChunkTiles = kQTiles / kChunks;
+      static_assert(kChunkTiles * kChunks == kQTiles, "dQ chunks");
+#pragma unroll
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        float dq[kChunkTiles][4] = {};
+        const int col0 = (warp_n * kQTiles + chunk * kChunkTiles) * 8;
+        warp_mma<Element, kBlockN / 16, kChunkTiles, false, kPStride, true, kRowStride>(
+            dq, sdS_addr + warp_m * 16 * kPStride * 2 + p_lane, sK_addr + col0 * 2 + q_lane);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t i = m0 + warp_m * 16 + lane / 4 + r * 8;
+          if (i >= seq.seqlen_q) continue;
+          float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kp.accum_dim;
+#pragma unroll
+          for (int t = 0; t < kChunkTiles; ++t) {
+            const int col = col0 + t * 8 + (lane % 4) * 2;
+            if (col < p.head_dim) {
+              atomicAdd(row + col, dq[t][2 * r]);
+              atomicAdd(row + col + 1, dq[t][2 * r + 1]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // dK = softmax_scale dS^T Q and dV, in the storage dtype, for every stored key of the block.
+  const int64_t rows_out = stored_k - j0 < kBlockN ? stored_k - j0 : kBlockN;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = warp_key * 16 + lane / 4 + r * 8;
+    if (key >= rows_out) continue;
+    const int64_t row = seq.k_row0 + j0 + key;
+    Element* dk_row = static_cast<Element*>(bp.dk) + b * bp.dk_batch_stride +
+                      row * bp.dk_row_stride + hk * bp.dk_head_stride;
+    Element* dv_row = static_cast<Element*>(bp.dv) + b * bp.dv_batch_stride +
+                      row * bp.dv_row_stride + hk * bp.dv_head_stride;
+#pragma unroll
+    for (int t = 0; t < kKTiles; ++t) {
+      const int col = (warp_kd * kKTiles + t) * 8 + (lane % 4) * 2;
+      if (col < p.head_dim)
+        *reinterpret_cast<uint32_t*>(dk_row + col) = ptx::pack2<Element>(
+            dk[t][2 * r] * p.softmax_scale, dk[t][2 * r + 1] * p.softmax_scale);
+      if (col < p.head_dim_v)
+        *reinterpret_cast<uint32_t*>(dv_row + col) =
+            ptx::pack2<Element>(dv[t][2 * r], dv[t][2 * r + 1]);
+    }
+  }
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    backward_dq_kernel(const __grid_constant__ BackwardKernelParams kp) {
+  using Element = typename Cfg::Element;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  constexpr int kRowStride = Cfg::kRowStride, kPStride = Cfg::kPStride;
+  constexpr int kSTiles = Cfg::kSTiles, kQTiles = Cfg::kQTiles;
+  const BackwardParams& bp = kp.bp;
+  const ForwardParams& p = bp.fwd;
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  Element* sQ = reinterpret_cast<Element*>(shared_raw);
+  Element* sdO = sQ + kBlockM * kRowStride;
+  Element* sK = sdO + kBlockM * kRowStride;  // 2 stages
+  Element* sV = sK + 2 * kBlockN * kRowStride;  // 2 stages
+  Element* sdS = sV + 2 * kBlockN * kRowStride;
+  float* sLse = reinterpret_cast<float*>(sdS + kBlockM * kPStride);
+  float* sD = sLse + kBlockM;
+
+  // Heavier (later, under causal masks) query blocks first, for a better tail.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const SequenceView seq = sequence_view(p, b);
+  const int64_t m0 = int64_t{m_block} * kBlockM;
+  if (m0 >= seq.seqlen_q) return;
+  const int64_t rows_here = seq.seqlen_q - m0 < kBlockM ? seq.seqlen_q - m0 : kBlockM;
+  const int hk = h / p.group_size();
+
+  // The key blocks these rows see, aligned to kBlockN so that every block starts on a group
+  // of 4 keys (one Philox call per column pair) like the key-parallel kernel's.
+  const KeyRange keys = visible_keys_of_rows(m0, m0 + rows_here, seq.seqlen_q, seq.seqlen_k,
+                                             p.window_left, p.window_right);
+  const int64_t n_begin = keys.empty() ? 0 : keys.begin / kBlockN * kBlockN;
+  const int n_blocks =
+      keys.empty() ? 0 : static_cast<int>((keys.end - n_begin + kBlockN - 1) / kBlockN);
+
+  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride +
+                     seq.k_row0 * p.k_row_stride + hk * p.k_head_stride;
+  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
+                     seq.k_row0 * p.v_row_stride + hk * p.v_head_stride;
+  const auto load_keys = [&](int n, int stage) {
+    const int64_t j = n_begin + int64_t{n} * kBlockN;
+    load_rows_async<Cfg>(sK + stage * kBlockN * kRowStride, k + j * p.k_row_stride,
+                         p.k_row_stride, kBlockN, seq.seqlen_k - j, p.head_dim);
+    load_rows_async<Cfg>(sV + stage * kBlockN * kRowStride, v + j * p.v_row_stride,
+                         p.v_row_stride, kBlockN, seq.seqlen_k - j, p.head_dim_v);
+  };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_m = warp % Cfg::kWarpsM, warp_n = warp / Cfg::kWarpsM;
+  float dq[kQTiles][4] = {};
+
+  if (n_blocks > 0) {
+    const int64_t row = seq.q_row0 + m0;
+    load_rows_async<Cfg>(sQ,
+                         static_cast<const Element*>(p.q) + b * p.q_batch_stride +
+                             row * p.q_row_stride + h * p.q_head_stride,
+                         p.q_row_stride, kBlockM, rows_here, p.head_dim);
+    load_rows_async<Cfg>(sdO,
+                         static_cast<const Element*>(bp.dout) + b * bp.dout_batch_stride +
+                             row * bp.dout_row_stride + h * bp.dout_head_stride,
+                         bp.dout_row_stride, kBlockM, rows_here, p.head_dim_v);
+    load_row_stats<Cfg>(kp, b, h, seq, m0, sLse, sD);
+    load_keys(0, 0);
+    ptx::cp_async_commit();
+  }
+
+  const uint32_t q_lane = lane_offset_rows16<kRowStride>(lane);
+  const uint32_t k_lane = lane_offset_rows8<kRowStride>(lane);
+  const uint32_t p_lane = lane_offset_rows16<kPStride>(lane);
+  const uint32_t sQ_addr = ptx::shared_address(sQ), sdO_addr = ptx::shared_address(sdO);
+  const uint32_t sK_addr = ptx::shared_address(sK), sV_addr = ptx::shared_address(sV);
+  const uint32_t sdS_addr = ptx::shared_address(sdS);
+  constexpr uint32_t kStageBytes = Cfg::kKBytes;
+  const float slope =
+      p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
+
+  for (int n = 0; n < n_blocks; ++n) {
+    const int stage = n & 1;
+    const int64_t j0 = n_begin + int64_t{n} * kBlockN;
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // block n has landed, and every warp is done with block n - 1
+    if (n + 1 < n_blocks) load_keys(n + 1, stage ^ 1);
+    ptx::cp_async_commit();
+
+    const uint32_t k_addr = sK_addr + stage * kStageBytes, v_addr = sV_addr + stage * kStageBytes;
+    float s[kSTiles][4] = {}, dpv[kSTiles][4] = {};
+    const uint32_t a_row = warp_m * 16 * kRowStride * 2;
+    const uint32_t b_row = warp_n * kSTiles * 8 * kRowStride * 2;
+    warp_mma<Element, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
+        s, sQ_addr + a_row + q_lane, k_addr + b_row + k_lane);
+    warp_mma<Element, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
+        dpv, sdO_addr + a_row + q_lane, v_addr + b_row + k_lane);
+
+    TileContext tc;
+    tc.b = b;
+    tc.h = h;
+    tc.m0 = m0;
+    tc.j0 = j0;
+    tc.seqlen_q = seq.seqlen_q;
+    tc.seqlen_k = seq.seqlen_k;
+    tc.needs_mask = !block_fully_visible(m0, m0 + rows_here, j0, j0 + kBlockN, seq.seqlen_q,
+                                         seq.seqlen_k, p.window_left, p.window_right);
+    tc.slope = slope;
+    probabilities_and_ds<Cfg, false>(kp, tc, s, dpv, sLse, sD, nullptr, sdS, warp_m * 16,
+                                     warp_n * kSTiles * 8, lane);
+    __syncthreads();  // dS is in shared memory
+
+    warp_mma<Element, kBlockN / 16, kQTiles, false, kPStride, true, kRowStride>(
+        dq, sdS_addr + warp_m * 16 * kPStride * 2 + p_lane,
+        k_addr + warp_n * kQTiles * 8 * 2 + q_lane);
+  }
+
+  // dq = softmax_scale dS K in the storage dtype (0 for rows that see no key).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = m0 + warp_m * 16 + lane / 4 + r * 8;
+    if (i >= seq.seqlen_q) continue;
+    Element* dq_row = static_cast<Element*>(bp.dq) + b * bp.dq_batch_stride +
+                      (seq.q_row0 + i) * bp.dq_row_stride + h * bp.dq_head_stride;
+#pragma unroll
+    for (int t = 0; t < kQTiles; ++t) {
+      const int col = (warp_n * kQTiles + t) * 8 + (lane % 4) * 2;
+      if (col < p.head_dim)
+        *reinterpret_cast<uint32_t*>(dq_row + col) = ptx::pack2<Element>(
+            dq[t][2 * r] * p.softmax_scale, dq[t][2 * r + 1] * p.softmax_scale);
+    }
+  }
+}
+
+template <typename Kernel>
+void allow_shared_bytes(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024) {
+    const cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    (void)status;  // a failure shows up as a launch error
+  }
+}
+
+// Launches the key-parallel kernel (and, in deterministic mode, the dQ kernel) for one
+// (dtype, head-dim bucket) configuration. The workspace is ready (D computed, the dQ
+// accumulator zeroed) before the first launch.
+template <typename Cfg>
+void launch_backward(const BackwardKernelParams& kp) {
+  const ForwardParams& p = kp.bp.fwd;
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  static const bool configured = [] {
+    allow_shared_bytes(backward_dkdv_kernel<Cfg>, Cfg::kDkdvSharedBytes);
+    allow_shared_bytes(backward_dq_kernel<Cfg>, Cfg::kDqSharedBytes);
+    return true;
+  }();
+  (void)configured;
+  if (p.seqlen_k > 0) {
+    const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
+                    static_cast<unsigned>(p.heads_k), static_cast<unsigned>(p.batch));
+    backward_dkdv_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kDkdvSharedBytes, stream>>>(kp);
+  }
+  if (kp.bp.deterministic && p.seqlen_q > 0) {
+    const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
+                    static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+    backward_dq_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kDqSharedBytes, stream>>>(kp);
+  }
+}
+
+}  // namespace flashattn::detail::cuda::sm80

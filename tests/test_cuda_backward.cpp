@@ -1,0 +1,363 @@
+// What only the CUDA backward has: its two modes (deterministic runs bitwise equal, the
+// default mode within rounding of it), its dropout mask against the CPU's bit for bit, the
+// workspace it reports, the caller's stream, and the validation rules of the CUDA path.
+// Compiled into test_backward_cuda only.
+#include <cmath>
+#include <cstring>
+
+#include "support.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+Execution on(Backend backend) {
+  Execution e;
+  e.backend = backend;
+  return e;
+}
+
+// One dense problem: host inputs, the CPU engine's forward (out, lse), host gradients, and
+// device mirrors of all of them.
+struct GpuProblem {
+  Case c;
+  Options o;
+  Inputs in;
+  Buffer out, lse, dout, dq, dk, dv;
+
+  GpuProblem(Case shape, Options options) : c(shape), o(options) {
+    in = make_inputs(c);
+    const int64_t B = c.batch, Sq = c.seqlen_q, Sk = c.seqlen_k, H = c.heads, Hk = c.heads_k,
+                  D = c.head_dim;
+    out = Buffer(c.dtype, B * Sq * H * D);
+    lse = Buffer(DType::Float32, B * H * Sq);
+    dout = Buffer(c.dtype, B * Sq * H * D);
+    dq = Buffer(c.dtype, B * Sq * H * D);
+    dk = Buffer(c.dtype, B * Sk * Hk * D);
+    dv = Buffer(c.dtype, B * Sk * Hk * D);
+    dout.fill_random();
+    forward(in.q, in.k, in.v, out_view(), lse_view(), o, on(Backend::CPU));
+  }
+  TensorView out_view() { return out.view({c.batch, c.seqlen_q, c.heads, c.head_dim}); }
+  TensorView dout_view() { return dout.view({c.batch, c.seqlen_q, c.heads, c.head_dim}); }
+  TensorView lse_view() { return lse.view({c.batch, c.heads, c.seqlen_q}); }
+  TensorView dq_view() { return dq.view({c.batch, c.seqlen_q, c.heads, c.head_dim}); }
+  TensorView dk_view() { return dk.view({c.batch, c.seqlen_k, c.heads_k, c.head_dim}); }
+  TensorView dv_view() { return dv.view({c.batch, c.seqlen_k, c.heads_k, c.head_dim}); }
+};
+
+// Device copies of a problem's tensors, for calls made directly (not through
+// backward_on_backend).
+struct DeviceTensors {
+  DeviceMirror q, k, v, out, dout, lse, dq, dk, dv;
+  explicit DeviceTensors(GpuProblem& p)
+      : q(p.in.q), k(p.in.k), v(p.in.v), out(p.out_view()), dout(p.dout_view()),
+        lse(p.lse_view()), dq(p.dq_view()), dk(p.dk_view()), dv(p.dv_view()) {}
+  RunInfo backward(const Options& o, Execution e = on(Backend::CUDA)) {
+    dq.poison();
+    dk.poison();
+    dv.poison();
+    const RunInfo info = flashattn::backward(q.view(), k.view(), v.view(), out.view(),
+                                             dout.view(), lse.view(), dq.view(), dk.view(),
+                                             dv.view(), o, e);
+    cuda_check(cudaDeviceSynchronize(), "kernel");
+    dq.download();
+    dk.download();
+    dv.download();
+    return info;
+  }
+};
+
+// GQA 6/2, causal with Sq != Sk, dropout, lengths off every tile size.
+Case odd_gqa_case() {
+  Case c;
+  c.batch = 2;
+  c.seqlen_q = 173;
+  c.seqlen_k = 211;
+  c.heads = 6;
+  c.heads_k = 2;
+  c.head_dim = 72;
+  c.dtype = DType::BFloat16;
+  c.causal = true;
+  return c;
+}
+
+Options dropout_options(const Case& c, bool deterministic) {
+  Options o;
+  o.causal = c.causal;
+  o.dropout_p = 0.15f;
+  o.dropout_seed = 0x1234abcd5678ull;
+  o.dropout_offset = 977;
+  o.deterministic = deterministic;
+  return o;
+}
+
+void expect_gradients_match_reference(GpuProblem& p, const std::string& what) {
+  const reference::Gradients exact =
+      reference::backward(p.in.q, p.in.k, p.in.v, p.dout_view(), p.o);
+  const reference::Gradients low = reference::backward(p.in.q, p.in.k, p.in.v, p.dout_view(),
+                                                       p.o, nullptr,
+                                                       reference::Arithmetic::InputDType);
+  const double largest = reference::largest_magnitude(exact);
+  const struct {
+    const char* name;
+    TensorView actual;
+    const std::vector<double>& exact;
+    const std::vector<double>& low;
+  } grads[] = {{"dq", p.dq_view(), exact.dq, low.dq},
+               {"dk", p.dk_view(), exact.dk, low.dk},
+               {"dv", p.dv_view(), exact.dv, low.dv}};
+  for (const auto& g : grads) {
+    const reference::Check check = reference::check_backward(
+        p.c.dtype, reference::gather(g.actual), g.exact, g.low, largest);
+    EXPECT_TRUE(check.passed()) << what << " " << g.name << ": max abs error "
+                                << check.max_abs_error << " > tolerance " << check.tolerance;
+  }
+}
+
+TEST(CudaBackward, DeterministicModeIsBitwiseReproducible) {
+  const Case c = odd_gqa_case();
+  SCOPED_TRACE(c.describe());
+  GpuProblem p(c, dropout_options(c, true));
+  DeviceTensors d(p);
+  std::vector<unsigned char> first[3];
+  for (int run = 0; run < 50; ++run) {
+    const RunInfo info = d.backward(p.o);
+    EXPECT_TRUE(info.deterministic);
+    const Buffer* grads[] = {&p.dq, &p.dk, &p.dv};
+    for (int g = 0; g < 3; ++g) {
+      if (run == 0)
+        first[g] = grads[g]->bytes;
+      else
+        ASSERT_EQ(grads[g]->bytes, first[g]) << "gradient " << "qkv"[g] << ", run " << run;
+    }
+  }
+  expect_gradients_match_reference(p, "deterministic");
+}
+
+TEST(CudaBackward, DefaultModeAgreesWithDeterministicMode) {
+  const Case c = odd_gqa_case();
+  SCOPED_TRACE(c.describe());
+  GpuProblem p(c, dropout_options(c, false));
+  DeviceTensors d(p);
+  const RunInfo info = d.backward(p.o);
+  EXPECT_FALSE(info.deterministic);  // dQ is summed with atomics in no fixed order
+  expect_gradients_match_reference(p, "default");
+  const std::vector<double> dq = reference::gather(p.dq_view());
+  const std::vector<unsigned char> dk = p.dk.bytes, dv = p.dv.bytes;
+  Options deterministic = p.o;
+  deterministic.deterministic = true;
+  d.backward(deterministic);
+  // dK and dV come from the same kernel summing in the same order in both modes.
+  EXPECT_EQ(p.dk.bytes, dk);
+  EXPECT_EQ(p.dv.bytes, dv);
+  // dQ differs only by the order of fp32 additions before one rounding to bf16: at most an
+  // ulp or two of the largest element.
+  const std::vector<double> dq_det = reference::gather(p.dq_view());
+  double largest = 0, worst = 0;
+  for (size_t n = 0; n < dq.size(); ++n) {
+    largest = std::max(largest, std::abs(dq_det[n]));
+    worst = std::max(worst, std::abs(dq[n] - dq_det[n]));
+  }
+  EXPECT_GT(largest, 0.0);
+  EXPECT_LE(worst, std::ldexp(largest, -6)) << "largest |dq| " << largest;
+}
+
+// With v_j = e_j and dout_i = e_i (see test_dropout.cpp's OneHot), dv_j[i] = (P o M)_ij: the
+// zeros of dv are exactly the dropped (or masked) elements. The CUDA backward's zeros must be
+// the CPU backward's, element for element, in both modes, over several (b, h) counters and a
+// window that starts blocks off the 4-key Philox groups.
+TEST(CudaBackward, DropoutKeepBitsEqualTheCpuBitForBit) {
+  constexpr int64_t B = 2, Sq = 60, Sk = 150, H = 3, D = 64;
+  for (DType dt : {DType::BFloat16, DType::Float16})
+    for (bool deterministic : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (deterministic ? " deterministic" : " default") +
+                   " seed=" + std::to_string(test_seed()));
+      Buffer q(dt, B * Sq * H * D), k(dt, B * Sk * H * D), v(dt, B * Sk * H * D),
+          out(dt, B * Sq * H * D), lse(DType::Float32, B * H * Sq), dout(dt, B * Sq * H * D),
+          dq(dt, B * Sq * H * D), dk(dt, B * Sk * H * D), dv(dt, B * Sk * H * D),
+          dv_cpu(dt, B * Sk * H * D), dq_cpu(dt, B * Sq * H * D), dk_cpu(dt, B * Sk * H * D);
+      q.fill_random(0.5f);
+      k.fill_random(0.5f);
+      for (int64_t n = 0; n < v.count(); ++n) v.set(n, 0.0f);
+      for (int64_t n = 0; n < dout.count(); ++n) dout.set(n, 0.0f);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t j = 0; j < Sk; ++j) v.set(((b * Sk + j) * H + h) * D + j % D, 1.0f);
+          for (int64_t i = 0; i < Sq; ++i) dout.set(((b * Sq + i) * H + h) * D + i, 1.0f);
+        }
+      Options o;
+      o.dropout_p = 0.4f;
+      o.dropout_seed = rng()();
+      o.dropout_offset = rng()() >> 16;
+      o.window_left = 37;
+      o.window_right = 9;
+      o.deterministic = deterministic;
+      const TensorView qv = q.view({B, Sq, H, D}), kv = k.view({B, Sk, H, D}),
+                       vv = v.view({B, Sk, H, D}), ov = out.view({B, Sq, H, D}),
+                       lv = lse.view({B, H, Sq}), dov = dout.view({B, Sq, H, D});
+      forward(qv, kv, vv, ov, lv, o, on(Backend::CPU));
+      backward(qv, kv, vv, ov, dov, lv, dq_cpu.view({B, Sq, H, D}), dk_cpu.view({B, Sk, H, D}),
+               dv_cpu.view({B, Sk, H, D}), o, on(Backend::CPU));
+      const RunInfo info =
+          backward_on_backend(qv, kv, vv, ov, dov, lv, dq.view({B, Sq, H, D}),
+                              dk.view({B, Sk, H, D}), dv.view({B, Sk, H, D}), o);
+      ASSERT_EQ(info.backend, Backend::CUDA);
+      const std::vector<double> gpu = reference::gather(dv.view({B, Sk, H, D}));
+      const std::vector<double> cpu = reference::gather(dv_cpu.view({B, Sk, H, D}));
+      int64_t kept = 0, dropped = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+          const std::vector<uint8_t> mask = reference::dropout_mask(o, b, h, Sq, Sk);
+          for (int64_t j = 0; j < Sk; ++j)
+            for (int64_t i = 0; i < Sq; ++i) {
+              const size_t at = size_t(((b * Sk + j) * H + h) * D + i);
+              ASSERT_EQ(gpu[at] == 0.0, cpu[at] == 0.0)
+                  << "b=" << b << " h=" << h << " i=" << i << " j=" << j;
+              ASSERT_FALSE(std::isnan(gpu[at]));
+              if (gpu[at] != 0.0) {
+                ASSERT_EQ(mask[size_t(i * Sk + j)], 1) << "kept where the reference drops";
+                ++kept;
+              } else if (mask[size_t(i * Sk + j)] == 0) {
+                ++dropped;
+              }
+            }
+        }
+      EXPECT_GT(kept, 1000);
+      EXPECT_GT(dropped, 1000);
+    }
+}
+
+TEST(CudaBackward, RunsOnTheGivenStreamAndReportsItsWorkspace) {
+  Case c;
+  c.batch = 2;
+  c.seqlen_q = 100;
+  c.seqlen_k = 90;
+  c.heads = 4;
+  c.heads_k = 1;
+  c.head_dim = 40;  // bucket 64
+  c.dtype = DType::Float16;
+  Options o;
+  o.window_left = 20;
+  o.window_right = 20;
+  o.alibi_slopes = std::nullopt;
+  GpuProblem p(c, o);
+  DeviceTensors d(p);
+  cudaStream_t stream;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  Execution e = on(Backend::CUDA);
+  e.stream = stream;
+  const size_t rows = 2 * 4 * 100;
+  for (bool deterministic : {false, true}) {
+    p.o.deterministic = deterministic;
+    const RunInfo info = d.backward(p.o, e);
+    EXPECT_EQ(info.workspace_bytes, deterministic ? rows * 4 : rows * 4 * (64 + 1));
+    EXPECT_EQ(info.deterministic, deterministic);
+    expect_gradients_match_reference(p, deterministic ? "deterministic" : "default");
+  }
+  cuda_check(cudaStreamSynchronize(stream), "sync");
+  cuda_check(cudaStreamDestroy(stream), "destroy");
+}
+
+// --- Validation of the CUDA path: each rule names the argument and writes nothing ----------
+
+struct ErrorProblem : GpuProblem {
+  ErrorProblem() : GpuProblem(small(), Options{}) {}
+  static Case small() {
+    Case c;
+    c.seqlen_q = 40;
+    c.seqlen_k = 50;
+    c.heads = 2;
+    c.heads_k = 2;
+    c.head_dim = 32;
+    c.dtype = DType::BFloat16;
+    return c;
+  }
+};
+
+// Calls backward with one tensor replaced and expects an error naming `argument` whose
+// expected (or given) text holds `text`; the device gradients must still be all NaN.
+void expect_rejected(ErrorProblem& p, const std::string& replace, const TensorView& with,
+                     const std::string& argument, const std::string& text) {
+  DeviceTensors d(p);
+  d.dq.poison();
+  d.dk.poison();
+  d.dv.poison();
+  TensorView views[] = {d.q.view(),    d.k.view(),   d.v.view(),  d.out.view(), d.dout.view(),
+                        d.lse.view(),  d.dq.view(),  d.dk.view(), d.dv.view()};
+  const char* names[] = {"q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv"};
+  for (int n = 0; n < 9; ++n)
+    if (replace == names[n]) views[n] = with;
+  try {
+    backward(views[0], views[1], views[2], views[3], views[4], views[5], views[6], views[7],
+             views[8], p.o, on(Backend::CUDA));
+    ADD_FAILURE() << "accepted a bad " << replace;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_TRUE(e.expected().find(text) != std::string::npos ||
+                e.given().find(text) != std::string::npos)
+        << e.what();
+  }
+  cuda_check(cudaDeviceSynchronize(), "sync");
+  d.dq.download();
+  d.dk.download();
+  d.dv.download();
+  for (const Buffer* g : {&p.dq, &p.dk, &p.dv})
+    for (double x : reference::gather(TensorView::contiguous(
+             const_cast<unsigned char*>(g->bytes.data()), g->dtype, {g->count()})))
+      ASSERT_TRUE(std::isnan(x)) << "a gradient was written by a rejected call";
+}
+
+TEST(CudaBackwardErrors, MisalignedDoutIsRejectedBeforeAnyWrite) {
+  ErrorProblem p;
+  DeviceMirror dout(p.dout_view());
+  TensorView shifted = dout.view();
+  shifted.data = static_cast<char*>(shifted.data) + 2;  // one bf16 element in
+  expect_rejected(p, "dout", shifted, "dout", "16-byte aligned");
+}
+
+TEST(CudaBackwardErrors, GradientRowStrideOffSixteenBytesIsRejected) {
+  ErrorProblem p;
+  // dk viewed with rows of 36 elements (72 bytes) in a larger buffer.
+  Buffer wide(p.c.dtype, 50 * 2 * 36);
+  DeviceMirror dk(wide.view({1, 50, 2, 32}, {50 * 2 * 36, 2 * 36, 36, 1}));
+  expect_rejected(p, "dk", dk.view(), "dk", "16-byte aligned");
+}
+
+TEST(CudaBackwardErrors, HostGradientClaimedToBeOnTheGpuIsRejected) {
+  ErrorProblem p;
+  TensorView host_dq = p.dq_view();
+  host_dq.device = {DeviceType::CUDA, 0};
+  expect_rejected(p, "dq", host_dq, "dq", "host memory");
+}
+
+TEST(CudaBackwardErrors, GradientOnAnotherDeviceTypeIsRejected) {
+  ErrorProblem p;
+  expect_rejected(p, "dv", p.dv_view(), "dv", "the device of");
+}
+
+TEST(CudaBackwardErrors, Fp32IsRejectedClearly) {
+  Case c = ErrorProblem::small();
+  c.dtype = DType::Float32;
+  GpuProblem p(c, Options{});
+  DeviceTensors d(p);
+  try {
+    backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), d.lse.view(),
+             d.dq.view(), d.dk.view(), d.dv.view(), {}, on(Backend::CUDA));
+    ADD_FAILURE() << "fp32 was accepted by the CUDA backward";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+    EXPECT_EQ(e.argument(), "q") << e.what();
+  }
+}
+
+TEST(CudaBackwardErrors, AutoPicksCudaForGpuTensorsAndCpuForHostOnes) {
+  ErrorProblem p;
+  DeviceTensors d(p);
+  EXPECT_EQ(d.backward(p.o, Execution{}).backend, Backend::CUDA);
+  const RunInfo cpu = backward(p.in.q, p.in.k, p.in.v, p.out_view(), p.dout_view(), p.lse_view(),
+                               p.dq_view(), p.dk_view(), p.dv_view(), p.o, Execution{});
+  EXPECT_EQ(cpu.backend, Backend::CPU);
+}
+
+}  // namespace
+}  // namespace flashattn::testing
