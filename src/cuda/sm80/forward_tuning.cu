@@ -33,7 +33,11 @@ bool run_tuning_candidate(const ForwardParams& p) {
          try_candidate<128, 128, 4, 2, false>(wanted, p) ||
          try_candidate<128, 96, 4, 2, false>(wanted, p) ||
          try_candidate<128, 64, 4, 2, true>(wanted, p) ||
-         try_candidate<128, 64, 4, 2, false>(wanted, p);
+         try_candidate<128, 64, 4, 2, false>(wanted, p) ||
+         try_candidate<256, 32, 4, 1, false>(wanted, p) ||
+         try_candidate<256, 32, 8, 1, false>(wanted, p) ||
+         try_candidate<256, 64, 4, 1, false>(wanted, p) ||
+         try_candidate<192, 32, 4, 1, false>(wanted, p);
 }
 
 }  // namespace flashattn::detail::cuda::sm80
