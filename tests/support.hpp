@@ -136,6 +136,7 @@ struct Case {
   Layout layout = Layout::Contiguous;
   bool with_lse = true;
   int32_t num_threads = 0;
+  float dropout_p = 0.0f;  // > 0: options_of draws a fresh seed and offset
 
   std::string describe() const;
 };
@@ -150,6 +151,7 @@ inline std::string Case::describe() const {
   if (softmax_scale) s += " scale=" + std::to_string(*softmax_scale);
   if (alibi == Alibi::PerHead) s += " alibi(H)";
   if (alibi == Alibi::PerBatchHead) s += " alibi(B,H)";
+  if (dropout_p > 0) s += " dropout=" + std::to_string(dropout_p);
   s += std::string(" layout=") + layout_name(layout) + " seed=" + std::to_string(test_seed());
   return s;
 }
@@ -219,6 +221,11 @@ inline Options options_of(const Case& c, Buffer& slopes) {
   o.window_left = c.window_left;
   o.window_right = c.window_right;
   o.softcap = c.softcap;
+  if (c.dropout_p > 0) {
+    o.dropout_p = c.dropout_p;
+    o.dropout_seed = rng()();
+    o.dropout_offset = rng()() >> 16;
+  }
   if (c.alibi != Case::Alibi::Off) {
     const bool per_batch = c.alibi == Case::Alibi::PerBatchHead;
     const std::vector<float> s = alibi_slopes(c.batch, c.heads, per_batch);

@@ -579,20 +579,6 @@ std::vector<DenseCase> dense_cases() {
        "softmax_scale", {"finite"}, {}, "inf"},
       {"softmax_scale_minus_inf", [](Dense& c) { c.options.softmax_scale = -kInf; }, kInvalid,
        "softmax_scale", {"finite"}, {}, "-inf"},
-      cuda_compiled()
-          ? DenseCase{"dropout_p_0_1_on_cuda",
-                      [](Dense& c) {
-                        c.all_on(kCuda0);
-                        c.options.dropout_p = 0.1f;
-                      },
-                      kUnsupported, "dropout_p", {"dropout on cuda arrives with the CUDA backward"},
-                      {}, "0.1"}
-          : DenseCase{"dropout_p_0_1_on_cuda",
-                      [](Dense& c) {
-                        c.all_on(kCuda0);
-                        c.options.dropout_p = 0.1f;
-                      },
-                      kUnsupported, "backend", {"cpu or auto"}, {}, "cuda"},
       {"dropout_p_1", [](Dense& c) { c.options.dropout_p = 1.0f; }, kInvalid, "dropout_p",
        {"[0, 1)"}, {}, "1"},
       {"dropout_p_minus_0_5", [](Dense& c) { c.options.dropout_p = -0.5f; }, kInvalid,

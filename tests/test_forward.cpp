@@ -247,6 +247,38 @@ TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
   }
 }
 
+// --- Dropout ------------------------------------------------------------------------------
+
+// Every mask x dtype with dropout on odd geometries (windows make the first visible key of a
+// block arbitrary, so a lane's two columns can straddle two Philox groups), some with softcap
+// and ALiBi, head dims from 8 to 256: the keep bits must be the reference's (SPEC's counters),
+// so a wrong bit shows as an output error far beyond the tolerance.
+TEST(Dropout, EveryMaskAndDtypeMatchesTheReference) {
+  const Geometry geometries[] = {{2, 97, 113, 4, 2, 40}, {1, 130, 61, 6, 3, 64},
+                                 {1, 33, 150, 2, 1, 256}, {3, 17, 17, 2, 2, 8}};
+  int n = 0;
+  for (const Mask& m : kMasks)
+    for (DType dt : kDtypes) {
+      const Geometry g = geometries[n % 4];
+      Case c;
+      c.batch = g.batch;
+      c.seqlen_q = g.seqlen_q;
+      c.seqlen_k = g.seqlen_k;
+      c.heads = g.heads;
+      c.heads_k = g.heads_k;
+      c.head_dim = g.head_dim;
+      c.dtype = dt;
+      c.causal = m.causal;
+      c.window_left = m.left;
+      c.window_right = m.right;
+      c.softcap = n % 5 == 2 ? 2.5f : 0.0f;
+      c.alibi = n % 7 == 3 ? Case::Alibi::PerHead : Case::Alibi::Off;
+      c.dropout_p = n % 2 ? 0.17f : 0.6f;
+      run_dense_case(c);
+      ++n;
+    }
+}
+
 // --- Ragged batches -----------------------------------------------------------------------
 
 struct VarlenCase {
@@ -258,6 +290,7 @@ struct VarlenCase {
   Case::Alibi alibi = Case::Alibi::Off;
   bool seqused = false;
   int64_t extra_max = 0;  // max_seqlen beyond the longest sequence (allowed)
+  float dropout_p = 0;
 };
 
 void run_varlen_case(const VarlenCase& vc) {
@@ -294,6 +327,7 @@ void run_varlen_case(const VarlenCase& vc) {
   shape.window_right = vc.mask.right;
   shape.softcap = vc.softcap;
   shape.alibi = vc.alibi;
+  shape.dropout_p = vc.dropout_p;
   Buffer slopes;
   const Options o = options_of(shape, slopes);
   const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}),
@@ -301,7 +335,8 @@ void run_varlen_case(const VarlenCase& vc) {
                    lv = lse.view({H, total_q});
   forward_on_backend(qv, kv, vv, ov, lv, o, &varlen);
   std::string what = std::string("varlen ") + dtype_name(vc.dtype) + " mask=" + vc.mask.name +
-                     (vc.seqused ? " seqused_k" : "") + " seed=" + std::to_string(test_seed());
+                     (vc.seqused ? " seqused_k" : "") +
+                     (vc.dropout_p > 0 ? " dropout" : "") + " seed=" + std::to_string(test_seed());
   expect_matches_reference(qv, kv, vv, o, &varlen, ov, &lv, what);
 }
 
@@ -321,6 +356,7 @@ TEST(Varlen, EmptySequencesAndEveryFeature) {
       vc.seqused = n % 2 == 1;
       vc.extra_max = n % 4 == 0 ? 17 : 0;
       vc.heads_k = n % 2 ? 1 : 4;
+      vc.dropout_p = n % 4 == 1 ? 0.23f : 0.0f;
       run_varlen_case(vc);
       ++n;
     }

@@ -306,13 +306,10 @@ void row_strides(const TensorView& t, bool is_varlen, int64_t& batch_stride,
   head_stride = t.strides[r + 1];
 }
 
-// What the shared checks are for: the CUDA backend's feature set differs by direction.
-enum class Direction { Forward, Backward };
-
 ValidatedForward validate_call(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const std::optional<TensorView>& lse,
                                const Varlen* varlen, const Options& options,
-                               const Execution& execution, Direction direction) {
+                               const Execution& execution) {
   check_options(options);
   if (execution.num_threads < 0)
     fail("num_threads", "0 (all cores) or a thread count >= 1",
@@ -473,12 +470,6 @@ ValidatedForward validate_call(const TensorView& q, const TensorView& k, const T
   if (backend == Backend::CUDA) {
     if (!cuda_compiled())
       unsupported("backend", "cpu or auto (this build has no CUDA backend)", "cuda");
-    // The forward kernel has no dropout yet: never run it as if p were 0. (The backward
-    // kernels draw the keep bits from common/philox.hpp.)
-    if (direction == Direction::Forward && options.dropout_p > 0.0f)
-      unsupported("dropout_p",
-                  "0 on the cuda backend (dropout on cuda arrives with the CUDA backward)",
-                  number_string(options.dropout_p));
     if (q.device.type != DeviceType::CUDA)
       fail("q", "a tensor in GPU memory for the cuda backend", "a tensor on " +
                                                                  device_string(q.device));
@@ -552,7 +543,7 @@ ValidatedForward validate_forward(const TensorView& q, const TensorView& k, cons
                                   const TensorView& out, const std::optional<TensorView>& lse,
                                   const Varlen* varlen, const Options& options,
                                   const Execution& execution) {
-  return validate_call(q, k, v, out, lse, varlen, options, execution, Direction::Forward);
+  return validate_call(q, k, v, out, lse, varlen, options, execution);
 }
 
 ValidatedBackward validate_backward(const TensorView& q, const TensorView& k,
@@ -563,7 +554,7 @@ ValidatedBackward validate_backward(const TensorView& q, const TensorView& k,
                                     const Options& options, const Execution& execution) {
   // The forward's own checks cover q, k, v, out, lse, the options and the backend.
   const ValidatedForward forward =
-      validate_call(q, k, v, out, lse, varlen, options, execution, Direction::Backward);
+      validate_call(q, k, v, out, lse, varlen, options, execution);
 
   const bool is_varlen = varlen != nullptr;
   const int rank = is_varlen ? 3 : 4;

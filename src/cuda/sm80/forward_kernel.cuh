@@ -9,6 +9,7 @@
 //   S = Q K^T          mma.sync; each K fragment read from shared memory feeds kMTiles MMAs
 //   softcap / ALiBi / mask (the mask only on blocks that are not fully visible)
 //   online softmax     in registers, base-2 exponentials, row max/sum across the lane quad
+//   dropout            keep bits from the shared Philox generator, applied after the row sum
 //   O += P V           P reused from the S accumulators as the A operand (never stored),
 //                      V via ldmatrix.trans, each V fragment feeding kMTiles MMAs
 //
@@ -24,6 +25,7 @@
 
 #include "common/mask.hpp"
 #include "common/params.hpp"
+#include "common/philox.hpp"
 #include "cuda/common/ptx.cuh"
 
 namespace flashattn::detail::cuda::sm80 {
@@ -101,10 +103,10 @@ struct TileLoader {
   }
 };
 
-// kScoreMods: softcap, ALiBi or a non-positive scale may occur. Without them (the common
-// case) S holds raw dot products and the scale folds into the exponent; the kernel is then
-// compiled without that code, which frees registers and instructions in the inner loop.
-template <typename Cfg, bool kScoreMods>
+// kGeneral: softcap, ALiBi, a non-positive scale or dropout may occur. Without them (the
+// common case) S holds raw dot products and the scale folds into the exponent; the kernel is
+// then compiled without that code, which frees registers and instructions in the inner loop.
+template <typename Cfg, bool kGeneral>
 __global__ void __launch_bounds__(Cfg::kThreads)
     forward_kernel(const __grid_constant__ ForwardParams p) {
   using Element = typename Cfg::Element;
@@ -164,14 +166,19 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const auto row_of = [&](int mt, int r) -> int64_t {
     return m0 + warp_row0 + mt * 16 + quad_row + r * 8;
   };
-  const float slope = kScoreMods && p.alibi_slopes != nullptr
+  const float slope = kGeneral && p.alibi_slopes != nullptr
                           ? p.alibi_slopes[b * p.alibi_batch_stride + h]
                           : 0.0f;
-  const bool softcap = kScoreMods && p.softcap > 0.0f;
+  const bool softcap = kGeneral && p.softcap > 0.0f;
   // The plain path (no softcap, no ALiBi, positive scale) keeps raw dot products in S and
   // folds the scale into the exponent: p = 2^(s c - m c) with c = scale log2(e), one FFMA.
   // Otherwise S is first turned into base-2 scores x = log2(e) s' and c = 1.
-  const bool plain = !kScoreMods || (!softcap && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f);
+  const bool plain = !kGeneral || (!softcap && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f);
+  // Dropout (common/philox.hpp): kept probabilities enter P V unscaled; 1 / (1 - p) is applied
+  // once in the epilogue. The row sum l (and so lse) is of the undropped probabilities.
+  const bool dropout = kGeneral && p.dropout_p > 0.0f;
+  const DropoutRng rng = dropout ? make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p)
+                                 : DropoutRng{};
   const float exp_scale = plain ? p.softmax_scale * kLog2e : 1.0f;
   const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
 
@@ -311,6 +318,19 @@ __global__ void __launch_bounds__(Cfg::kThreads)
             sum += pe;
           }
         row_sum[mt][r] = row_sum[mt][r] * scale_o[r] + sum;
+        if (dropout) {
+          // Key column j = j0 + c of row i: its keep bit is bit j % 4 of the Philox call for
+          // group j / 4. A lane's two columns share one call unless they straddle groups.
+          const uint32_t i = static_cast<uint32_t>(row_of(mt, r));
+#pragma unroll
+          for (int t = 0; t < kSTiles; ++t) {
+            const uint32_t j = static_cast<uint32_t>(j0 + t * 8 + quad_col);
+            uint32_t bits = rng.keep_bits4(b, h, i, j / 4) >> (j % 4);
+            if (j % 4 == 3) bits = (bits & 1u) | (rng.keep_bits4(b, h, i, j / 4 + 1) & 1u) << 1;
+            if (!(bits & 1u)) s[mt][t][2 * r] = 0.0f;
+            if (!(bits & 2u)) s[mt][t][2 * r + 1] = 0.0f;
+          }
+        }
       }
 #pragma unroll
       for (int t = 0; t < kOTiles; ++t) {
@@ -363,7 +383,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       float l = row_sum[mt][r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key: out = 0
+      // A row that saw no key: out = 0.
+      const float inv = l == 0.0f ? 0.0f : (dropout ? rng.scale : 1.0f) / l;
       const uint32_t row_address =
           sQ_address + ((warp_row0 + mt * 16 + quad_row + r * 8) * kRowStride + quad_col) * kElementBytes;
 #pragma unroll
@@ -395,8 +416,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // Launches the kernel for one (dtype, head-dim bucket) configuration.
 template <typename Cfg>
 void launch_forward(const ForwardParams& p) {
-  const bool score_mods = p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f);
-  const auto kernel = score_mods ? forward_kernel<Cfg, true> : forward_kernel<Cfg, false>;
+  const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr ||
+                       !(p.softmax_scale > 0.0f) || p.dropout_p > 0.0f;
+  const auto kernel = general ? forward_kernel<Cfg, true> : forward_kernel<Cfg, false>;
   if (Cfg::kSharedBytes > 48 * 1024) {  // once per kernel
     static const bool attributes_set = [] {
       cudaFuncSetAttribute(forward_kernel<Cfg, true>,
