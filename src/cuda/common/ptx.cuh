@@ -66,6 +66,17 @@ __device__ __forceinline__ void st_global_128(void* global_dst, uint4 value) {
   *static_cast<uint4*>(global_dst) = value;
 }
 
+// Adds (a, b) to the two floats at `address` (8-byte aligned, global memory) atomically: one
+// vector reduction on sm_90 and newer, two scalar ones before.
+__device__ __forceinline__ void atomic_add_f32x2(float* address, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(address), make_float2(a, b));
+#else
+  atomicAdd(address, a);
+  atomicAdd(address + 1, b);
+#endif
+}
+
 // D (16x8, fp32) += A (16x16, row-major) * B (16x8, column-major). Fragments per lane
 // (g = lane / 4, c = 2 (lane % 4)): a0 = A[g][c..c+1], a1 = A[g+8][c..], a2 = A[g][c+8..],
 // a3 = A[g+8][c+8..]; b0 = B[c..c+1][g], b1 = B[c+8..c+9][g]; d0,d1 = D[g][c..c+1],

@@ -13,13 +13,16 @@ struct TunedBackward;
 // BackwardConfig<Element, head dim, query rows per step, keys per CTA, warps>.
 // The key-parallel kernel keeps dK and dV of kBlockN keys x the head dim in fp32 registers
 // for its whole walk: 2 kBlockN D / (32 warps) per thread, so that product sets the shapes.
-// Up to 128: 64 x 64 tiles with 8 warps. dK + dV take D / 2 registers per thread (64 at 128),
-// S and dP 16 each, a dQ chunk D / 4; shared memory (Q, dO double-buffered, K, V, P, dS) is
-// 121 KiB at 128 and 63 KiB at 64.
-template <typename E> struct TunedBackward<E, 32> { using Config = BackwardConfig<E, 32, 64, 64, 8>; };
-template <typename E> struct TunedBackward<E, 64> { using Config = BackwardConfig<E, 64, 64, 64, 8>; };
-template <typename E> struct TunedBackward<E, 96> { using Config = BackwardConfig<E, 96, 64, 64, 8>; };
-template <typename E> struct TunedBackward<E, 128> { using Config = BackwardConfig<E, 128, 64, 64, 8>; };
+// Up to 128: 64 query rows x 128 keys per CTA, 8 warps (FA2's shape for these head dims).
+// Against 64 keys (the first version, measured at 0.29-0.45x FA2 on the H200): each Q and dO
+// block loaded and each S/dP A-fragment read from shared memory serves twice the keys, and
+// the dQ atomics per FLOP halve. dK + dV take D registers per thread (128 at 128), S and dP
+// 32 each; ptxas: 247 registers at 64, 255 with a 16-byte spill at 96/128. Shared memory is
+// 174 KiB at 128: one CTA per SM, as the 64-key shape already had (by registers).
+template <typename E> struct TunedBackward<E, 32> { using Config = BackwardConfig<E, 32, 64, 128, 8>; };
+template <typename E> struct TunedBackward<E, 64> { using Config = BackwardConfig<E, 64, 64, 128, 8>; };
+template <typename E> struct TunedBackward<E, 96> { using Config = BackwardConfig<E, 96, 64, 128, 8>; };
+template <typename E> struct TunedBackward<E, 128> { using Config = BackwardConfig<E, 128, 64, 128, 8>; };
 // 160..256: 64 query rows x 32 keys per CTA, 8 warps. With 64 keys dK + dV alone would take
 // 128 registers per thread at 256; with 32 keys they take D / 4 (64 at 256) and each warp
 // owns 16 keys x D / 4 columns (5..8 n8 tiles). Shared memory is 176 KiB at 256 (one CTA per

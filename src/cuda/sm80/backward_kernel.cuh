@@ -435,10 +435,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
           for (int t = 0; t < kChunkTiles; ++t) {
             const int col = col0 + t * 8 + (lane % 4) * 2;
-            if (col < p.head_dim) {
-              atomicAdd(row + col, dq[t][2 * r]);
-              atomicAdd(row + col + 1, dq[t][2 * r + 1]);
-            }
+            if (col < p.head_dim) ptx::atomic_add_f32x2(row + col, dq[t][2 * r], dq[t][2 * r + 1]);
           }
         }
       }
