@@ -170,15 +170,10 @@ CudaDevice pick_device(const std::vector<CudaDevice>& devices, int32_t index) {
 }
 
 // cpu: the CPU. cuda: the GPU --device (in a build without CUDA the library refuses the call
-// itself; so it does a backward or dropout on cuda, for now). auto: the GPU when this build has
-// CUDA and sees a device, else the CPU; also the CPU for an explicit --dtype fp32, which only the
-// cpu backend takes, and for a backward or dropout, which only the cpu backend runs for now.
+// itself). auto: the GPU when this build has CUDA and sees a device, else the CPU; also the CPU
+// for an explicit --dtype fp32, which only the cpu backend takes.
 Placement place(const RunArgs& a) {
   if (a.backend == "cpu") return {Backend::CPU, "requested", std::nullopt};
-  if (a.backend == "auto" && a.backward)
-    return {Backend::CPU, "the backward runs on the cpu only for now", std::nullopt};
-  if (a.backend == "auto" && a.dropout > 0.0f)
-    return {Backend::CPU, "dropout runs on the cpu only for now", std::nullopt};
   if (!cuda_compiled()) {
     if (a.backend == "cuda") return {Backend::CUDA, "requested", std::nullopt};
     return {Backend::CPU, "this build has no CUDA backend", std::nullopt};

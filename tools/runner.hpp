@@ -69,8 +69,7 @@ class Runner {
 // slopes, cu_seqlens) and of `host_backward` when given (dout) to new buffers on CUDA device
 // `device`, allocates the outputs there (out, lse; dq, dk, dv) and creates a stream; finish()
 // copies the outputs back into the host views' buffers. A failing CUDA call throws
-// std::runtime_error "<what>: <cudaGetErrorString>"; everything is freed on every path. (The
-// library itself decides whether a backward runs on CUDA: today it refuses, as Unsupported.)
+// std::runtime_error "<what>: <cudaGetErrorString>"; everything is freed on every path.
 std::unique_ptr<Runner> make_device_runner(const ForwardCall& host,
                                            const std::optional<BackwardCall>& host_backward,
                                            int32_t device);
