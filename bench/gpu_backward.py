@@ -116,7 +116,8 @@ def make_sets(cfg: fw.Config, dtype: str, rotate_bytes: int, seed: int) -> list[
                   for _ in range(4)) for _ in range(n)]
 
 
-def prepare_ours(lib: fw.FlashAttnLib | None, sets: list[tuple], causal: bool) -> Prepared:
+def prepare_ours(lib: fw.FlashAttnLib | None, sets: list[tuple], causal: bool,
+                 deterministic: bool = False) -> Prepared:
     import torch
     if lib is None:
         raise RuntimeError("the library could not be loaded (see the run's metadata)")
@@ -134,7 +135,8 @@ def prepare_ours(lib: fw.FlashAttnLib | None, sets: list[tuple], causal: bool) -
         forward = lib.prepare_forward(T(q), T(k), T(v), T(out), T(lse), causal,
                                       fw.FA_BACKEND_CUDA, stream, keepalive=(q, k, v, out, lse))
         backward = BackwardCall(lib, [T(x) for x in (q, k, v, out, dout, lse, dq, dk, dv)],
-                                causal, stream, keepalive=(q, k, v, out, dout, lse, dq, dk, dv))
+                                causal, stream, deterministic=deterministic,
+                                keepalive=(q, k, v, out, dout, lse, dq, dk, dv))
         forward()  # out and lse for the backward-only timing
         calls.append(backward)
         bwd.append(backward)
@@ -320,7 +322,7 @@ def run_system(system: str, cfg: fw.Config, sets: list[tuple], lib, args,
     row = base_row(cfg, system, args.dtype)
     prepared = None
     try:
-        prepared = (prepare_ours(lib, sets, cfg.causal) if system == "ours"
+        prepared = (prepare_ours(lib, sets, cfg.causal, args.deterministic) if system == "ours"
                     else prepare_peer(system, sets, cfg.causal))
         first_calls(system, prepared)
         if reference_grads_of is not None:
@@ -604,6 +606,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget-s", type=float, default=480.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--deterministic", action="store_true",
+                   help="run ours in deterministic mode (fixed-order dQ, no atomics)")
     p.add_argument("--skip-peers", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
@@ -637,6 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ours: cannot load {args.lib}: {lib_error}", file=sys.stderr)
     meta = fw.run_metadata(args, lib, lib_error)
     meta["benchmark"] = "flashattn GPU backward"
+    meta["ours_mode"] = "deterministic" if args.deterministic else "default (dQ by atomics)"
     meta["flops"] = "fwd 4*B*H*S*S*D (halved when causal), bwd 2.5 fwd, fwd+bwd 3.5 fwd"
     meta["memory"] = ("extra_bytes = peak torch allocation during one forward + backward minus "
                       "the allocation before (inputs and dout excluded), plus, for ours, the "
