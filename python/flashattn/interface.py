@@ -11,8 +11,9 @@ _COMMON_ARGS = """\
         dropout_p: float. Dropout probability in [0, 1); pass 0.0 at evaluation time. Each
             probability is kept with probability 1 - dropout_p and scaled by 1/(1 - dropout_p);
             the mask comes from a Philox4x32-10 stream whose seed is drawn from torch's default
-            generator (torch.manual_seed governs it; NumPy inputs: np.random). CPU backend only
-            for now: on CUDA tensors dropout_p > 0 raises NotImplementedError.
+            generator (torch.manual_seed governs it; NumPy inputs: np.random). The CPU and
+            CUDA backends drop the same elements for the same seed. A CUDA forward with
+            dropout raises NotImplementedError where the library's CUDA forward lacks it.
         softmax_scale: float. The scaling of QK^T before the softmax. Default 1 / sqrt(headdim).
         causal: bool. Whether to apply the causal mask (bottom-right aligned; see below).
         window_size: (left, right). Sliding-window local attention when not (-1, -1); -1 means
@@ -22,8 +23,10 @@ _COMMON_ARGS = """\
         alibi_slopes: (nheads,) or (batch_size, nheads), fp32. A bias of
             -alibi_slope * |i + seqlen_k - seqlen_q - j| is added to the score of query i and
             key j.
-        deterministic: bool. Whether the backward is bitwise reproducible run to run (the CPU
-            backward always is).
+        deterministic: bool. Whether the backward is bitwise reproducible run to run. The
+            CPU backward always is; the CUDA backward by default adds dq with atomics (faster,
+            last bits vary run to run) and with deterministic=True computes dq in a fixed
+            order instead.
         return_attn_probs: bool. Also return the log-sum-exp; the third element, which
             upstream fills with the dropout-masked probabilities for testing only, is None:
             the probabilities are never materialised."""
