@@ -12,8 +12,7 @@ _COMMON_ARGS = """\
             probability is kept with probability 1 - dropout_p and scaled by 1/(1 - dropout_p);
             the mask comes from a Philox4x32-10 stream whose seed is drawn from torch's default
             generator (torch.manual_seed governs it; NumPy inputs: np.random). The CPU and
-            CUDA backends drop the same elements for the same seed. A CUDA forward with
-            dropout raises NotImplementedError where the library's CUDA forward lacks it.
+            CUDA backends drop the same elements for the same seed.
         softmax_scale: float. The scaling of QK^T before the softmax. Default 1 / sqrt(headdim).
         causal: bool. Whether to apply the causal mask (bottom-right aligned; see below).
         window_size: (left, right). Sliding-window local attention when not (-1, -1); -1 means

@@ -500,15 +500,6 @@ def test_dropout_backward_on_cuda_replays_the_cpu_forward_mask(dtype, causal):
     assert err > 10 * (grads[2].double() - grads64[2]).abs().max().item()
 
 
-def cuda_dropout_or_skip(call):
-    try:
-        return call()
-    except NotImplementedError as e:
-        if "dropout" in str(e):
-            pytest.skip(f"the library's CUDA forward has no dropout yet: {e}")
-        raise
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_dropout_forward_on_cuda(dtype, causal):
@@ -522,7 +513,7 @@ def test_dropout_forward_on_cuda(dtype, causal):
         torch.manual_seed(seed)
         return flash_attn_func(q, k, v, dropout_p=P_DROP, causal=causal)
 
-    out = cuda_dropout_or_skip(lambda: seeded(99))
+    out = seeded(99)
     assert torch.equal(out, seeded(99)), "the same torch seed must give the same output"
     assert not torch.equal(out, seeded(100)), "another seed must give another mask"
 
