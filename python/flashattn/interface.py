@@ -3,7 +3,6 @@
 Each function takes PyTorch tensors (CPU or CUDA, differentiable; see flashattn.torch_ops) or,
 forward only, NumPy arrays / DLPack arrays (see flashattn._array).
 """
-import sys
 
 from . import _array
 
@@ -68,8 +67,10 @@ _RETURNS = """\
 
 
 def _is_torch(x) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
+    # By the class alone: torch.compile traces this function, and a sys.modules lookup while
+    # tracing made dynamo iterate that dict as imports changed it ("dictionary changed size
+    # during iteration", seen on the H200 run). Tensor subclasses (Parameter, ...) count too.
+    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in type(x).__mro__)
 
 
 def _window(window_size):
