@@ -351,7 +351,7 @@ def run_system(system: str, cfg: fw.Config, sets: list[tuple], lib, args,
 
 def run_benchmark(args, meta: dict, lib) -> list[dict]:
     import torch
-    systems = ["ours"] + ([] if args.skip_peers else list(PEERS))
+    systems = ["ours"] + ([] if args.skip_peers else list(args.peers))
     grid = fw.build_grid(args)
     checked: set[tuple[int, bool]] = set()
     rows: list[dict] = []
@@ -606,6 +606,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget-s", type=float, default=480.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--peers", type=fw.peer_list, default=list(PEERS),
+                   help="comma-separated subset of " + ",".join(PEERS) + " (default: all)")
     p.add_argument("--deterministic", action="store_true",
                    help="run ours in deterministic mode (fixed-order dQ, no atomics)")
     p.add_argument("--skip-peers", action="store_true")

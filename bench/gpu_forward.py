@@ -106,6 +106,8 @@ def peer_list(text: str) -> list[str]:
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
     return names
+
+
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                  "efficient": "EFFICIENT_ATTENTION"}
 TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}  # absolute, on outputs of magnitude ~1

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Profiles one benchmark shape (default: hdim 128, seqlen 4k, non-causal, bf16) with Nsight
-# Compute, our forward kernel and PyTorch's FlashAttention-2 kernel on the same inputs, so the
-# two can be compared metric by metric: instructions, stall reasons, pipe utilisation, bank
-# conflicts, spills. Reports in $OUT (or ./gpu-results).
-#   scripts/gpu_profile.sh [hdim] [seqlen] [causal]
+# Compute, our kernel and PyTorch's FlashAttention-2 kernel on the same inputs, so the two can
+# be compared metric by metric: instructions, stall reasons, pipe utilisation, bank
+# conflicts, spills. Forward by default; `bwd` profiles the backward's main kernels (ours:
+# the key-parallel dK/dV kernel; FA2: its dq_dk_dv kernel). Reports in $OUT (./gpu-results).
+#   scripts/gpu_profile.sh [hdim] [seqlen] [causal] [fwd|bwd]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-hdim=${1:-128}; seqlen=${2:-4096}; causal=${3:-no}
+hdim=${1:-128}; seqlen=${2:-4096}; causal=${3:-no}; pass=${4:-fwd}
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -18,15 +19,24 @@ fi
 sections="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
   --section InstructionStats --section SchedulerStats --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis_Tables"
+bench=bench/gpu_forward.py
+[ "$pass" = bwd ] && bench=bench/gpu_backward.py
 for who in ours flash; do
-  if [ $who = ours ]; then regex=forward_kernel; peers=""; else regex=flash_fwd; peers=flash; fi
+  if [ $who = ours ]; then peers=""; else peers=flash; fi
+  case "$pass-$who" in
+    fwd-ours) regex=forward_kernel ;;
+    fwd-flash) regex=flash_fwd ;;
+    bwd-ours) regex=backward_dkdv_kernel ;;
+    bwd-flash) regex=flash_bwd_dq_dk_dv ;;
+  esac
   ncu --kernel-name "regex:$regex" --launch-skip 3 --launch-count 1 $sections --import-source no \
-    -o "$out/profile_$who" \
-    python3 bench/gpu_forward.py --lib build-gpu/src/libflashattn_c.so --out "/tmp/profile-$who" \
+    -o "$out/profile_${pass}_$who" \
+    python3 "$bench" --lib build-gpu/src/libflashattn_c.so --out "/tmp/profile-$pass-$who" \
     --peers "$peers" --hdims "$hdim" --seqlens "$seqlen" --causal "$causal" --repeat 5 \
-    >"$out/ncu_$who.log" 2>&1
-  ncu --import "$out/profile_$who.ncu-rep" --page details --print-units base >"$out/details_$who.txt" 2>&1
-  echo "== $who ($regex)"
+    >"$out/ncu_${pass}_$who.log" 2>&1
+  ncu --import "$out/profile_${pass}_$who.ncu-rep" --page details --print-units base \
+    >"$out/details_${pass}_$who.txt" 2>&1
+  echo "== $pass $who ($regex)"
   grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Local|Bank" \
-    "$out/details_$who.txt" | head -20
+    "$out/details_${pass}_$who.txt" | head -20
 done
