@@ -3,7 +3,10 @@
 // workspace it reports, the caller's stream, and the validation rules of the CUDA path.
 // Compiled into test_backward_cuda only.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "support.hpp"
 
@@ -347,6 +350,70 @@ TEST(CudaBackwardErrors, Fp32IsRejectedClearly) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
     EXPECT_EQ(e.argument(), "q") << e.what();
+  }
+}
+
+// Sets an environment variable for one test and restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// Where no tile shape of a head dim fits the GPU's shared memory per block (here the limit
+// is lowered to an sm_86/sm_89 GPU's 99 KiB: the backward's smallest hdim-256 tile needs
+// 107 KiB), the call is a clear Unsupported error naming head_dim, raised before any kernel
+// runs, so the gradients stay as they were.
+TEST(CudaSharedMemory, NoFittingBackwardTileIsAClearError) {
+  ScopedEnv limit("FLASHATTN_CUDA_SMEM_LIMIT", "101376");
+  Case c = ErrorProblem::small();
+  c.head_dim = 256;
+  GpuProblem p(c, Options{});
+  DeviceTensors d(p);
+  d.dq.poison();
+  try {
+    flashattn::backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(),
+                        d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(), {},
+                        on(Backend::CUDA));
+    ADD_FAILURE() << "the backward ran with tiles larger than the allowed shared memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+    EXPECT_EQ(e.argument(), "head_dim") << e.what();
+    EXPECT_NE(std::string(e.what()).find("101376 bytes"), std::string::npos) << e.what();
+  }
+  cuda_check(cudaDeviceSynchronize(), "sync");
+  d.dq.download();
+  for (size_t n = 0; n < p.dq.bytes.size(); ++n)  // still the poison's all-ones bytes
+    ASSERT_EQ(p.dq.bytes[n], 0xff) << "dq written at byte " << n;
+}
+
+// The same for the forward, with a limit below its smallest hdim-256 tile (99 KiB).
+TEST(CudaSharedMemory, NoFittingForwardTileIsAClearError) {
+  ScopedEnv limit("FLASHATTN_CUDA_SMEM_LIMIT", "65536");
+  Case c = ErrorProblem::small();
+  c.head_dim = 256;
+  GpuProblem p(c, Options{});
+  DeviceTensors d(p);
+  d.out.poison();
+  try {
+    flashattn::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), {},
+                       on(Backend::CUDA));
+    ADD_FAILURE() << "the forward ran with tiles larger than the allowed shared memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+    EXPECT_EQ(e.argument(), "head_dim") << e.what();
   }
 }
 

@@ -2,6 +2,9 @@
 // devices the runtime can see (none on a machine without a driver or GPU, with the reason).
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <atomic>
+#include <cstdlib>
 #include <sstream>
 
 #include "cuda/devices.hpp"
@@ -78,6 +81,33 @@ PointerLocation locate(const void* pointer) {
       break;
   }
   return where;
+}
+
+int64_t shared_bytes_per_block_limit() {
+  // The device attribute once per device (it cannot change); the override on every call, so
+  // that a test can set it for one case.
+  static std::array<std::atomic<int64_t>, 64> cached{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  int64_t limit = device >= 0 && device < 64 ? cached[size_t(device)].load() : 0;
+  if (limit == 0) {
+    int bytes = 0;
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    limit = bytes;
+    if (device >= 0 && device < 64) cached[size_t(device)].store(limit);
+  }
+  if (const char* forced = std::getenv("FLASHATTN_CUDA_SMEM_LIMIT")) {
+    const long long value = std::atoll(forced);
+    if (value > 0 && value < limit) limit = value;
+  }
+  return limit;
 }
 
 }  // namespace flashattn::detail::cuda

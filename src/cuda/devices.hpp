@@ -2,6 +2,7 @@
 // (src/cuda/no_cuda.cpp) and by the CUDA runtime otherwise (src/cuda/devices.cu).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,5 +21,11 @@ struct PointerLocation {
   int device = -1;  // for Device
 };
 PointerLocation locate(const void* pointer);
+
+// The most dynamic shared memory one block may use on the current device (the opt-in limit:
+// 227 KiB on Hopper, 163 KiB on A100, 99 KiB on sm_86/sm_89), which decides the tile shapes
+// a kernel can launch with. FLASHATTN_CUDA_SMEM_LIMIT=<bytes> lowers it (never raises it),
+// so the tests can run the smaller GPUs' shapes on a large one.
+int64_t shared_bytes_per_block_limit();
 
 }  // namespace flashattn::detail::cuda

@@ -3,6 +3,7 @@
 // measured on the H200 with bench/gpu_backward.py).
 #pragma once
 
+#include "cuda/common/fit.cuh"
 #include "cuda/sm80/backward_kernel.cuh"
 
 namespace flashattn::detail::cuda::sm80 {
@@ -11,6 +12,10 @@ template <typename Element, int kHeadDim>
 struct TunedBackward;
 
 // BackwardConfig<Element, head dim, query rows per step, keys per CTA, warps>.
+// Candidates: the tuned shape first (H200, 227 KiB of shared memory per block), then smaller
+// ones for an A100 (163 KiB) and sm_86/sm_89 GPUs (99 KiB): 64 keys per CTA, then 32 query
+// rows per step (up to 128), or 32 x 32 tiles with 4 warps (160..256; at 256 that still
+// needs 107 KiB, so the 99 KiB GPUs have no backward at head dims above 224).
 // The key-parallel kernel keeps dK and dV of kBlockN keys x the head dim in fp32 registers
 // for its whole walk: 2 kBlockN D / (32 warps) per thread, so that product sets the shapes.
 // Up to 128: 64 query rows x 128 keys per CTA, 8 warps (FA2's shape for these head dims).
@@ -19,18 +24,35 @@ struct TunedBackward;
 // the dQ atomics per FLOP halve. dK + dV take D registers per thread (128 at 128), S and dP
 // 32 each; ptxas: 247 registers at 64, 255 with a 16-byte spill at 96/128. Shared memory is
 // 174 KiB at 128: one CTA per SM, as the 64-key shape already had (by registers).
-template <typename E> struct TunedBackward<E, 32> { using Config = BackwardConfig<E, 32, 64, 128, 8>; };
-template <typename E> struct TunedBackward<E, 64> { using Config = BackwardConfig<E, 64, 64, 128, 8>; };
-template <typename E> struct TunedBackward<E, 96> { using Config = BackwardConfig<E, 96, 64, 128, 8>; };
-template <typename E> struct TunedBackward<E, 128> { using Config = BackwardConfig<E, 128, 64, 128, 8>; };
+template <typename E> struct TunedBackward<E, 32> {
+  using Configs = Candidates<BackwardConfig<E, 32, 64, 128, 8>>;
+};
+template <typename E> struct TunedBackward<E, 64> {
+  using Configs = Candidates<BackwardConfig<E, 64, 64, 128, 8>, BackwardConfig<E, 64, 64, 64, 8>>;
+};
+template <typename E> struct TunedBackward<E, 96> {
+  using Configs = Candidates<BackwardConfig<E, 96, 64, 128, 8>, BackwardConfig<E, 96, 64, 64, 8>>;
+};
+template <typename E> struct TunedBackward<E, 128> {
+  using Configs = Candidates<BackwardConfig<E, 128, 64, 128, 8>, BackwardConfig<E, 128, 64, 64, 8>,
+                                 BackwardConfig<E, 128, 32, 64, 8>>;
+};
 // 160..256: 64 query rows x 32 keys per CTA, 8 warps. With 64 keys dK + dV alone would take
 // 128 registers per thread at 256; with 32 keys they take D / 4 (64 at 256) and each warp
 // owns 16 keys x D / 4 columns (5..8 n8 tiles). Shared memory is 176 KiB at 256 (one CTA per
 // SM); K and V are re-read from L2 by twice as many CTAs, which the 64-row steps amortise.
-template <typename E> struct TunedBackward<E, 160> { using Config = BackwardConfig<E, 160, 64, 32, 8>; };
-template <typename E> struct TunedBackward<E, 192> { using Config = BackwardConfig<E, 192, 64, 32, 8>; };
-template <typename E> struct TunedBackward<E, 224> { using Config = BackwardConfig<E, 224, 64, 32, 8>; };
-template <typename E> struct TunedBackward<E, 256> { using Config = BackwardConfig<E, 256, 64, 32, 8>; };
+template <typename E> struct TunedBackward<E, 160> {
+  using Configs = Candidates<BackwardConfig<E, 160, 64, 32, 8>, BackwardConfig<E, 160, 32, 32, 4>>;
+};
+template <typename E> struct TunedBackward<E, 192> {
+  using Configs = Candidates<BackwardConfig<E, 192, 64, 32, 8>, BackwardConfig<E, 192, 32, 32, 4>>;
+};
+template <typename E> struct TunedBackward<E, 224> {
+  using Configs = Candidates<BackwardConfig<E, 224, 64, 32, 8>, BackwardConfig<E, 224, 32, 32, 4>>;
+};
+template <typename E> struct TunedBackward<E, 256> {
+  using Configs = Candidates<BackwardConfig<E, 256, 64, 32, 8>, BackwardConfig<E, 256, 32, 32, 4>>;
+};
 
 // Defined once per (dtype, bucket) in its own generated file, so the kernels compile in parallel.
 template <typename Element, int kHeadDim>

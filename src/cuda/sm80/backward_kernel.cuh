@@ -92,6 +92,9 @@ struct BackwardConfig {
   static constexpr int kDkdvSharedBytes = 4 * kQBytes + 2 * kKBytes + 2 * kPBytes + 4 * kRowStatBytes;
   // dQ kernel: Q, dO, K and V (2 stages each), dS, lse and D.
   static constexpr int kDqSharedBytes = 2 * kQBytes + 4 * kKBytes + kPBytes + 2 * kRowStatBytes;
+  // What the device must allow for both modes (the dQ kernel runs in deterministic mode).
+  static constexpr int kMaxSharedBytes =
+      kDkdvSharedBytes > kDqSharedBytes ? kDkdvSharedBytes : kDqSharedBytes;
 
   static_assert(kHeadDim % 32 == 0 && kBlockM % 16 == 0 && kBlockN % 16 == 0, "tile shapes");
   static_assert(kWarps % kWarpsM == 0 && kWarps % kWarpsKeys == 0, "warp layouts");

@@ -2,6 +2,7 @@
 // (registers and spills from `nvcc -Xptxas -v`; speed in docs/PERFORMANCE.md).
 #pragma once
 
+#include "cuda/common/fit.cuh"
 #include "cuda/sm80/forward_kernel.cuh"
 
 namespace flashattn::detail::cuda::sm80 {
@@ -10,28 +11,50 @@ template <typename Element, int kHeadDim>
 struct TunedForward;
 
 // ForwardConfig<Element, head dim, keys per step, warps, m16 tiles per warp, Q in registers>.
+// Candidates: the tuned shape first (measured on the H200: 227 KiB of shared memory per
+// block), then, where it needs more than an A100 (163 KiB) or an sm_86/sm_89 GPU (99 KiB)
+// allows, the shape with the next smaller key step or row block that fits there: 32-key steps
+// (measured on the H200 at 8-20 % below 64-key ones) and, last, 64-row CTAs of 4 warps.
 // Two m-tiles per warp wherever registers allow: each K and V fragment read from shared
 // memory then feeds two MMAs, halving shared-memory traffic per FLOP (with one m-tile the
 // loads alone take as long as the MMAs). 4 warps x 32 rows = 128-row CTAs.
 // Up to 64: O is <= 64 registers. Measured on the H200 (scripts/gpu_tune.sh, hdim 64):
 // 128-key steps with Q re-read from shared memory beat 64-key steps with Q in registers by
 // 2-6 % (fewer syncs and rescales); with Q in registers as well they spill and lose 8-10 %.
-template <typename E> struct TunedForward<E, 32> { using Config = ForwardConfig<E, 32, 128, 4, 2, false>; };
-template <typename E> struct TunedForward<E, 64> { using Config = ForwardConfig<E, 64, 128, 4, 2, false>; };
+template <typename E> struct TunedForward<E, 32> {
+  using Configs = Candidates<ForwardConfig<E, 32, 128, 4, 2, false>>;
+};
+template <typename E> struct TunedForward<E, 64> {
+  using Configs = Candidates<ForwardConfig<E, 64, 128, 4, 2, false>>;
+};
 // 96..128: O is up to 128 registers, so Q is re-read per k-step. 64-key steps: ptxas reports
 // a ~60-byte spill there (against ~16 bytes with 32-key steps), but measured on the H200
 // (scripts/gpu_tune.sh, hdim 128) 64-key steps are 8-10 % faster: half the syncs and O
 // rescales outweigh the spill traffic, which stays in L1.
-template <typename E> struct TunedForward<E, 96> { using Config = ForwardConfig<E, 96, 64, 4, 2, false>; };
-template <typename E> struct TunedForward<E, 128> { using Config = ForwardConfig<E, 128, 64, 4, 2, false>; };
+template <typename E> struct TunedForward<E, 96> {
+  using Configs = Candidates<ForwardConfig<E, 96, 64, 4, 2, false>>;
+};
+template <typename E> struct TunedForward<E, 128> {
+  using Configs = Candidates<ForwardConfig<E, 128, 64, 4, 2, false>, ForwardConfig<E, 128, 32, 4, 2, false>>;
+};
 // 160..256: O alone would exceed the register file with two m-tiles, so one m-tile per warp
 // and 8 warps keep the 128-row CTA (K/V read from L2 once per 128 query rows). 64-key steps
 // halve the syncs and O rescales of 32-key steps; at 256, Q + 2 stages of K and V take
 // 203 KiB of shared memory: one CTA (8 warps) per SM.
-template <typename E> struct TunedForward<E, 160> { using Config = ForwardConfig<E, 160, 64, 8, 1, false>; };
-template <typename E> struct TunedForward<E, 192> { using Config = ForwardConfig<E, 192, 64, 8, 1, false>; };
-template <typename E> struct TunedForward<E, 224> { using Config = ForwardConfig<E, 224, 64, 8, 1, false>; };
-template <typename E> struct TunedForward<E, 256> { using Config = ForwardConfig<E, 256, 64, 8, 1, false>; };
+template <typename E> struct TunedForward<E, 160> {
+  using Configs = Candidates<ForwardConfig<E, 160, 64, 8, 1, false>, ForwardConfig<E, 160, 32, 8, 1, false>>;
+};
+template <typename E> struct TunedForward<E, 192> {
+  using Configs = Candidates<ForwardConfig<E, 192, 64, 8, 1, false>, ForwardConfig<E, 192, 32, 4, 1, false>>;
+};
+template <typename E> struct TunedForward<E, 224> {
+  using Configs = Candidates<ForwardConfig<E, 224, 64, 8, 1, false>, ForwardConfig<E, 224, 32, 8, 1, false>,
+                                         ForwardConfig<E, 224, 32, 4, 1, false>>;
+};
+template <typename E> struct TunedForward<E, 256> {
+  using Configs = Candidates<ForwardConfig<E, 256, 64, 8, 1, false>, ForwardConfig<E, 256, 32, 8, 1, false>,
+                                         ForwardConfig<E, 256, 32, 4, 1, false>>;
+};
 
 // Defined once per (dtype, bucket) in its own generated file, so the kernels compile in parallel.
 template <typename Element, int kHeadDim>

@@ -45,6 +45,7 @@ struct ForwardConfig {
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
   static constexpr int kSharedBytes =
       (kBlockM + 2 * 2 * kBlockN) * kRowStride * static_cast<int>(sizeof(Element));
+  static constexpr int kMaxSharedBytes = kSharedBytes;  // what the device must allow
   static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shapes");
 };
 
