@@ -16,6 +16,7 @@
 #include <string>
 
 #include "cuda/backward.hpp"
+#include "cuda/common/buckets.hpp"
 #include "cuda/sm80/backward_configs.cuh"
 
 namespace flashattn::detail::cuda {
@@ -101,22 +102,11 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
   }
 }
 
-int bucket_of(int head_dim) { return (head_dim + 31) / 32 * 32; }
-
 template <typename Element>
 void run_bucket(const sm80::BackwardKernelParams& kp) {
-  switch (bucket_of(kp.bp.fwd.head_dim)) {
-    case 32: return sm80::run_backward<Element, 32>(kp);
-    case 64: return sm80::run_backward<Element, 64>(kp);
-    case 96: return sm80::run_backward<Element, 96>(kp);
-    case 128: return sm80::run_backward<Element, 128>(kp);
-    case 160: return sm80::run_backward<Element, 160>(kp);
-    case 192: return sm80::run_backward<Element, 192>(kp);
-    case 224: return sm80::run_backward<Element, 224>(kp);
-    case 256: return sm80::run_backward<Element, 256>(kp);
-  }
-  throw Error(ErrorCode::Internal, "head_dim", "a multiple of 8 in [8, 256] after validation",
-              std::to_string(kp.bp.fwd.head_dim));
+  with_head_dim_bucket(kp.bp.fwd.head_dim, [&](auto bucket) {
+    sm80::run_backward<Element, decltype(bucket)::value>(kp);
+  });
 }
 
 template <typename Element>
@@ -176,7 +166,7 @@ size_t backward(const BackwardParams& bp) {
 
   sm80::BackwardKernelParams kp;
   kp.bp = bp;
-  kp.accum_dim = bucket_of(p.head_dim);
+  kp.accum_dim = head_dim_bucket(p.head_dim);
   if (p.dropout_p > 0.0f) {
     kp.dropout = make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p);
     kp.has_dropout = true;

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cuda/common/buckets.hpp"
 #include "cuda/forward.hpp"
 #include "cuda/sm80/forward_configs.cuh"
 
@@ -17,18 +18,9 @@ namespace {
 
 template <typename Element>
 void run_bucket(const ForwardParams& p) {
-  switch ((p.head_dim + 31) / 32 * 32) {
-    case 32: return sm80::run_forward<Element, 32>(p);
-    case 64: return sm80::run_forward<Element, 64>(p);
-    case 96: return sm80::run_forward<Element, 96>(p);
-    case 128: return sm80::run_forward<Element, 128>(p);
-    case 160: return sm80::run_forward<Element, 160>(p);
-    case 192: return sm80::run_forward<Element, 192>(p);
-    case 224: return sm80::run_forward<Element, 224>(p);
-    case 256: return sm80::run_forward<Element, 256>(p);
-  }
-  throw Error(ErrorCode::Internal, "head_dim", "a multiple of 8 in [8, 256] after validation",
-              std::to_string(p.head_dim));
+  with_head_dim_bucket(p.head_dim, [&](auto bucket) {
+    sm80::run_forward<Element, decltype(bucket)::value>(p);
+  });
 }
 
 }  // namespace
