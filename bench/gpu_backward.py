@@ -606,7 +606,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget-s", type=float, default=480.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--peers", type=fw.peer_list, default=list(PEERS),
+    p.add_argument("--peers", type=fw.peer_list_of(PEERS), default=list(PEERS),
                    help="comma-separated subset of " + ",".join(PEERS) + " (default: all)")
     p.add_argument("--deterministic", action="store_true",
                    help="run ours in deterministic mode (fixed-order dQ, no atomics)")

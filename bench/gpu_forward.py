@@ -100,12 +100,15 @@ DEFAULT_MEMORY_SEQLENS = (4096, 16384)
 PEERS = ("flash", "cudnn", "efficient", "naive")
 
 
-def peer_list(text: str) -> list[str]:
-    names = [name for name in text.split(",") if name]
-    unknown = [name for name in names if name not in PEERS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
-    return names
+def peer_list_of(known: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type for a comma-separated subset of `known` (each benchmark has its own)."""
+    def parse(text: str) -> list[str]:
+        names = [name for name in text.split(",") if name]
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown peer(s) {unknown}; known: {', '.join(known)}")
+        return names
+    return parse
 
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -1184,7 +1187,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: hdim 64,128, seqlen 512,2k, short timing")
     p.add_argument("--skip-peers", action="store_true", help="ours only")
-    p.add_argument("--peers", type=peer_list, default=list(PEERS),
+    p.add_argument("--peers", type=peer_list_of(PEERS), default=list(PEERS),
                    help="comma-separated subset of " + ",".join(PEERS) + " (default: all)")
     p.add_argument("--self-test-cpu", action="store_true",
                    help="check the ctypes binding on the CPU backend with numpy, then exit")
