@@ -74,11 +74,31 @@ typedef struct fa_run_info {
   int32_t backend; /* the backend that ran */
   size_t workspace_bytes;
   int32_t deterministic; /* 1: the result is bitwise reproducible */
+  int32_t num_splits;    /* fa_forward_kvcache: the key chunks it merged */
 } fa_run_info;
+
+/* A KV cache for fa_forward_kvcache (flashattn::KvCache documents every field). Optional
+ * tensors are NULL when absent. */
+typedef struct fa_kvcache {
+  size_t struct_size;
+  const fa_tensor* k_cache;
+  const fa_tensor* v_cache;
+  const fa_tensor* cache_seqlens;
+  const fa_tensor* k_new;
+  const fa_tensor* v_new;
+  const fa_tensor* rotary_cos;
+  const fa_tensor* rotary_sin;
+  int32_t rotary_interleaved;
+  const fa_tensor* cache_batch_idx;
+  const fa_tensor* cache_leftpad;
+  const fa_tensor* block_table;
+  int32_t num_splits; /* 0: choose */
+} fa_kvcache;
 
 void fa_options_init(fa_options* options);
 void fa_execution_init(fa_execution* execution);
 void fa_run_info_init(fa_run_info* info);
+void fa_kvcache_init(fa_kvcache* cache);
 
 /* Dense forward. lse, options, execution and info may be NULL (defaults / not wanted). */
 fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
@@ -108,6 +128,12 @@ fa_status fa_backward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_te
                              const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
                              int64_t max_seqlen_q, int64_t max_seqlen_k,
                              const fa_tensor* seqused_k, const fa_options* options,
+                             const fa_execution* execution, fa_run_info* info);
+
+/* KV-cache forward (decoding): appends cache->k_new/v_new in place, then attends q to the
+ * cache. lse, options, execution and info may be NULL. */
+fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, const fa_tensor* out,
+                             const fa_tensor* lse, const fa_options* options,
                              const fa_execution* execution, fa_run_info* info);
 
 /* The calling thread's last error message ("" when none). Valid until its next call. */

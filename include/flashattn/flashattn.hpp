@@ -127,6 +127,7 @@ struct RunInfo {
   size_t workspace_bytes = 0;      // peak memory the engine allocated beyond the caller's tensors
   bool deterministic = true;       // the result is bitwise reproducible (always, on the CPU;
                                    // on CUDA, the backward's Options::deterministic)
+  int32_t num_splits = 1;          // forward_kvcache: the key chunks it merged (after choosing)
 };
 
 // out = dropout(softmax(mask(scale * q k^T))) v, and lse = logsumexp of each row (skipped when absent).
@@ -138,6 +139,44 @@ RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorVie
                        const TensorView& out, const std::optional<TensorView>& lse,
                        const Varlen& varlen, const Options& options = {},
                        const Execution& execution = {});
+
+// A key/value cache for inference (SPEC.md, "KV cache"). Positions count from row 0 of a
+// sequence's cache; sequence b's keys are the cache positions
+//   cache_leftpad[b] .. cache_seqlens[b] + S_new - 1
+// (S_new = 0 without k_new), and q's rows are the last Sq of them (the usual bottom-right
+// alignment of causal and window masks). Every tensor lives on q's device. On the CUDA backend
+// the integer tensors are read by the kernels only: their values are trusted (the CPU backend
+// checks them), so a position past the cache is the caller's bug there.
+struct KvCache {
+  // Dense: (B_cache, S_cache, Hk, D), sequence b in row cache_batch_idx[b] (default b).
+  // Paged (block_table given): (num_pages, page_size, Hk, D), any page_size >= 1.
+  TensorView k_cache, v_cache;
+  TensorView cache_seqlens;  // int32 (B): positions already filled (cache_leftpad included)
+  // (B, S_new, Hk, D), q's dtype: written into the cache in place at positions
+  // cache_seqlens[b] .. cache_seqlens[b] + S_new - 1 before attending. Both or neither.
+  std::optional<TensorView> k_new, v_new;
+  // Rotary embedding, (S_rotary, rotary_dim / 2) each, q's dtype, rotary_dim even and <= D:
+  // rotates k_new at its cache positions, and q at positions cache_seqlens[b] + t when the
+  // call is causal or windowed (at cache_seqlens[b] for every t otherwise). Interleaved
+  // rotates the pairs (2i, 2i+1); otherwise (i, i + rotary_dim / 2) (GPT-NeoX). Both or neither.
+  std::optional<TensorView> rotary_cos, rotary_sin;
+  bool rotary_interleaved = false;
+  std::optional<TensorView> cache_batch_idx;  // int32 (B): the dense cache row of sequence b
+  std::optional<TensorView> cache_leftpad;    // int32 (B): the first position of sequence b
+  // int32 (B, max_pages): position p of sequence b lives in page block_table[b][p / page_size]
+  // at row p % page_size.
+  std::optional<TensorView> block_table;
+  // 0: choose; 1: one pass over the keys; n > 1: n key chunks whose partial (out, lse) pairs
+  // are merged exactly. RunInfo::num_splits reports what ran.
+  int32_t num_splits = 0;
+};
+
+// Decoding with a KV cache: appends k_new/v_new (rotated) in place, then
+// out = softmax(mask(scale * q k^T)) v over each sequence's cached keys. q (B, Sq, H, D),
+// out (B, Sq, H, D), lse (B, H, Sq) fp32. Options as for forward() except dropout.
+RunInfo forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                        const std::optional<TensorView>& lse, const Options& options = {},
+                        const Execution& execution = {});
 
 // Gradients of L = sum(dout * out) for a forward call with the same options: q, k, v, out
 // and lse (required) are the forward's inputs and outputs; dout has out's shape and dtype;

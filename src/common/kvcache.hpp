@@ -1,0 +1,84 @@
+// The normalised description of one forward_kvcache call (validated by src/api), and the
+// addressing rules of a KV cache, written once for every backend.
+//
+// attn describes the attention as a dense forward: q/out/lse and their strides as usual, k/v
+// pointing at the caches (k_batch_stride = the stride of the cache's first dimension: a
+// sequence row of a dense cache, a page of a paged one), seqlen_k = the positions a sequence
+// can hold. Which positions take part, and where they are, is decided per sequence here.
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_device.hpp"
+#include "common/params.hpp"
+
+namespace flashattn::detail {
+
+struct KvCacheParams {
+  ForwardParams attn;
+
+  const int32_t* cache_seqlens = nullptr;    // (B)
+  const int32_t* cache_batch_idx = nullptr;  // (B); null: sequence b uses cache row b
+  const int32_t* cache_leftpad = nullptr;    // (B); null: every sequence starts at position 0
+  const int32_t* block_table = nullptr;      // (B, max_pages); null: dense cache
+  int64_t block_table_batch_stride = 0;
+  int32_t page_size = 0;                     // paged only
+
+  // Appended keys and values (null: none), (B, seqlen_new, Hk, D), attn's dtype.
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int64_t seqlen_new = 0;
+  int64_t k_new_batch_stride = 0, k_new_row_stride = 0, k_new_head_stride = 0;
+  int64_t v_new_batch_stride = 0, v_new_row_stride = 0, v_new_head_stride = 0;
+
+  // Rotary (null: none): cos/sin (rotary_seqlen, rotary_dim / 2), attn's dtype.
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int64_t rotary_cos_row_stride = 0, rotary_sin_row_stride = 0;
+  int64_t rotary_seqlen = 0;
+  int32_t rotary_dim = 0;
+  bool rotary_interleaved = false;
+
+  // As asked: 0 = the backend chooses, else the number of key chunks.
+  int32_t num_splits = 0;
+
+  FA_HOST_DEVICE bool is_paged() const { return block_table != nullptr; }
+  // Queries take their rotary position from their own row when the mask depends on it.
+  FA_HOST_DEVICE bool rotary_q_per_row() const {
+    return attn.window_left >= 0 || attn.window_right >= 0;
+  }
+};
+
+// Sequence b's keys: the cache positions [begin, end) after the append, and the dense cache
+// row it lives in (ignored when paged). seqlen_k = end - begin is what the mask aligns to.
+struct KvSequence {
+  int64_t begin = 0, end = 0;
+  int64_t cache_row = 0;
+  FA_HOST_DEVICE int64_t seqlen_k() const { return end - begin; }
+};
+
+FA_HOST_DEVICE KvSequence kv_sequence(const KvCacheParams& p, int32_t b) {
+  KvSequence s;
+  s.begin = p.cache_leftpad != nullptr ? p.cache_leftpad[b] : 0;
+  s.end = int64_t{p.cache_seqlens[b]} + (p.k_new != nullptr ? p.seqlen_new : 0);
+  s.cache_row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b;
+  return s;
+}
+
+// The element offset of cache position `pos` of sequence b (head 0) in a cache with the given
+// strides: dense caches index (cache_row, pos); paged ones (block_table[b][pos / page_size],
+// pos % page_size).
+FA_HOST_DEVICE int64_t kv_position_offset(const KvCacheParams& p, int32_t b,
+                                          const KvSequence& s, int64_t pos,
+                                          int64_t batch_stride, int64_t row_stride) {
+  if (p.block_table == nullptr) return s.cache_row * batch_stride + pos * row_stride;
+  const int64_t page = p.block_table[b * p.block_table_batch_stride + pos / p.page_size];
+  return page * batch_stride + (pos % p.page_size) * row_stride;
+}
+
+// The rotary position of query row t (0-based) of sequence b.
+FA_HOST_DEVICE int64_t rotary_q_position(const KvCacheParams& p, int32_t b, int64_t t) {
+  return int64_t{p.cache_seqlens[b]} + (p.rotary_q_per_row() ? t : 0);
+}
+
+}  // namespace flashattn::detail
