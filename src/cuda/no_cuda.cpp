@@ -2,6 +2,7 @@
 #include "cuda/backward.hpp"
 #include "cuda/devices.hpp"
 #include "cuda/forward.hpp"
+#include "cuda/kvcache.hpp"
 
 namespace flashattn::detail::cuda {
 
@@ -22,6 +23,11 @@ size_t forward(const ForwardParams&) {  // unreachable: validation rejects the c
 }
 
 size_t backward(const BackwardParams&) {  // unreachable: validation rejects the cuda backend
+  throw Error(ErrorCode::Unsupported, "backend", "cpu or auto (this build has no CUDA backend)",
+              "cuda");
+}
+
+KvCacheRun forward_kvcache(const KvCacheParams&) {  // unreachable, as above
   throw Error(ErrorCode::Unsupported, "backend", "cpu or auto (this build has no CUDA backend)",
               "cuda");
 }

@@ -1,0 +1,12 @@
+// The CUDA backend's KV-cache forward entry point (host side).
+#pragma once
+
+#include "cpu/kvcache.hpp"  // KvCacheRun
+
+namespace flashattn::detail::cuda {
+
+// Runs the validated call on params.attn.stream: the split-KV kernel (append and rotary fused
+// in) and, when it split the keys, the combine kernel.
+KvCacheRun forward_kvcache(const KvCacheParams& params);
+
+}  // namespace flashattn::detail::cuda
