@@ -17,6 +17,7 @@
 
 #include "cuda/backward.hpp"
 #include "cuda/common/buckets.hpp"
+#include "cuda/common/stream_allocation.hpp"
 #include "cuda/sm80/backward_configs.cuh"
 
 namespace flashattn::detail::cuda {
@@ -123,33 +124,6 @@ void run_all(const sm80::BackwardKernelParams& kp) {
     backward_convert_dq_kernel<Element><<<rows_grid, kThreads, 0, stream>>>(kp);
 }
 
-void throw_if_failed(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(ErrorCode::Backend, "cuda", what,
-                std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status));
-}
-
-// The workspace, freed on the stream however the call ends.
-class StreamAllocation {
- public:
-  StreamAllocation(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes > 0)
-      throw_if_failed(cudaMallocAsync(&data_, bytes, stream),
-                      ("a successful cudaMallocAsync of the " + std::to_string(bytes) +
-                       "-byte backward workspace").c_str());
-  }
-  StreamAllocation(const StreamAllocation&) = delete;
-  StreamAllocation& operator=(const StreamAllocation&) = delete;
-  ~StreamAllocation() {
-    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
-  }
-  void* data() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
-
 }  // namespace
 
 size_t backward(const BackwardParams& bp) {
@@ -178,7 +152,7 @@ size_t backward(const BackwardParams& bp) {
       bp.deterministic ? 0 : static_cast<size_t>(rows) * kp.accum_dim * sizeof(float);
   const size_t delta_bytes = static_cast<size_t>(rows) * sizeof(float);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  StreamAllocation workspace(accum_bytes + delta_bytes, stream);
+  StreamAllocation workspace(accum_bytes + delta_bytes, stream, "backward workspace");
   char* base = static_cast<char*>(workspace.data());
   kp.dq_accum = accum_bytes > 0 ? reinterpret_cast<float*>(base) : nullptr;
   kp.delta = reinterpret_cast<float*>(base + accum_bytes);

@@ -110,4 +110,24 @@ int64_t shared_bytes_per_block_limit() {
   return limit;
 }
 
+int32_t multiprocessor_count() {
+  static std::array<std::atomic<int32_t>, 64> cached{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  int32_t count = device < 64 ? cached[size_t(device)].load() : 0;
+  if (count == 0) {
+    int value = 0;
+    if (cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    count = value;
+    if (device < 64) cached[size_t(device)].store(count);
+  }
+  return count;
+}
+
 }  // namespace flashattn::detail::cuda

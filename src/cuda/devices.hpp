@@ -28,4 +28,7 @@ PointerLocation locate(const void* pointer);
 // so the tests can run the smaller GPUs' shapes on a large one.
 int64_t shared_bytes_per_block_limit();
 
+// The current device's multiprocessor count (0 when it cannot be read): what a grid must fill.
+int32_t multiprocessor_count();
+
 }  // namespace flashattn::detail::cuda

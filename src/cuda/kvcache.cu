@@ -1,14 +1,122 @@
-// The KV-cache forward on CUDA. (Placeholder until the split-KV kernel lands: reports the
-// path as unsupported, so the CUDA tests of it fail loudly rather than pass.)
+// The KV-cache forward on CUDA (host side): tile shapes per head-dim bucket, the number of
+// key splits, the partial-result workspace, and the two launches (sm80/kvcache_kernel.cuh).
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <string>
 
+#include "cuda/common/buckets.hpp"
+#include "cuda/common/fit.cuh"
+#include "cuda/common/stream_allocation.hpp"
+#include "cuda/devices.hpp"
 #include "cuda/kvcache.hpp"
+#include "cuda/sm80/kvcache_kernel.cuh"
 
 namespace flashattn::detail::cuda {
+namespace {
 
-KvCacheRun forward_kvcache(const KvCacheParams&) {
-  throw Error(ErrorCode::Unsupported, "backend", "cpu (the cuda kv-cache kernel is not built yet)",
-              "cuda");
+using sm80::KvCacheConfig;
+
+// KvCacheConfig<Element, head dim, warps, stages>: 4 warps take 64 keys per block. Shared
+// memory per CTA: 40 KiB at 64 (4 stages), 109 KiB at 128 (3 stages: two CTAs per SM on
+// the H200, 2 blocks = 64 KiB of K and V in flight per CTA), 144 KiB at 256 (2 stages). Then
+// smaller shapes for GPUs with less shared memory per block (fit.cuh).
+template <typename E, int kHeadDim>
+struct TunedKvCache {
+  using Configs = Candidates<KvCacheConfig<E, kHeadDim, 4, (kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2)>,
+                             KvCacheConfig<E, kHeadDim, 4, 2>, KvCacheConfig<E, kHeadDim, 2, 2>>;
+};
+
+// Splits for num_splits = 0: one wave of CTAs over the SMs, each split keeping at least four
+// key blocks of the largest sequence the cache can hold (fewer blocks per split would spend
+// more on the combine than the extra parallelism gives back).
+int choose_splits(int64_t ctas, int64_t ctas_per_wave, int64_t capacity_blocks) {
+  if (ctas <= 0 || ctas_per_wave <= 0 || ctas * 5 >= ctas_per_wave * 4) return 1;
+  int64_t splits = (ctas_per_wave + ctas - 1) / ctas;
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, capacity_blocks / 4));
+  return static_cast<int>(std::min<int64_t>(splits, 128));
+}
+
+template <typename Cfg>
+KvCacheRun run_config(const KvCacheParams& kv) {
+  const ForwardParams& p = kv.attn;
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (Cfg::kSharedBytes > 48 * 1024) {
+    static const bool attributes_set = [] {
+      cudaFuncSetAttribute(sm80::kvcache_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           Cfg::kSharedBytes);
+      return true;  // a failure shows up as a launch error
+    }();
+    (void)attributes_set;
+  }
+  sm80::KvCacheKernelParams kp;
+  kp.kv = kv;
+  const int64_t rows = p.seqlen_q * p.group_size();
+  kp.row_blocks = static_cast<int32_t>(std::max<int64_t>(1, (rows + Cfg::kBlockM - 1) / Cfg::kBlockM));
+  if (int64_t{p.heads_k} * kp.row_blocks > 65535)
+    throw Error(ErrorCode::Unsupported, "q",
+                "at most 65535 (kv heads x blocks of 16 packed query rows) on the cuda backend",
+                std::to_string(int64_t{p.heads_k} * kp.row_blocks));
+  kp.num_splits = kv.num_splits;
+  if (kp.num_splits == 0) {
+    static const int ctas_per_sm = [] {
+      int n = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, sm80::kvcache_kernel<Cfg>, Cfg::kThreads,
+                                                        Cfg::kSharedBytes) != cudaSuccess) {
+        cudaGetLastError();
+        n = 1;
+      }
+      return std::max(n, 1);
+    }();
+    const int64_t ctas = int64_t{p.batch} * p.heads_k * kp.row_blocks;
+    kp.num_splits = choose_splits(ctas, int64_t{multiprocessor_count()} * ctas_per_sm,
+                                  (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  }
+  // More splits than the longest possible sequence has key blocks only adds empty CTAs.
+  kp.num_splits = static_cast<int32_t>(std::clamp<int64_t>(
+      kp.num_splits, 1, std::max<int64_t>(1, (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN)));
+
+  const int64_t out_rows = int64_t{p.batch} * p.heads * p.seqlen_q;
+  const size_t partial_bytes =
+      kp.num_splits > 1 ? static_cast<size_t>(kp.num_splits) * out_rows * (p.head_dim + 1) * sizeof(float)
+                        : 0;
+  StreamAllocation workspace(partial_bytes, stream, "kv-cache split workspace");
+  if (partial_bytes > 0) {
+    kp.partial_out = static_cast<float*>(workspace.data());
+    kp.partial_lse = kp.partial_out + static_cast<int64_t>(kp.num_splits) * out_rows * p.head_dim;
+  }
+  const dim3 grid(static_cast<unsigned>(kp.num_splits),
+                  static_cast<unsigned>(int64_t{p.heads_k} * kp.row_blocks),
+                  static_cast<unsigned>(p.batch));
+  sm80::kvcache_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(kp);
+  if (kp.num_splits > 1 && out_rows > 0) {
+    const unsigned blocks = static_cast<unsigned>((out_rows + sm80::kCombineWarps - 1) / sm80::kCombineWarps);
+    sm80::kvcache_combine_kernel<typename Cfg::Element><<<blocks, 32 * sm80::kCombineWarps, 0, stream>>>(kp);
+  }
+  throw_if_failed(cudaGetLastError(), "successful kv-cache kernel launches");
+  return KvCacheRun{partial_bytes, kp.num_splits};
+}
+
+template <typename Element>
+KvCacheRun run_dtype(const KvCacheParams& kv) {
+  KvCacheRun result;
+  with_head_dim_bucket(kv.attn.head_dim, [&](auto bucket) {
+    launch_first_fitting(typename TunedKvCache<Element, decltype(bucket)::value>::Configs{},
+                         kv.attn.head_dim, "kv-cache",
+                         [&](auto config) { result = run_config<decltype(config)>(kv); });
+  });
+  return result;
+}
+
+}  // namespace
+
+KvCacheRun forward_kvcache(const KvCacheParams& kv) {
+  const ForwardParams& p = kv.attn;
+  if (p.batch > 65535)
+    throw Error(ErrorCode::Unsupported, "q", "a batch of at most 65535 on the cuda backend",
+                "B = " + std::to_string(p.batch));
+  if (p.batch == 0) return {};
+  return p.dtype == DType::Float16 ? run_dtype<__half>(kv) : run_dtype<__nv_bfloat16>(kv);
 }
 
 }  // namespace flashattn::detail::cuda

@@ -1,0 +1,467 @@
+// The sm80 KV-cache (decoding) kernel: split-KV attention over a dense or paged cache, with
+// the append of k_new/v_new and the rotary embedding fused in, and the combine kernel that
+// merges the splits' partial results exactly.
+//
+// Decoding reads the whole cache to produce a handful of query rows, so the kernel is built
+// to stream K and V at memory bandwidth rather than to saturate the tensor cores:
+//
+// - GQA packing: a CTA owns one (batch, kv head) and 16 "packed" rows, row r being query
+//   position t = r / G of query head hk * G + r % G (G = H / Hk): the query heads that share a
+//   kv head read each K/V tile once, together (one query token with G = 4 fills 4 rows).
+// - Split-KV: grid.x splits each sequence's keys into num_splits equal runs of key blocks, so
+//   that a batch of one still puts every SM to work; each split writes a normalised partial
+//   output and its log-sum-exp (fp32), and kvcache_combine_kernel merges them:
+//   lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s.
+// - Inside a CTA the warps split the keys again: warp w takes keys 16w..16w+15 of every
+//   kBlockN-key block (S = Q K^T and O += P V with mma.sync on a 16-key slice), keeping its own
+//   running max, sum and O; the warps' results are merged through shared memory at the end.
+// - K and V stream through kStages shared-memory stages with cp.async, kStages - 1 blocks in
+//   flight, addressed row by row so that a paged cache of any page size costs one block-table
+//   lookup per row.
+// - Append: positions cache_seqlens[b] .. + S_new - 1 are read from k_new/v_new (k_new
+//   rotated and rounded to the cache dtype, exactly what is stored) instead of the cache, and
+//   written into the cache by the CTAs of row block 0 whose split covers them, so every new
+//   position is written once and no CTA reads a position another one writes.
+// - Rotary on q is applied while loading Q (each CTA rotates its own rows).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "common/kvcache.hpp"
+#include "common/mask.hpp"
+#include "cuda/common/ptx.cuh"
+
+namespace flashattn::detail::cuda::sm80 {
+
+template <typename Element_, int kHeadDim_, int kWarps_, int kStages_>
+struct KvCacheConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;  // the bucket: a multiple of 32
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kStages = kStages_;    // shared-memory stages of K and V
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockM = 16;          // packed query rows per CTA
+  static constexpr int kWarpKeys = 16;        // keys per warp per block
+  static constexpr int kBlockN = kWarpKeys * kWarps;
+  static constexpr int kRowStride = kHeadDim + 8;  // shared-memory row, in elements (see forward)
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kTileBytes = kBlockN * kRowStride * static_cast<int>(sizeof(Element));
+  static constexpr int kQBytes = kBlockM * kRowStride * static_cast<int>(sizeof(Element));
+  static constexpr int kSharedBytes = kQBytes + 2 * kStages * kTileBytes;
+  static constexpr int kMaxSharedBytes = kSharedBytes;
+  // The warps' partial results (O, max, sum per row; fp32) reuse the K/V stages at the end.
+  static constexpr int kPartialStride = kHeadDim + 4;  // floats per row of a warp's O
+  static constexpr int kPartialBytes = kWarps * kBlockM * (kPartialStride + 2) * 4;
+  static_assert(kPartialBytes <= 2 * kStages * kTileBytes, "partials fit in the stages");
+  static_assert(kHeadDim % 32 == 0 && kStages >= 2, "shapes");
+};
+
+// What the kernels need beyond the validated call.
+struct KvCacheKernelParams {
+  KvCacheParams kv;
+  int32_t num_splits = 1;
+  int32_t row_blocks = 1;          // ceil(Sq * G / 16), at least 1 (the append needs a CTA)
+  float* partial_out = nullptr;    // num_splits > 1: (num_splits, B, H, Sq, head_dim)
+  float* partial_lse = nullptr;    // num_splits > 1: (num_splits, B, H, Sq), natural log
+};
+
+// Element e of a row of head_dim values after the rotary embedding at position `pos`
+// (unchanged from rotary_dim on, or without rotary). Multiplications and the sum are rounded
+// separately (no fused multiply-add), the way the CPU engine computes it.
+template <typename Element>
+__device__ __forceinline__ float rotated(const Element* row, int e, const KvCacheParams& kv,
+                                         int64_t pos) {
+  const float x = static_cast<float>(row[e]);
+  if (kv.rotary_cos == nullptr || e >= kv.rotary_dim) return x;
+  const int half = kv.rotary_dim / 2;
+  const bool first = kv.rotary_interleaved ? e % 2 == 0 : e < half;
+  const int i = kv.rotary_interleaved ? e / 2 : (first ? e : e - half);
+  const int partner_index = kv.rotary_interleaved ? (first ? e + 1 : e - 1) : (first ? e + half : e - half);
+  const float partner = static_cast<float>(row[partner_index]);
+  const float c = static_cast<float>(
+      static_cast<const Element*>(kv.rotary_cos)[pos * kv.rotary_cos_row_stride + i]);
+  const float s = static_cast<float>(
+      static_cast<const Element*>(kv.rotary_sin)[pos * kv.rotary_sin_row_stride + i]);
+  return first ? __fsub_rn(__fmul_rn(x, c), __fmul_rn(partner, s))
+               : __fadd_rn(__fmul_rn(x, c), __fmul_rn(partner, s));
+}
+
+// Element offsets of cache position `pos` of sequence b in the K and the V cache (head 0).
+struct CacheOffsets {
+  int64_t k, v;
+};
+__device__ __forceinline__ CacheOffsets cache_offsets(const KvCacheParams& kv, int32_t b,
+                                                      const KvSequence& seq, int64_t pos) {
+  const ForwardParams& p = kv.attn;
+  if (!kv.is_paged())
+    return {seq.cache_row * p.k_batch_stride + pos * p.k_row_stride,
+            seq.cache_row * p.v_batch_stride + pos * p.v_row_stride};
+  const int64_t page = kv.block_table[b * kv.block_table_batch_stride + pos / kv.page_size];
+  const int64_t in_page = pos % kv.page_size;
+  return {page * p.k_batch_stride + in_page * p.k_row_stride,
+          page * p.v_batch_stride + in_page * p.v_row_stride};
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    kvcache_kernel(const __grid_constant__ KvCacheKernelParams kp) {
+  using Element = typename Cfg::Element;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  constexpr int kRowStride = Cfg::kRowStride, kStages = Cfg::kStages;
+  constexpr int kThreads = Cfg::kThreads, kWarps = Cfg::kWarps;
+  constexpr int kKSteps = kHeadDim / 16;
+  constexpr int kOTiles = kHeadDim / 8;
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr uint32_t kElementBytes = sizeof(Element);
+  const KvCacheParams& kv = kp.kv;
+  const ForwardParams& p = kv.attn;
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const uint32_t sQ = ptx::shared_address(shared_raw);
+  const uint32_t sK = sQ + Cfg::kQBytes;                     // kStages tiles
+  const uint32_t sV = sK + kStages * Cfg::kTileBytes;        // kStages tiles
+
+  const int split = blockIdx.x;
+  const int row_block = static_cast<int>(blockIdx.y) % kp.row_blocks;
+  const int hk = static_cast<int>(blockIdx.y) / kp.row_blocks;
+  const int b = blockIdx.z;
+  const int group = p.group_size();
+  const KvSequence seq = kv_sequence(kv, b);
+  const int64_t seqlen_k = seq.seqlen_k() > 0 ? seq.seqlen_k() : 0;
+  const int64_t cached_end = kv.cache_seqlens[b];  // positions below come from the cache
+  const int64_t seqlen_q = p.seqlen_q;
+
+  // This split's keys (indices relative to seq.begin): equal runs of whole key blocks.
+  const int64_t total_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
+  const int64_t blocks_per_split = (total_blocks + kp.num_splits - 1) / kp.num_splits;
+  const int64_t split_begin = split * blocks_per_split * kBlockN;
+  const int64_t split_end =
+      (split + 1) * blocks_per_split * kBlockN < seqlen_k ? (split + 1) * blocks_per_split * kBlockN
+                                                          : seqlen_k;
+
+  // The append: new positions of this split, once per (b, kv head).
+  if (kv.k_new != nullptr && row_block == 0) {
+    const int64_t first = seq.begin + split_begin > cached_end ? seq.begin + split_begin : cached_end;
+    const int64_t last = seq.begin + split_end;
+    const Element* k_new = static_cast<const Element*>(kv.k_new) + b * kv.k_new_batch_stride +
+                           hk * kv.k_new_head_stride;
+    const Element* v_new = static_cast<const Element*>(kv.v_new) + b * kv.v_new_batch_stride +
+                           hk * kv.v_new_head_stride;
+    for (int64_t idx = threadIdx.x; idx < (last - first) * p.head_dim; idx += kThreads) {
+      const int64_t pos = first + idx / p.head_dim;
+      const int e = static_cast<int>(idx % p.head_dim);
+      const int64_t t = pos - cached_end;  // row of k_new / v_new
+      const CacheOffsets at = cache_offsets(kv, b, seq, pos);
+      static_cast<Element*>(const_cast<void*>(p.k))[at.k + hk * p.k_head_stride + e] =
+          Element(rotated(k_new + t * kv.k_new_row_stride, e, kv, pos));
+      static_cast<Element*>(const_cast<void*>(p.v))[at.v + hk * p.v_head_stride + e] =
+          v_new[t * kv.v_new_row_stride + e];
+    }
+  }
+
+  // This CTA's packed rows and the keys they can see within the split.
+  const int64_t rows_total = seqlen_q * group;
+  const int64_t r0 = int64_t{row_block} * kBlockM;
+  const int rows_here =
+      rows_total - r0 >= kBlockM ? kBlockM : (rows_total - r0 > 0 ? static_cast<int>(rows_total - r0) : 0);
+  int64_t lo = split_begin, hi = split_end;
+  if (rows_here > 0) {
+    const KeyRange visible =
+        visible_keys_of_rows(r0 / group, (r0 + rows_here - 1) / group + 1, seqlen_q, seqlen_k,
+                             p.window_left, p.window_right);
+    lo = visible.begin > lo ? visible.begin : lo;
+    hi = visible.end < hi ? visible.end : hi;
+  }
+  const int64_t first_block = lo / kBlockN;
+  const int n_blocks = rows_here > 0 && lo < hi
+                           ? static_cast<int>((hi + kBlockN - 1) / kBlockN - first_block)
+                           : 0;
+
+  // Q: element by element (it is loaded once), rotated at its positions, zero-padded.
+  for (int idx = threadIdx.x; idx < kBlockM * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim, e = idx % kHeadDim;
+    float value = 0.0f;
+    if (r < rows_here && e < p.head_dim) {
+      const int64_t row = r0 + r, t = row / group;
+      const int h = hk * group + static_cast<int>(row % group);
+      const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
+                         t * p.q_row_stride + h * p.q_head_stride;
+      value = rotated(q, e, kv, rotary_q_position(kv, b, t));
+    }
+    const Element stored(value);
+    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(sQ + (r * kRowStride + e) * kElementBytes),
+                 "h"(*reinterpret_cast<const unsigned short*>(&stored)));
+  }
+
+  // K/V block loads: cached rows by cp.async (16-byte chunks, a fixed chunk per thread as in
+  // the forward's TileLoader), appended rows element by element from k_new/v_new, rows past
+  // the CTA's keys zero-filled (so that P = 0 meets finite V).
+  constexpr int kThreadsPerRow = Cfg::kChunksPerRow < 8 ? Cfg::kChunksPerRow : 8;
+  constexpr int kColumnPasses = (Cfg::kChunksPerRow + kThreadsPerRow - 1) / kThreadsPerRow;
+  constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
+  static_assert(kThreads % kThreadsPerRow == 0 && kBlockN % kRowsPerPass == 0, "loader");
+  const int load_row = threadIdx.x / kThreadsPerRow, load_chunk = threadIdx.x % kThreadsPerRow;
+  const Element* k_cache = static_cast<const Element*>(p.k) + hk * p.k_head_stride;
+  const Element* v_cache = static_cast<const Element*>(p.v) + hk * p.v_head_stride;
+  const auto load_block = [&](int n, int stage) {
+    const int64_t j0 = (first_block + n) * kBlockN;
+    const uint32_t k_tile = sK + stage * Cfg::kTileBytes, v_tile = sV + stage * Cfg::kTileBytes;
+#pragma unroll
+    for (int pass = 0; pass < kBlockN / kRowsPerPass; ++pass) {
+      const int row = load_row + pass * kRowsPerPass;
+      const int64_t j = j0 + row, pos = seq.begin + j;
+      const bool in_range = j < hi;
+      if (in_range && pos >= cached_end) continue;  // appended: written below
+      CacheOffsets at{0, 0};
+      if (in_range) at = cache_offsets(kv, b, seq, pos);
+#pragma unroll
+      for (int c = 0; c < kColumnPasses; ++c) {
+        const int chunk = load_chunk + c * kThreadsPerRow;
+        if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
+        const bool valid = in_range && chunk * 8 < p.head_dim;
+        const uint32_t offset = (row * kRowStride + chunk * 8) * kElementBytes;
+        ptx::cp_async_16(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
+        ptx::cp_async_16(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
+      }
+    }
+    if (kv.k_new != nullptr && seq.begin + j0 + kBlockN > cached_end) {
+      const int64_t first = cached_end - seq.begin > j0 ? cached_end - seq.begin : j0;
+      const int64_t last = j0 + kBlockN < hi ? j0 + kBlockN : hi;
+      for (int64_t idx = threadIdx.x; idx < (last - first) * kHeadDim; idx += kThreads) {
+        const int64_t j = first + idx / kHeadDim;
+        const int e = static_cast<int>(idx % kHeadDim);
+        const int64_t pos = seq.begin + j, t = pos - cached_end;
+        Element k_value(0.0f), v_value(0.0f);
+        if (e < p.head_dim) {
+          const Element* k_row = static_cast<const Element*>(kv.k_new) + b * kv.k_new_batch_stride +
+                                 t * kv.k_new_row_stride + hk * kv.k_new_head_stride;
+          k_value = Element(rotated(k_row, e, kv, pos));
+          v_value = static_cast<const Element*>(kv.v_new)[b * kv.v_new_batch_stride +
+                                                          t * kv.v_new_row_stride +
+                                                          hk * kv.v_new_head_stride + e];
+        }
+        const uint32_t offset = (static_cast<int>(j - j0) * kRowStride + e) * kElementBytes;
+        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(k_tile + offset),
+                     "h"(*reinterpret_cast<const unsigned short*>(&k_value)));
+        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(v_tile + offset),
+                     "h"(*reinterpret_cast<const unsigned short*>(&v_value)));
+      }
+    }
+  };
+
+  // Prologue: kStages - 1 blocks in flight (one commit group each, empty ones included, so
+  // that the wait count below is the same for every iteration).
+#pragma unroll
+  for (int n = 0; n < kStages - 1; ++n) {
+    if (n < n_blocks) load_block(n, n);
+    ptx::cp_async_commit();
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int quad_row = lane / 4, quad_col = (lane % 4) * 2;
+  // This lane's two rows (quad_row, quad_row + 8): their query position, the keys they may
+  // see within the split, and their ALiBi slope (in base-2 units).
+  int64_t row_t[2], row_lo[2], row_hi[2];
+  float row_slope[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = quad_row + 8 * rr;
+    const int64_t row = r0 + r;
+    row_t[rr] = row / group;
+    row_lo[rr] = row_hi[rr] = 0;
+    row_slope[rr] = 0.0f;
+    if (r < rows_here) {
+      const KeyRange visible =
+          visible_keys(row_t[rr], seqlen_q, seqlen_k, p.window_left, p.window_right);
+      row_lo[rr] = visible.begin > split_begin ? visible.begin : split_begin;
+      row_hi[rr] = visible.end < split_end ? visible.end : split_end;
+      if (p.alibi_slopes != nullptr)
+        row_slope[rr] = p.alibi_slopes[b * p.alibi_batch_stride + hk * group + row % group] * kLog2e;
+    }
+  }
+  const bool softcap = p.softcap > 0.0f;
+  const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+
+  float o[kOTiles][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // base-2 units
+  const uint32_t q_base = sQ + ((lane % 16) * kRowStride + (lane / 16) * 8) * kElementBytes;
+  const uint32_t k_lane = ((warp * 16 + lane % 8 + (lane / 16) * 8) * kRowStride + ((lane / 8) % 2) * 8) * kElementBytes;
+  const uint32_t v_lane = ((warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRowStride + (lane / 16) * 8) * kElementBytes;
+
+  for (int n = 0; n < n_blocks; ++n) {
+    const int stage = n % kStages;
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();  // block n has landed; every warp is done with block n - 1's stage
+    if (n + kStages - 1 < n_blocks) load_block(n + kStages - 1, (n + kStages - 1) % kStages);
+    ptx::cp_async_commit();
+
+    // S = Q K^T over this warp's 16 keys of the block.
+    const int64_t j0 = (first_block + n) * kBlockN + warp * 16;
+    float s[2][4] = {};
+    const uint32_t k_base = sK + stage * Cfg::kTileBytes + k_lane;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t qf[4], kf[4];
+      ptx::ldmatrix_x4(qf, q_base + kk * 16 * kElementBytes);
+      ptx::ldmatrix_x4(kf, k_base + kk * 16 * kElementBytes);
+      ptx::mma_16816<Element>(s[0], qf, kf[0], kf[1]);
+      ptx::mma_16816<Element>(s[1], qf, kf[2], kf[3]);
+    }
+
+    // Scores in base-2 units, softcap and ALiBi, the mask; then the online softmax.
+    float scale_o[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int64_t diagonal = row_t[rr] + seqlen_k - seqlen_q;
+      float block_max = -INFINITY;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t j = j0 + t * 8 + quad_col + e;
+          float x = s[t][2 * rr + e] * score_scale;
+          if (softcap) x = p.softcap * tanhf(x) * kLog2e;
+          const int64_t distance = diagonal - j;
+          x -= row_slope[rr] * static_cast<float>(distance < 0 ? -distance : distance);
+          if (j < row_lo[rr] || j >= row_hi[rr]) x = -INFINITY;
+          s[t][2 * rr + e] = x;
+          block_max = fmaxf(block_max, x);
+        }
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+      const float new_max = fmaxf(row_max[rr], block_max);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      scale_o[rr] = ptx::exp2_approx(row_max[rr] - base);
+      row_max[rr] = new_max;
+      float sum = 0.0f;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = ptx::exp2_approx(s[t][2 * rr + e] - base);
+          s[t][2 * rr + e] = pe;
+          sum += pe;
+        }
+      row_sum[rr] = row_sum[rr] * scale_o[rr] + sum;
+    }
+
+    // O += P V over the same 16 keys.
+    uint32_t pf[4];
+    pf[0] = ptx::pack2<Element>(s[0][0], s[0][1]);
+    pf[1] = ptx::pack2<Element>(s[0][2], s[0][3]);
+    pf[2] = ptx::pack2<Element>(s[1][0], s[1][1]);
+    pf[3] = ptx::pack2<Element>(s[1][2], s[1][3]);
+    const uint32_t v_base = sV + stage * Cfg::kTileBytes + v_lane;
+#pragma unroll
+    for (int t = 0; t < kOTiles; t += 2) {
+      o[t][0] *= scale_o[0];
+      o[t][1] *= scale_o[0];
+      o[t][2] *= scale_o[1];
+      o[t][3] *= scale_o[1];
+      o[t + 1][0] *= scale_o[0];
+      o[t + 1][1] *= scale_o[0];
+      o[t + 1][2] *= scale_o[1];
+      o[t + 1][3] *= scale_o[1];
+      uint32_t vf[4];
+      ptx::ldmatrix_x4_trans(vf, v_base + t * 8 * kElementBytes);
+      ptx::mma_16816<Element>(o[t], pf, vf[0], vf[1]);
+      ptx::mma_16816<Element>(o[t + 1], pf, vf[2], vf[3]);
+    }
+  }
+
+  // Merge the warps: each writes its O, max and sum per row into the (now idle) stages.
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  float* partial_o = reinterpret_cast<float*>(shared_raw + Cfg::kQBytes);
+  float* partial_max = partial_o + kWarps * kBlockM * Cfg::kPartialStride;
+  float* partial_sum = partial_max + kWarps * kBlockM;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = quad_row + 8 * rr;
+    float* row = partial_o + (warp * kBlockM + r) * Cfg::kPartialStride;
+#pragma unroll
+    for (int t = 0; t < kOTiles; ++t) {
+      row[t * 8 + quad_col] = o[t][2 * rr];
+      row[t * 8 + quad_col + 1] = o[t][2 * rr + 1];
+    }
+    float l = row_sum[rr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (lane % 4 == 0) {
+      partial_max[warp * kBlockM + r] = row_max[rr];
+      partial_sum[warp * kBlockM + r] = l;
+    }
+  }
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < rows_here * p.head_dim; idx += kThreads) {
+    const int r = idx / p.head_dim, d = idx % p.head_dim;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, partial_max[w * kBlockM + r]);
+    float l = 0.0f, acc = 0.0f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float weight = ptx::exp2_approx(partial_max[w * kBlockM + r] - m);
+        l += weight * partial_sum[w * kBlockM + r];
+        acc += weight * partial_o[(w * kBlockM + r) * Cfg::kPartialStride + d];
+      }
+    }
+    const float value = l == 0.0f ? 0.0f : acc / l;
+    const float lse = l == 0.0f ? -INFINITY : (m + log2f(l)) * 0.6931471805599453f;
+    const int64_t row = r0 + r, t = row / group;
+    const int h = hk * group + static_cast<int>(row % group);
+    if (kp.num_splits == 1) {
+      static_cast<Element*>(p.out)[b * p.out_batch_stride + t * p.out_row_stride +
+                                   h * p.out_head_stride + d] = Element(value);
+      if (d == 0 && p.lse != nullptr)
+        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + t] = lse;
+    } else {
+      const int64_t at = ((int64_t{split} * p.batch + b) * p.heads + h) * seqlen_q + t;
+      kp.partial_out[at * p.head_dim + d] = value;
+      if (d == 0) kp.partial_lse[at] = lse;
+    }
+  }
+}
+
+// Merges the splits: one warp per (b, h, t) row.
+constexpr int kCombineWarps = 4;
+
+template <typename Element>
+__global__ void __launch_bounds__(32 * kCombineWarps)
+    kvcache_combine_kernel(const __grid_constant__ KvCacheKernelParams kp) {
+  const ForwardParams& p = kp.kv.attn;
+  const int64_t rows = int64_t{p.batch} * p.heads * p.seqlen_q;
+  const int64_t row = int64_t{blockIdx.x} * kCombineWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int64_t t = row % p.seqlen_q;
+  const int64_t h = (row / p.seqlen_q) % p.heads, b = row / (p.seqlen_q * p.heads);
+  float m = -INFINITY;
+  for (int s = lane; s < kp.num_splits; s += 32) m = fmaxf(m, kp.partial_lse[s * rows + row]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  float sum = 0.0f;
+  if (m != -INFINITY)
+    for (int s = lane; s < kp.num_splits; s += 32) sum += __expf(kp.partial_lse[s * rows + row] - m);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float lse = sum == 0.0f ? -INFINITY : m + __logf(sum);
+  Element* out = static_cast<Element*>(p.out) + b * p.out_batch_stride + t * p.out_row_stride +
+                 h * p.out_head_stride;
+  for (int d = lane; d < p.head_dim; d += 32) {
+    float acc = 0.0f;
+    if (sum != 0.0f)
+      for (int s = 0; s < kp.num_splits; ++s) {
+        const float lse_s = kp.partial_lse[s * rows + row];
+        if (lse_s != -INFINITY) acc += __expf(lse_s - lse) * kp.partial_out[(s * rows + row) * p.head_dim + d];
+      }
+    out[d] = Element(acc);
+  }
+  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + t] = lse;
+}
+
+}  // namespace flashattn::detail::cuda::sm80
