@@ -27,12 +27,13 @@ struct TunedKvCache {
                              KvCacheConfig<E, kHeadDim, 4, 2>, KvCacheConfig<E, kHeadDim, 2, 2>>;
 };
 
-// Splits for num_splits = 0: one wave of CTAs over the SMs, each split keeping at least four
-// key blocks of the largest sequence the cache can hold (fewer blocks per split would spend
-// more on the combine than the extra parallelism gives back).
+// Splits for num_splits = 0: as many as fit in one wave of CTAs over the SMs (rounded down:
+// a second, partial wave would double the time of the last CTAs), each split keeping at
+// least four key blocks of the largest sequence the cache can hold (fewer blocks per split
+// would spend more on the combine than the extra parallelism gives back).
 int choose_splits(int64_t ctas, int64_t ctas_per_wave, int64_t capacity_blocks) {
   if (ctas <= 0 || ctas_per_wave <= 0 || ctas * 5 >= ctas_per_wave * 4) return 1;
-  int64_t splits = (ctas_per_wave + ctas - 1) / ctas;
+  int64_t splits = std::max<int64_t>(1, ctas_per_wave / ctas);
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, capacity_blocks / 4));
   return static_cast<int>(std::min<int64_t>(splits, 128));
 }
