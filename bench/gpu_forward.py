@@ -172,6 +172,7 @@ class FaRunInfo(ctypes.Structure):
         ("backend", ctypes.c_int32),
         ("workspace_bytes", ctypes.c_size_t),
         ("deterministic", ctypes.c_int32),
+        ("num_splits", ctypes.c_int32),  # fa_forward_kvcache: the key chunks it merged
     ]
 
 

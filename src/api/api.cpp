@@ -5,9 +5,11 @@
 #include "api/validate.hpp"
 #include "cpu/backward.hpp"
 #include "cpu/forward.hpp"
+#include "cpu/kvcache.hpp"
 #include "cuda/backward.hpp"
 #include "cuda/devices.hpp"
 #include "cuda/forward.hpp"
+#include "cuda/kvcache.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn {
@@ -147,6 +149,26 @@ RunInfo run(const detail::ValidatedBackward& call) {
               backend_name(call.backend));
 }
 
+RunInfo run(const detail::ValidatedKvCache& call) {
+  RunInfo info;
+  info.backend = call.backend;
+  detail::KvCacheRun done;
+  switch (call.backend) {
+    case Backend::CPU:
+      done = detail::cpu::forward_kvcache(call.params);
+      break;
+    case Backend::CUDA:
+      done = detail::cuda::forward_kvcache(call.params);
+      break;
+    case Backend::Auto:
+      throw Error(ErrorCode::Internal, "backend", "a resolved backend with a KV-cache kernel",
+                  backend_name(call.backend));
+  }
+  info.workspace_bytes = done.workspace_bytes;
+  info.num_splits = done.num_splits;
+  return info;
+}
+
 }  // namespace
 
 RunInfo backward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -177,6 +199,12 @@ RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorVie
                        const Varlen& varlen, const Options& options,
                        const Execution& execution) {
   return run(detail::validate_forward(q, k, v, out, lse, &varlen, options, execution));
+}
+
+RunInfo forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                        const std::optional<TensorView>& lse, const Options& options,
+                        const Execution& execution) {
+  return run(detail::validate_kvcache(q, cache, out, lse, options, execution));
 }
 
 const char* version() { return FLASHATTN_VERSION; }

@@ -75,6 +75,7 @@ void report(fa_run_info* info, const flashattn::RunInfo& result) {
   info->backend = static_cast<int32_t>(result.backend);
   info->workspace_bytes = result.workspace_bytes;
   info->deterministic = result.deterministic ? 1 : 0;
+  info->num_splits = result.num_splits;
 }
 
 flashattn::Varlen to_varlen(const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
@@ -133,6 +134,13 @@ void fa_run_info_init(fa_run_info* info) {
   if (info == nullptr) return;
   *info = fa_run_info{};
   info->struct_size = sizeof(fa_run_info);
+  info->num_splits = 1;
+}
+
+void fa_kvcache_init(fa_kvcache* cache) {
+  if (cache == nullptr) return;
+  *cache = fa_kvcache{};
+  cache->struct_size = sizeof(fa_kvcache);
 }
 
 fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
@@ -194,6 +202,34 @@ fa_status fa_backward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_te
                      to_view(dout, "dout"), to_view(lse, "lse"), to_view(dq, "dq"),
                      to_view(dk, "dk"), to_view(dv, "dv"), varlen, to_options(options),
                      to_execution(execution)));
+  });
+}
+
+fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, const fa_tensor* out,
+                             const fa_tensor* lse, const fa_options* options,
+                             const fa_execution* execution, fa_run_info* info) {
+  return guarded([&] {
+    check_struct_size(info, "info", "fa_run_info_init");
+    if (cache == nullptr)
+      throw Error(ErrorCode::InvalidArgument, "cache", "a fa_kvcache (fill it with fa_kvcache_init)",
+                  "NULL");
+    check_struct_size(cache, "cache", "fa_kvcache_init");
+    flashattn::KvCache c;
+    c.k_cache = to_view(cache->k_cache, "k_cache");
+    c.v_cache = to_view(cache->v_cache, "v_cache");
+    c.cache_seqlens = to_view(cache->cache_seqlens, "cache_seqlens");
+    c.k_new = to_optional_view(cache->k_new, "k_new");
+    c.v_new = to_optional_view(cache->v_new, "v_new");
+    c.rotary_cos = to_optional_view(cache->rotary_cos, "rotary_cos");
+    c.rotary_sin = to_optional_view(cache->rotary_sin, "rotary_sin");
+    c.rotary_interleaved = cache->rotary_interleaved != 0;
+    c.cache_batch_idx = to_optional_view(cache->cache_batch_idx, "cache_batch_idx");
+    c.cache_leftpad = to_optional_view(cache->cache_leftpad, "cache_leftpad");
+    c.block_table = to_optional_view(cache->block_table, "block_table");
+    c.num_splits = cache->num_splits;
+    report(info, flashattn::forward_kvcache(to_view(q, "q"), c, to_view(out, "out"),
+                                            to_optional_view(lse, "lse"), to_options(options),
+                                            to_execution(execution)));
   });
 }
 

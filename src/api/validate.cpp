@@ -306,11 +306,16 @@ void row_strides(const TensorView& t, bool is_varlen, int64_t& batch_stride,
   head_stride = t.strides[r + 1];
 }
 
-ValidatedForward validate_call(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const TensorView& out, const std::optional<TensorView>& lse,
-                               const Varlen* varlen, const Options& options,
-                               const Execution& execution) {
-  check_options(options);
+constexpr int64_t kInt32Max = 2147483647;  // batch and head counts index kernels' grids
+
+// An input a call reads, for the overlap checks against what it writes.
+struct Input {
+  const char* name;
+  const TensorView* view;
+  Extent extent;
+};
+
+void check_execution(const Execution& execution) {
   if (execution.num_threads < 0)
     fail("num_threads", "0 (all cores) or a thread count >= 1",
          std::to_string(execution.num_threads));
@@ -318,6 +323,102 @@ ValidatedForward validate_call(const TensorView& q, const TensorView& k, const T
       execution.backend != Backend::CUDA)
     fail("backend", "auto, cpu or cuda",
          "backend code " + std::to_string(static_cast<int>(execution.backend)));
+}
+
+void check_head_dim(const TensorView& q, int64_t head_dim) {
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0)
+    fail("q", "a head dim D that is a multiple of 8 in [8, 256]",
+         "D = " + std::to_string(head_dim) + " in shape " + shape_string(q));
+}
+
+// B, H and Hk: int32-sized, at least one head of each kind, Hk dividing H.
+void check_counts(const char* batch_name, int64_t batch, const TensorView& q, int64_t heads,
+                  const char* k_name, const TensorView& k, int64_t heads_k) {
+  if (batch > kInt32Max)
+    fail(batch_name, "a batch size B < 2^31", "B = " + std::to_string(batch));
+  if (heads > kInt32Max) fail("q", "a head count H < 2^31", "H = " + std::to_string(heads));
+  if (heads_k > kInt32Max)
+    fail(k_name, "a head count Hk < 2^31", "Hk = " + std::to_string(heads_k));
+  if (heads < 1) fail("q", "at least one head", "shape " + shape_string(q));
+  if (heads_k < 1) fail(k_name, "at least one key/value head", "shape " + shape_string(k));
+  if (heads % heads_k != 0)
+    fail(k_name,
+         "a key/value head count Hk that divides the query head count H = " +
+             std::to_string(heads),
+         "Hk = " + std::to_string(heads_k));
+}
+
+// lse of a dense batch: fp32 (B, H, Sq), contiguous, on q's device.
+Extent check_dense_lse(const TensorView& lse, const TensorView& q, int64_t batch, int64_t heads,
+                       int64_t rows_q) {
+  const Extent extent = check_view("lse", lse, 3);
+  check_dtype("lse", lse, DType::Float32);
+  check_same_device("lse", lse, q);
+  check_shape("lse", lse, {batch, heads, rows_q}, "= (B, H, Sq)");
+  check_contiguous("lse", lse);
+  return extent;
+}
+
+Input check_alibi(const TensorView& a, const TensorView& q, int64_t batch, int64_t heads) {
+  if (a.ndim != 1 && a.ndim != 2)
+    fail("alibi_slopes", "shape (H) or (B, H)", std::to_string(a.ndim) + " dimensions");
+  const Input input{"alibi_slopes", &a, check_view("alibi_slopes", a, a.ndim)};
+  check_dtype("alibi_slopes", a, DType::Float32);
+  check_same_device("alibi_slopes", a, q);
+  if (a.ndim == 1)
+    check_shape("alibi_slopes", a, {heads}, "= (H)");
+  else
+    check_shape("alibi_slopes", a, {batch, heads}, "= (B, H)");
+  check_contiguous("alibi_slopes", a);
+  return input;
+}
+
+// Auto picks cuda for tensors on a GPU, else cpu; the backend must then suit q.
+Backend resolve_backend(const Execution& execution, const TensorView& q) {
+  Backend backend = execution.backend;
+  if (backend == Backend::Auto)
+    backend = q.device.type == DeviceType::CUDA ? Backend::CUDA : Backend::CPU;
+  if (backend == Backend::CPU && q.device.type != DeviceType::CPU)
+    fail("q", "a tensor in host memory for the cpu backend", "a tensor on " +
+                                                               device_string(q.device));
+  if (backend == Backend::CUDA) {
+    if (!cuda_compiled())
+      unsupported("backend", "cpu or auto (this build has no CUDA backend)", "cuda");
+    if (q.device.type != DeviceType::CUDA)
+      fail("q", "a tensor in GPU memory for the cuda backend", "a tensor on " +
+                                                                 device_string(q.device));
+    if (q.dtype != DType::Float16 && q.dtype != DType::BFloat16)
+      unsupported("q", "dtype fp16 or bf16 for the cuda backend",
+                  std::string("dtype ") + dtype_name(q.dtype));
+  }
+  return backend;
+}
+
+// The options' part of the params (p.head_dim and p.heads already set), defaults resolved:
+// scale 1/sqrt(D), causal folded into window_right = 0.
+void fill_options(ForwardParams& p, const Options& options, const Execution& execution) {
+  p.softmax_scale = options.softmax_scale ? *options.softmax_scale
+                                          : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  p.softcap = options.softcap;
+  p.window_left = options.window_left;
+  p.window_right = options.causal ? 0 : options.window_right;
+  if (options.alibi_slopes) {
+    p.alibi_slopes = static_cast<const float*>(options.alibi_slopes->data);
+    p.alibi_batch_stride = options.alibi_slopes->ndim == 2 ? p.heads : 0;
+  }
+  p.dropout_p = options.dropout_p;
+  p.dropout_seed = options.dropout_seed;
+  p.dropout_offset = options.dropout_offset;
+  p.num_threads = execution.num_threads;
+  p.stream = execution.stream;
+}
+
+ValidatedForward validate_call(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const std::optional<TensorView>& lse,
+                               const Varlen* varlen, const Options& options,
+                               const Execution& execution) {
+  check_options(options);
+  check_execution(execution);
 
   const bool is_varlen = varlen != nullptr;
   const int rank = is_varlen ? 3 : 4;
@@ -353,21 +454,8 @@ ValidatedForward validate_call(const TensorView& q, const TensorView& k, const T
   const int64_t heads_k = k.sizes[static_cast<size_t>(r + 1)];
   if (!is_varlen && k.sizes[0] != batch)
     fail("k", "batch size B = " + std::to_string(batch) + " like q", "shape " + shape_string(k));
-  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0)
-    fail("q", "a head dim D that is a multiple of 8 in [8, 256]",
-         "D = " + std::to_string(head_dim) + " in shape " + shape_string(q));
-  constexpr int64_t kInt32Max = 2147483647;  // batch and head counts index kernels' grids
-  if (batch > kInt32Max)
-    fail(is_varlen ? "cu_seqlens_q" : "q", "a batch size B < 2^31", "B = " + std::to_string(batch));
-  if (heads > kInt32Max) fail("q", "a head count H < 2^31", "H = " + std::to_string(heads));
-  if (heads_k > kInt32Max) fail("k", "a head count Hk < 2^31", "Hk = " + std::to_string(heads_k));
-  if (heads < 1) fail("q", "at least one head", "shape " + shape_string(q));
-  if (heads_k < 1) fail("k", "at least one key/value head", "shape " + shape_string(k));
-  if (heads % heads_k != 0)
-    fail("k",
-         "a key/value head count Hk that divides the query head count H = " +
-             std::to_string(heads),
-         "Hk = " + std::to_string(heads_k));
+  check_head_dim(q, head_dim);
+  check_counts(is_varlen ? "cu_seqlens_q" : "q", batch, q, heads, "k", k, heads_k);
   if (k.sizes[static_cast<size_t>(r + 2)] != head_dim)
     fail("k", "head dim D = " + std::to_string(head_dim) + " like q", "shape " + shape_string(k));
   if (is_varlen) {
@@ -380,38 +468,22 @@ ValidatedForward validate_call(const TensorView& q, const TensorView& k, const T
   check_no_self_overlap("out", out);
 
   // Every input a call reads, for the overlap check at the end.
-  struct Input {
-    const char* name;
-    const TensorView* view;
-    Extent extent;
-  };
   std::vector<Input> inputs{{"q", &q, q_extent}, {"k", &k, k_extent}, {"v", &v, v_extent}};
 
   Extent lse_extent;
   if (lse) {
-    lse_extent = check_view("lse", *lse, is_varlen ? 2 : 3);
-    check_dtype("lse", *lse, DType::Float32);
-    check_same_device("lse", *lse, q);
-    if (is_varlen)
+    if (is_varlen) {
+      lse_extent = check_view("lse", *lse, 2);
+      check_dtype("lse", *lse, DType::Float32);
+      check_same_device("lse", *lse, q);
       check_shape("lse", *lse, {heads, rows_q}, "= (H, total_q)");
-    else
-      check_shape("lse", *lse, {batch, heads, rows_q}, "= (B, H, Sq)");
-    check_contiguous("lse", *lse);
+      check_contiguous("lse", *lse);
+    } else {
+      lse_extent = check_dense_lse(*lse, q, batch, heads, rows_q);
+    }
   }
 
-  if (options.alibi_slopes) {
-    const TensorView& a = *options.alibi_slopes;
-    if (a.ndim != 1 && a.ndim != 2)
-      fail("alibi_slopes", "shape (H) or (B, H)", std::to_string(a.ndim) + " dimensions");
-    inputs.push_back({"alibi_slopes", &a, check_view("alibi_slopes", a, a.ndim)});
-    check_dtype("alibi_slopes", a, DType::Float32);
-    check_same_device("alibi_slopes", a, q);
-    if (a.ndim == 1)
-      check_shape("alibi_slopes", a, {heads}, "= (H)");
-    else
-      check_shape("alibi_slopes", a, {batch, heads}, "= (B, H)");
-    check_contiguous("alibi_slopes", a);
-  }
+  if (options.alibi_slopes) inputs.push_back(check_alibi(*options.alibi_slopes, q, batch, heads));
 
   if (is_varlen) {
     const TensorView& cq = varlen->cu_seqlens_q;
@@ -460,25 +532,9 @@ ValidatedForward validate_call(const TensorView& q, const TensorView& k, const T
   }
   if (lse) check_disjoint("lse", *lse, lse_extent, "out", out, out_extent);
 
-  // Backend.
-  Backend backend = execution.backend;
-  if (backend == Backend::Auto)
-    backend = q.device.type == DeviceType::CUDA ? Backend::CUDA : Backend::CPU;
-  if (backend == Backend::CPU && q.device.type != DeviceType::CPU)
-    fail("q", "a tensor in host memory for the cpu backend", "a tensor on " +
-                                                               device_string(q.device));
-  if (backend == Backend::CUDA) {
-    if (!cuda_compiled())
-      unsupported("backend", "cpu or auto (this build has no CUDA backend)", "cuda");
-    if (q.device.type != DeviceType::CUDA)
-      fail("q", "a tensor in GPU memory for the cuda backend", "a tensor on " +
-                                                                 device_string(q.device));
-    if (q.dtype != DType::Float16 && q.dtype != DType::BFloat16)
-      unsupported("q", "dtype fp16 or bf16 for the cuda backend",
-                  std::string("dtype ") + dtype_name(q.dtype));
-    // The kernels copy rows in 16-byte chunks.
+  const Backend backend = resolve_backend(execution, q);
+  if (backend == Backend::CUDA)  // the kernels copy rows in 16-byte chunks
     for (const TensorView* t : {&q, &k, &v, &out}) check_rows_aligned(name_of(*t, q, k, v), *t);
-  }
   // Each pointer must really live where its view says (when the CUDA runtime can tell):
   // a host pointer handed to a kernel, or a GPU pointer to the CPU engine, would fault.
   for (const Input& in : inputs) check_pointer_location(in.name, *in.view);
@@ -520,24 +576,323 @@ ValidatedForward validate_call(const TensorView& q, const TensorView& k, const T
     p.lse_batch_stride = heads * rows_q;
     p.lse_head_stride = rows_q;
   }
-  p.softmax_scale = options.softmax_scale ? *options.softmax_scale
-                                          : 1.0f / std::sqrt(static_cast<float>(head_dim));
-  p.softcap = options.softcap;
-  p.window_left = options.window_left;
-  p.window_right = options.causal ? 0 : options.window_right;
-  if (options.alibi_slopes) {
-    p.alibi_slopes = static_cast<const float*>(options.alibi_slopes->data);
-    p.alibi_batch_stride = options.alibi_slopes->ndim == 2 ? heads : 0;
-  }
-  p.dropout_p = options.dropout_p;
-  p.dropout_seed = options.dropout_seed;
-  p.dropout_offset = options.dropout_offset;
-  p.num_threads = execution.num_threads;
-  p.stream = execution.stream;
+  fill_options(p, options, execution);
   return result;
 }
 
+// The number of key chunks a KV-cache call may ask for: far more than any machine has
+// threads or SMs to fill, and a bound on the partial results' workspace.
+constexpr int32_t kMaxSplits = 1024;
+
+std::string at(const std::string& name, int64_t b, int64_t value) {
+  return name + "[" + std::to_string(b) + "] = " + std::to_string(value);
+}
+
+// The integer arguments of a KV-cache call, when they are in host memory (the CPU backend
+// reads them; CUDA kernels trust them): every position a sequence reads or writes must exist,
+// no two sequences may write one cache row, and rotary tables must reach every rotated position.
+void check_kvcache_values(const KvCache& cache, int64_t batch, int64_t rows_q, int64_t seqlen_new,
+                          int64_t capacity, bool rotary_per_row) {
+  const int32_t* seqlens = host_int32(cache.cache_seqlens);
+  if (seqlens == nullptr || batch == 0) return;
+  const int32_t* leftpad = cache.cache_leftpad ? host_int32(*cache.cache_leftpad) : nullptr;
+  const int32_t* batch_idx = cache.cache_batch_idx ? host_int32(*cache.cache_batch_idx) : nullptr;
+  const int32_t* table = cache.block_table ? host_int32(*cache.block_table) : nullptr;
+  const int64_t cache_rows = cache.k_cache.sizes[0];  // sequence rows, or pages when paged
+  const int64_t page_size = cache.k_cache.sizes[1];
+  const std::string capacity_text =
+      std::to_string(capacity) +
+      (table ? " (max_pages " + std::to_string(cache.block_table->sizes[1]) + " x page_size " +
+                   std::to_string(page_size) + ")"
+             : " (S_cache)");
+  // (cache row written, sequence): two equal rows are two appended positions in one place.
+  std::vector<std::pair<int64_t, int64_t>> written;
+  int64_t rotary_rows = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t filled = seqlens[b];
+    if (filled < 0) fail("cache_seqlens", "entries >= 0", at("cache_seqlens", b, filled));
+    const int64_t begin = leftpad ? leftpad[b] : 0;
+    if (begin < 0 || begin > filled)
+      fail("cache_leftpad",
+           "0 <= cache_leftpad[b] <= cache_seqlens[b] (= " + std::to_string(filled) +
+               " for b = " + std::to_string(b) + ")",
+           at("cache_leftpad", b, begin));
+    const int64_t end = filled + seqlen_new;
+    if (end > capacity)
+      fail("cache_seqlens",
+           "cache_seqlens[b] + S_new <= the cache capacity " + capacity_text,
+           at("cache_seqlens", b, filled) + " with S_new = " + std::to_string(seqlen_new));
+    if (batch_idx != nullptr) {
+      const int64_t row = batch_idx[b];
+      if (row < 0 || row >= cache_rows)
+        fail("cache_batch_idx", "entries in [0, B_cache = " + std::to_string(cache_rows) + ")",
+             at("cache_batch_idx", b, row));
+      if (seqlen_new > 0) written.emplace_back(row, b);
+    }
+    if (table != nullptr) {
+      const int32_t* pages = table + b * cache.block_table->strides[0];
+      for (int64_t slot = begin / page_size; begin < end && slot <= (end - 1) / page_size; ++slot)
+        if (pages[slot] < 0 || pages[slot] >= cache_rows)
+          fail("block_table",
+               "page indices in [0, num_pages = " + std::to_string(cache_rows) +
+                   ") for every page a sequence uses",
+               "block_table[" + std::to_string(b) + "][" + std::to_string(slot) +
+                   "] = " + std::to_string(pages[slot]) + " (positions " +
+                   std::to_string(begin) + " .. " + std::to_string(end - 1) + " are used)");
+      for (int64_t pos = filled; pos < end; ++pos)
+        written.emplace_back(pages[pos / page_size] * page_size + pos % page_size, b);
+    }
+    if (seqlen_new > 0) rotary_rows = std::max(rotary_rows, end);
+    if (rows_q > 0) rotary_rows = std::max(rotary_rows, filled + (rotary_per_row ? rows_q : 1));
+  }
+  std::sort(written.begin(), written.end());
+  for (size_t n = 1; n < written.size(); ++n) {
+    if (written[n].first != written[n - 1].first) continue;
+    const std::string pair =
+        written[n].second == written[n - 1].second
+            ? "sequence " + std::to_string(written[n].second) + " twice"
+            : "sequences " + std::to_string(written[n - 1].second) + " and " +
+                  std::to_string(written[n].second);
+    if (table != nullptr)
+      fail("block_table",
+           "pages where no two appended positions share a row (k_new is written in place)",
+           pair + " write row " + std::to_string(written[n].first % page_size) + " of page " +
+               std::to_string(written[n].first / page_size));
+    fail("cache_batch_idx",
+         "distinct entries when k_new is given (it is appended in place)",
+         pair + " both use cache row " + std::to_string(written[n].first));
+  }
+  if (cache.rotary_cos && cache.rotary_cos->sizes[0] < rotary_rows)
+    fail("rotary_cos",
+         "at least " + std::to_string(rotary_rows) + " rows (positions up to " +
+             std::to_string(rotary_rows - 1) + " are rotated)",
+         "shape " + shape_string(*cache.rotary_cos));
+}
+
 }  // namespace
+
+ValidatedKvCache validate_kvcache(const TensorView& q, const KvCache& cache,
+                                  const TensorView& out, const std::optional<TensorView>& lse,
+                                  const Options& options, const Execution& execution) {
+  check_options(options);
+  if (options.dropout_p != 0.0f)
+    fail("dropout_p", "0 (forward_kvcache is inference only)", number_string(options.dropout_p));
+  if (cache.num_splits < 0 || cache.num_splits > kMaxSplits)
+    fail("num_splits",
+         "0 (choose) or a key chunk count in [1, " + std::to_string(kMaxSplits) + "]",
+         std::to_string(cache.num_splits));
+  check_execution(execution);
+
+  const TensorView& kc = cache.k_cache;
+  const TensorView& vc = cache.v_cache;
+  const Extent q_extent = check_view("q", q, 4);
+  const Extent kc_extent = check_view("k_cache", kc, 4);
+  const Extent vc_extent = check_view("v_cache", vc, 4);
+  const Extent out_extent = check_view("out", out, 4);
+  if (q.dtype != DType::Float32 && q.dtype != DType::Float16 && q.dtype != DType::BFloat16)
+    fail("q", "dtype fp32, fp16 or bf16", std::string("dtype ") + dtype_name(q.dtype));
+  check_dtype("k_cache", kc, q.dtype);
+  check_dtype("v_cache", vc, q.dtype);
+  check_dtype("out", out, q.dtype);
+  check_same_device("k_cache", kc, q);
+  check_same_device("v_cache", vc, q);
+  check_same_device("out", out, q);
+
+  const int64_t batch = q.sizes[0], rows_q = q.sizes[1], heads = q.sizes[2],
+                head_dim = q.sizes[3], heads_k = kc.sizes[2];
+  check_head_dim(q, head_dim);
+  check_counts("q", batch, q, heads, "k_cache", kc, heads_k);
+  if (kc.sizes[3] != head_dim)
+    fail("k_cache", "head dim D = " + std::to_string(head_dim) + " like q",
+         "shape " + shape_string(kc));
+  check_shape("v_cache", vc, {kc.sizes[0], kc.sizes[1], heads_k, head_dim}, "like k_cache");
+  check_shape("out", out, {batch, rows_q, heads, head_dim}, "= (B, Sq, H, D) like q");
+  check_no_self_overlap("out", out);
+
+  std::vector<Input> inputs{{"q", &q, q_extent}, {"k_cache", &kc, kc_extent},
+                            {"v_cache", &vc, vc_extent}};
+  const auto per_sequence = [&](const char* name, const TensorView& t) {
+    inputs.push_back({name, &t, check_view(name, t, 1)});
+    check_dtype(name, t, DType::Int32);
+    check_same_device(name, t, q);
+    check_shape(name, t, {batch}, "= (B)");
+  };
+  per_sequence("cache_seqlens", cache.cache_seqlens);
+  if (cache.cache_batch_idx) per_sequence("cache_batch_idx", *cache.cache_batch_idx);
+  if (cache.cache_leftpad) per_sequence("cache_leftpad", *cache.cache_leftpad);
+
+  // Dense (B_cache, S_cache, Hk, D) or paged (num_pages, page_size, Hk, D).
+  int64_t capacity = kc.sizes[1];
+  if (cache.block_table) {
+    const TensorView& bt = *cache.block_table;
+    if (cache.cache_batch_idx)
+      fail("cache_batch_idx", "no cache_batch_idx with a paged cache (block_table picks the pages)",
+           "both cache_batch_idx and block_table");
+    inputs.push_back({"block_table", &bt, check_view("block_table", bt, 2)});
+    check_dtype("block_table", bt, DType::Int32);
+    check_same_device("block_table", bt, q);
+    if (bt.sizes[0] != batch)
+      fail("block_table", "shape (B = " + std::to_string(batch) + ", max_pages)",
+           "shape " + shape_string(bt));
+    if (kc.sizes[1] < 1 || kc.sizes[1] > kInt32Max)
+      fail("k_cache", "a page size (dim 1) in [1, 2^31) for a paged cache",
+           "shape " + shape_string(kc));
+    if (__builtin_mul_overflow(bt.sizes[1], kc.sizes[1], &capacity))
+      fail("block_table", "max_pages * page_size that fits in 64 bits",
+           "shape " + shape_string(bt) + " with page_size " + std::to_string(kc.sizes[1]));
+  } else if (cache.cache_batch_idx ? batch > 0 && kc.sizes[0] < 1 : kc.sizes[0] < batch) {
+    fail("k_cache",
+         cache.cache_batch_idx
+             ? std::string("at least one cache row (dim 0) for cache_batch_idx to pick")
+             : "at least B = " + std::to_string(batch) +
+                   " cache rows (dim 0), or cache_batch_idx to pick them",
+         "shape " + shape_string(kc));
+  }
+
+  // Appended keys and values: both or neither, (B, S_new, Hk, D) in q's dtype.
+  int64_t seqlen_new = 0;
+  if (cache.k_new.has_value() != cache.v_new.has_value())
+    fail(cache.k_new ? "v_new" : "k_new",
+         std::string("a tensor, since ") + (cache.k_new ? "k_new" : "v_new") +
+             " is given (both or neither)",
+         "none");
+  if (cache.k_new) {
+    const TensorView& kn = *cache.k_new;
+    const TensorView& vn = *cache.v_new;
+    inputs.push_back({"k_new", &kn, check_view("k_new", kn, 4)});
+    inputs.push_back({"v_new", &vn, check_view("v_new", vn, 4)});
+    check_dtype("k_new", kn, q.dtype);
+    check_dtype("v_new", vn, q.dtype);
+    check_same_device("k_new", kn, q);
+    check_same_device("v_new", vn, q);
+    seqlen_new = kn.sizes[1];
+    check_shape("k_new", kn, {batch, seqlen_new, heads_k, head_dim}, "= (B, S_new, Hk, D)");
+    check_shape("v_new", vn, {batch, seqlen_new, heads_k, head_dim}, "= (B, S_new, Hk, D) like k_new");
+    if (seqlen_new > kInt32Max)
+      fail("k_new", "S_new < 2^31 new positions", "shape " + shape_string(kn));
+  }
+
+  // Rotary tables: both or neither, (S_rotary, rotary_dim / 2), 2 <= rotary_dim <= D.
+  if (cache.rotary_cos.has_value() != cache.rotary_sin.has_value())
+    fail(cache.rotary_cos ? "rotary_sin" : "rotary_cos",
+         std::string("a tensor, since ") + (cache.rotary_cos ? "rotary_cos" : "rotary_sin") +
+             " is given (both or neither)",
+         "none");
+  if (cache.rotary_cos) {
+    const TensorView& cos = *cache.rotary_cos;
+    const TensorView& sin = *cache.rotary_sin;
+    inputs.push_back({"rotary_cos", &cos, check_view("rotary_cos", cos, 2)});
+    inputs.push_back({"rotary_sin", &sin, check_view("rotary_sin", sin, 2)});
+    check_dtype("rotary_cos", cos, q.dtype);
+    check_dtype("rotary_sin", sin, q.dtype);
+    check_same_device("rotary_cos", cos, q);
+    check_same_device("rotary_sin", sin, q);
+    if (cos.sizes[1] < 1 || 2 * cos.sizes[1] > head_dim)
+      fail("rotary_cos",
+           "shape (S_rotary, rotary_dim / 2) with 2 <= rotary_dim <= D = " +
+               std::to_string(head_dim),
+           "shape " + shape_string(cos));
+    check_shape("rotary_sin", sin, {cos.sizes[0], cos.sizes[1]}, "like rotary_cos");
+  }
+
+  Extent lse_extent;
+  if (lse) lse_extent = check_dense_lse(*lse, q, batch, heads, rows_q);
+  if (options.alibi_slopes) inputs.push_back(check_alibi(*options.alibi_slopes, q, batch, heads));
+
+  // What the call writes must not overlap what it reads: out and lse, and the caches when
+  // k_new is appended (a packed (.., 2, Hk, D) cache, k and v interleaved, is fine: the two
+  // caches are read and written at distinct elements).
+  for (const Input& in : inputs) {
+    check_disjoint("out", out, out_extent, in.name, *in.view, in.extent);
+    if (lse) check_disjoint("lse", *lse, lse_extent, in.name, *in.view, in.extent);
+  }
+  if (lse) check_disjoint("lse", *lse, lse_extent, "out", out, out_extent);
+  if (seqlen_new > 0 && batch > 0) {
+    check_no_self_overlap("k_cache", kc);
+    check_no_self_overlap("v_cache", vc);
+    for (const Input& in : inputs) {
+      if (in.view == &kc || in.view == &vc) continue;
+      check_disjoint("k_cache", kc, kc_extent, in.name, *in.view, in.extent);
+      check_disjoint("v_cache", vc, vc_extent, in.name, *in.view, in.extent);
+    }
+  }
+
+  const Backend backend = resolve_backend(execution, q);
+  if (backend == Backend::CUDA) {  // the kernels copy rows in 16-byte chunks
+    check_rows_aligned("q", q);
+    check_rows_aligned("k_cache", kc);
+    check_rows_aligned("v_cache", vc);
+    check_rows_aligned("out", out);
+    if (cache.k_new) {
+      check_rows_aligned("k_new", *cache.k_new);
+      check_rows_aligned("v_new", *cache.v_new);
+    }
+  }
+  for (const Input& in : inputs) check_pointer_location(in.name, *in.view);
+  check_pointer_location("out", out);
+  if (lse) check_pointer_location("lse", *lse);
+
+  ValidatedKvCache result;
+  result.backend = backend;
+  KvCacheParams& kp = result.params;
+  ForwardParams& p = kp.attn;
+  p.q = q.data;
+  p.k = kc.data;
+  p.v = vc.data;
+  p.out = out.data;
+  p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+  p.dtype = q.dtype;
+  p.batch = static_cast<int32_t>(batch);
+  p.heads = static_cast<int32_t>(heads);
+  p.heads_k = static_cast<int32_t>(heads_k);
+  p.head_dim = static_cast<int32_t>(head_dim);
+  p.head_dim_v = static_cast<int32_t>(head_dim);
+  p.seqlen_q = rows_q;
+  p.seqlen_k = capacity;
+  row_strides(q, false, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  row_strides(kc, false, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  row_strides(vc, false, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  row_strides(out, false, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
+  p.lse_batch_stride = heads * rows_q;
+  p.lse_head_stride = rows_q;
+  fill_options(p, options, execution);
+
+  const auto int32_data = [](const std::optional<TensorView>& t) {
+    return t ? static_cast<const int32_t*>(t->data) : nullptr;
+  };
+  kp.cache_seqlens = static_cast<const int32_t*>(cache.cache_seqlens.data);
+  kp.cache_batch_idx = int32_data(cache.cache_batch_idx);
+  kp.cache_leftpad = int32_data(cache.cache_leftpad);
+  kp.block_table = int32_data(cache.block_table);
+  if (cache.block_table) {
+    kp.block_table_batch_stride = cache.block_table->strides[0];
+    kp.page_size = static_cast<int32_t>(kc.sizes[1]);
+  }
+  if (cache.k_new) {
+    kp.k_new = cache.k_new->data;
+    kp.v_new = cache.v_new->data;
+    kp.seqlen_new = seqlen_new;
+    row_strides(*cache.k_new, false, kp.k_new_batch_stride, kp.k_new_row_stride,
+                kp.k_new_head_stride);
+    row_strides(*cache.v_new, false, kp.v_new_batch_stride, kp.v_new_row_stride,
+                kp.v_new_head_stride);
+  }
+  if (cache.rotary_cos) {
+    kp.rotary_cos = cache.rotary_cos->data;
+    kp.rotary_sin = cache.rotary_sin->data;
+    kp.rotary_cos_row_stride = cache.rotary_cos->strides[0];
+    kp.rotary_sin_row_stride = cache.rotary_sin->strides[0];
+    kp.rotary_seqlen = cache.rotary_cos->sizes[0];
+    kp.rotary_dim = static_cast<int32_t>(2 * cache.rotary_cos->sizes[1]);
+    kp.rotary_interleaved = cache.rotary_interleaved;
+  }
+  kp.num_splits = cache.num_splits;
+
+  // Last, so that a call with a bad value fails after every structural check; host values
+  // only (the CPU backend), and only now that every pointer is known to be readable.
+  check_kvcache_values(cache, batch, rows_q, seqlen_new, capacity, kp.rotary_q_per_row());
+  return result;
+}
 
 ValidatedForward validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const std::optional<TensorView>& lse,

@@ -7,6 +7,10 @@
 // probabilities (common/philox.hpp) after they entered the sum. Keys that
 // no row of the block can see are never loaded. Working memory is a fixed set of tiles per
 // thread, so it does not depend on the sequence lengths at all.
+//
+// The work item itself (attend_rows, declared in cpu/attention.hpp) is also what the KV-cache
+// forward runs: it reads keys through KeyRows (contiguous rows here, cache positions there)
+// and may be limited to a chunk of the keys, whose partial result cpu/kvcache.cpp merges.
 #include "cpu/forward.hpp"
 
 #include <omp.h>
@@ -20,68 +24,102 @@
 
 #include "common/mask.hpp"
 #include "common/numeric.hpp"
+#include "cpu/attention.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/tiles.hpp"
 
 namespace flashattn::detail::cpu {
+
 namespace {
 
 constexpr int64_t kAlignFloats = 16;  // 64-byte alignment for every tile
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// One thread's tiles, carved out of a single allocation.
-struct Tiles {
-  float* q;    // kBlockQ x D, pre-multiplied by the softmax scale (and 1/softcap)
-  float* kt;   // D x kBlockK: keys transposed, zero beyond the last key
-  float* v;    // kBlockK x Dv
-  float* s;    // kBlockQ x kBlockK: scores, then probabilities
-  float* acc;  // kBlockQ x Dv: unnormalised output
-  float* m;    // kBlockQ: running max of each row
-  float* l;    // kBlockQ: running sum of exp(score - max) of each row
-
-  static int64_t floats_needed(int head_dim, int head_dim_v) {
-    return round_up(int64_t{kBlockQ} * head_dim, kAlignFloats) +
-           round_up(int64_t{kBlockK} * head_dim, kAlignFloats) +
-           round_up(int64_t{kBlockK} * head_dim_v, kAlignFloats) +
-           round_up(int64_t{kBlockQ} * kBlockK, kAlignFloats) +
-           round_up(int64_t{kBlockQ} * head_dim_v, kAlignFloats) + 2 * round_up(kBlockQ, kAlignFloats);
+// Loads keys [j0, j0 + cols) transposed into t.kt (zero-padded) and their values into t.v,
+// one run of equally strided rows at a time (a block may straddle pages of a paged cache).
+template <typename T>
+void load_key_block(const KeyRows& keys, int64_t j0, int cols, int D, int Dv, Tiles& t) {
+  for (int c = 0; c < cols;) {
+    const KeyRows::Run<T> run = keys.run<T>(j0 + c, cols - c);
+    transpose_rows(run.k, keys.k_row_stride, run.count, D, t.kt, c);
+    load_rows(run.v, keys.v_row_stride, run.count, Dv, 1.0f, t.v + static_cast<int64_t>(c) * Dv);
+    c += run.count;
   }
+  zero_columns_from(cols, D, t.kt);
+}
 
-  Tiles(float* base, int head_dim, int head_dim_v) {
-    float* p = base;
-    const auto take = [&p](int64_t n) {
-      float* r = p;
-      p += round_up(n, kAlignFloats);
-      return r;
-    };
-    q = take(int64_t{kBlockQ} * head_dim);
-    kt = take(int64_t{kBlockK} * head_dim);
-    v = take(int64_t{kBlockK} * head_dim_v);
-    s = take(int64_t{kBlockQ} * kBlockK);
-    acc = take(int64_t{kBlockQ} * head_dim_v);
-    m = take(kBlockQ);
-    l = take(kBlockQ);
-  }
-};
+}  // namespace
+
+KeyRows KeyRows::of_sequence(const ForwardParams& p, int32_t b, const SequenceView& seq,
+                             int32_t hk) {
+  KeyRows r;
+  const int64_t k_offset = b * p.k_batch_stride + seq.k_row0 * p.k_row_stride + hk * p.k_head_stride;
+  const int64_t v_offset = b * p.v_batch_stride + seq.k_row0 * p.v_row_stride + hk * p.v_head_stride;
+  const size_t elem = dtype_size(p.dtype);
+  r.k = static_cast<const char*>(p.k) + k_offset * static_cast<int64_t>(elem);
+  r.v = static_cast<const char*>(p.v) + v_offset * static_cast<int64_t>(elem);
+  r.k_row_stride = p.k_row_stride;
+  r.v_row_stride = p.v_row_stride;
+  return r;
+}
+
+KeyRows KeyRows::of_cache(const KvCacheParams& p, int32_t b, const KvSequence& seq, int32_t hk) {
+  const ForwardParams& a = p.attn;
+  KeyRows r;
+  const size_t elem = dtype_size(a.dtype);
+  r.k = static_cast<const char*>(a.k) + hk * a.k_head_stride * static_cast<int64_t>(elem);
+  r.v = static_cast<const char*>(a.v) + hk * a.v_head_stride * static_cast<int64_t>(elem);
+  r.k_row_stride = a.k_row_stride;
+  r.v_row_stride = a.v_row_stride;
+  r.cache = &p;
+  r.b = b;
+  r.seq = seq;
+  r.k_batch_stride = a.k_batch_stride;
+  r.v_batch_stride = a.v_batch_stride;
+  return r;
+}
+
+int64_t Tiles::floats_needed(int head_dim, int head_dim_v) {
+  return round_up(int64_t{kBlockQ} * head_dim, kAlignFloats) +
+         round_up(int64_t{kBlockK} * head_dim, kAlignFloats) +
+         round_up(int64_t{kBlockK} * head_dim_v, kAlignFloats) +
+         round_up(int64_t{kBlockQ} * kBlockK, kAlignFloats) +
+         round_up(int64_t{kBlockQ} * head_dim_v, kAlignFloats) + 2 * round_up(kBlockQ, kAlignFloats);
+}
+
+Tiles::Tiles(float* base, int head_dim, int head_dim_v) {
+  float* p = base;
+  const auto take = [&p](int64_t n) {
+    float* r = p;
+    p += round_up(n, kAlignFloats);
+    return r;
+  };
+  q = take(int64_t{kBlockQ} * head_dim);
+  kt = take(int64_t{kBlockK} * head_dim);
+  v = take(int64_t{kBlockK} * head_dim_v);
+  s = take(int64_t{kBlockQ} * kBlockK);
+  acc = take(int64_t{kBlockQ} * head_dim_v);
+  m = take(kBlockQ);
+  l = take(kBlockQ);
+}
+
+TileArena::TileArena(int64_t threads, int head_dim, int head_dim_v)
+    : per_thread_(Tiles::floats_needed(head_dim, head_dim_v)),
+      head_dim_(head_dim),
+      head_dim_v_(head_dim_v) {
+  storage_.resize(static_cast<size_t>(threads * per_thread_ + kAlignFloats));
+  base_ = storage_.data();
+  while (reinterpret_cast<uintptr_t>(base_) % (kAlignFloats * sizeof(float)) != 0) ++base_;
+}
 
 template <typename T>
-void attend_query_block(const ForwardParams& p, const DropoutRng* dropout, int32_t b,
-                        int32_t h, int64_t block, Tiles& t) {
-  const SequenceView seq = sequence_view(p, b);
-  const int64_t i0 = block * kBlockQ;
-  if (i0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than max_seqlen_q
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.seqlen_q - i0));
+void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows& keys,
+                 KeyRange chunk, const DropoutRng* dropout, int32_t b, int32_t h, int64_t i0,
+                 int rows, Tiles& t) {
   const int D = p.head_dim, Dv = p.head_dim_v;
-  const int32_t hk = h / p.group_size();
-
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride +
                (seq.q_row0 + i0) * p.q_row_stride + h * p.q_head_stride;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + seq.k_row0 * p.k_row_stride +
-               hk * p.k_head_stride;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + seq.k_row0 * p.v_row_stride +
-               hk * p.v_head_stride;
-
   load_rows(q, p.q_row_stride, rows, D, query_scale(p), t.q);
   std::fill(t.m, t.m + rows, -std::numeric_limits<float>::infinity());
   std::fill(t.l, t.l + rows, 0.0f);
@@ -89,12 +127,13 @@ void attend_query_block(const ForwardParams& p, const DropoutRng* dropout, int32
   const float slope =
       p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
 
-  const KeyRange keys = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
-                                             p.window_left, p.window_right);
-  for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
-    const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.end - j0));
-    load_transposed(k + j0 * p.k_row_stride, p.k_row_stride, cols, D, t.kt);
-    load_rows(v + j0 * p.v_row_stride, p.v_row_stride, cols, Dv, 1.0f, t.v);
+  const KeyRange visible = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
+                                                p.window_left, p.window_right);
+  const int64_t begin = std::max(visible.begin, chunk.begin);
+  const int64_t end = std::min(visible.end, chunk.end);
+  for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
+    const int cols = static_cast<int>(std::min<int64_t>(kBlockK, end - j0));
+    load_key_block<T>(keys, j0, cols, D, Dv, t);
 
     score_tile(t.q, t.kt, t.s, rows, D);
     modify_scores(p, seq, slope, t.s, i0, rows, j0, cols);
@@ -111,23 +150,37 @@ void attend_query_block(const ForwardParams& p, const DropoutRng* dropout, int32
     }
     accumulate_pv(t.s, t.v, t.acc, rows, cols, Dv);
   }
+}
 
-  // out = acc / l; a row that saw no key gets out = 0 and lse = -inf.
+template void attend_rows<float>(const ForwardParams&, const SequenceView&, const KeyRows&,
+                                 KeyRange, const DropoutRng*, int32_t, int32_t, int64_t, int,
+                                 Tiles&);
+template void attend_rows<half_t>(const ForwardParams&, const SequenceView&, const KeyRows&,
+                                  KeyRange, const DropoutRng*, int32_t, int32_t, int64_t, int,
+                                  Tiles&);
+template void attend_rows<bfloat16_t>(const ForwardParams&, const SequenceView&,
+                                      const KeyRows&, KeyRange, const DropoutRng*, int32_t,
+                                      int32_t, int64_t, int, Tiles&);
+
+namespace {
+
+// One work item of a dense or ragged forward: query block `block` of (b, h) against all of
+// its sequence's keys, written to out/lse.
+template <typename T>
+void attend_query_block(const ForwardParams& p, const DropoutRng* dropout, int32_t b,
+                        int32_t h, int64_t block, Tiles& t) {
+  const SequenceView seq = sequence_view(p, b);
+  const int64_t i0 = block * kBlockQ;
+  if (i0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than max_seqlen_q
+  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.seqlen_q - i0));
+  const KeyRows keys = KeyRows::of_sequence(p, b, seq, h / p.group_size());
+  attend_rows<T>(p, seq, keys, {0, seq.seqlen_k}, dropout, b, h, i0, rows, t);
   T* out = static_cast<T*>(p.out) + b * p.out_batch_stride +
            (seq.q_row0 + i0) * p.out_row_stride + h * p.out_head_stride;
-  for (int r = 0; r < rows; ++r) {
-    const float l = t.l[r];
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-    const float* acc = t.acc + static_cast<int64_t>(r) * Dv;
-    T* o = out + r * p.out_row_stride;
-    for (int d = 0; d < Dv; ++d) o[d] = from_float<T>(acc[d] * inv);
-  }
-  if (p.lse != nullptr) {
-    float* lse = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_row0 + i0;
-    for (int r = 0; r < rows; ++r)
-      lse[r] = t.l[r] == 0.0f ? -std::numeric_limits<float>::infinity()
-                              : t.m[r] + std::log(t.l[r]);
-  }
+  float* lse = p.lse != nullptr
+                   ? p.lse + b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_row0 + i0
+                   : nullptr;
+  store_rows(t, rows, p.head_dim_v, out, p.out_row_stride, lse);
 }
 
 template <typename T>
@@ -145,17 +198,14 @@ size_t forward_typed(const ForwardParams& p) {
   if (work_items == 0) return 0;
   const int64_t threads =
       std::min<int64_t>(p.num_threads > 0 ? p.num_threads : omp_get_max_threads(), work_items);
-  const int64_t per_thread = Tiles::floats_needed(p.head_dim, p.head_dim_v);
   std::optional<DropoutRng> dropout;
   if (p.dropout_p > 0.0f)
     dropout = make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p);
-  std::vector<float> workspace(static_cast<size_t>(threads * per_thread + kAlignFloats));
-  float* base = workspace.data();
-  while (reinterpret_cast<uintptr_t>(base) % (kAlignFloats * sizeof(float)) != 0) ++base;
+  const TileArena arena(threads, p.head_dim, p.head_dim_v);
 
 #pragma omp parallel num_threads(static_cast<int>(threads))
   {
-    Tiles tiles(base + omp_get_thread_num() * per_thread, p.head_dim, p.head_dim_v);
+    Tiles tiles = arena.tiles(omp_get_thread_num());
     // Dynamic scheduling: with causal or window masks, blocks differ a lot in cost.
 #pragma omp for collapse(3) schedule(dynamic, 1)
     for (int32_t b = 0; b < p.batch; ++b)
@@ -163,7 +213,7 @@ size_t forward_typed(const ForwardParams& p) {
         for (int64_t block = 0; block < query_blocks; ++block)
           attend_query_block<T>(p, dropout ? &*dropout : nullptr, b, h, block, tiles);
   }
-  return workspace.size() * sizeof(float);
+  return arena.bytes();
 }
 
 }  // namespace

@@ -19,17 +19,29 @@ void load_rows(const T* src, int64_t row_stride, int rows, int width, float scal
     convert_row(src + r * row_stride, dst + static_cast<int64_t>(r) * width, width, scale);
 }
 
-// Loads `cols` rows of k (or v) transposed into width x kBlockK, zero beyond the last one
-// (score_tile reads all kBlockK columns).
+// Writes `cols` rows of k (or v) transposed into columns [col0, col0 + cols) of a
+// width x kBlockK tile.
 template <typename T>
-void load_transposed(const T* src, int64_t row_stride, int cols, int width, float* dst) {
+void transpose_rows(const T* src, int64_t row_stride, int cols, int width, float* dst, int col0) {
   float row[256];  // one row in fp32 before it is scattered (head dims are at most 256)
   for (int j = 0; j < cols; ++j) {
     convert_row(src + j * row_stride, row, width, 1.0f);
-    for (int d = 0; d < width; ++d) dst[static_cast<int64_t>(d) * kBlockK + j] = row[d];
+    for (int d = 0; d < width; ++d) dst[static_cast<int64_t>(d) * kBlockK + col0 + j] = row[d];
   }
+}
+
+// Zeroes columns [cols, kBlockK) of a width x kBlockK tile (score_tile reads all kBlockK
+// columns, so a short last block must be padded).
+inline void zero_columns_from(int cols, int width, float* dst) {
   for (int d = 0; cols < kBlockK && d < width; ++d)
     for (int j = cols; j < kBlockK; ++j) dst[static_cast<int64_t>(d) * kBlockK + j] = 0.0f;
+}
+
+// Loads `cols` rows of k (or v) transposed into width x kBlockK, zero beyond the last one.
+template <typename T>
+void load_transposed(const T* src, int64_t row_stride, int cols, int width, float* dst) {
+  transpose_rows(src, row_stride, cols, width, dst, 0);
+  zero_columns_from(cols, width, dst);
 }
 
 // The factor the query tile is loaded with: with a softcap, q is pre-divided by the cap so

@@ -1,0 +1,124 @@
+// The CPU forward engine's unit of work, shared by the dense/varlen forward (cpu/forward.cpp)
+// and the KV-cache forward (cpu/kvcache.cpp): a block of query rows of one (batch, head)
+// attends to a range of keys with the online softmax, leaving the unnormalised accumulator,
+// running max and running sum in the thread's tiles; store_rows then normalises them into an
+// output (the call's out/lse, or an fp32 partial result of a key chunk).
+//
+// The two callers differ only in where a key row lives, which KeyRows says: contiguous rows
+// of a dense or ragged batch, or cache positions of a (possibly paged) KV cache.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "common/kvcache.hpp"
+#include "common/mask.hpp"
+#include "common/numeric.hpp"
+#include "common/params.hpp"
+#include "common/philox.hpp"
+#include "cpu/kernels.hpp"
+
+namespace flashattn::detail::cpu {
+
+// Where the keys and values of one (sequence, key/value head) live, by key index j (0-based
+// within the sequence, the index the mask counts).
+struct KeyRows {
+  const void* k = nullptr;  // contiguous: key 0; cache: the cache's origin at head hk
+  const void* v = nullptr;
+  int64_t k_row_stride = 0, v_row_stride = 0;
+  // A KV cache (null: rows are contiguous at the row strides): key j is cache position
+  // seq.begin + j of sequence b, addressed by kv_position_offset (dense row or page).
+  const KvCacheParams* cache = nullptr;
+  int32_t b = 0;
+  KvSequence seq;
+  int64_t k_batch_stride = 0, v_batch_stride = 0;
+
+  // The keys of sequence b (rows seq.k_row0 ...) of a dense or ragged batch, head hk.
+  static KeyRows of_sequence(const ForwardParams& p, int32_t b, const SequenceView& seq,
+                             int32_t hk);
+  // The keys of sequence b of a KV cache, head hk.
+  static KeyRows of_cache(const KvCacheParams& p, int32_t b, const KvSequence& seq, int32_t hk);
+
+  // Keys j .. j + count - 1 (count <= n) are rows at a fixed stride from these pointers:
+  // all n of them unless a page ends first.
+  template <typename T>
+  struct Run {
+    const T* k;
+    const T* v;
+    int count;
+  };
+  template <typename T>
+  Run<T> run(int64_t j, int n) const {
+    const T* kb = static_cast<const T*>(k);
+    const T* vb = static_cast<const T*>(v);
+    if (cache == nullptr) return {kb + j * k_row_stride, vb + j * v_row_stride, n};
+    const int64_t pos = seq.begin + j;
+    int count = n;
+    if (cache->is_paged())
+      count = static_cast<int>(std::min<int64_t>(n, cache->page_size - pos % cache->page_size));
+    return {kb + kv_position_offset(*cache, b, seq, pos, k_batch_stride, k_row_stride),
+            vb + kv_position_offset(*cache, b, seq, pos, v_batch_stride, v_row_stride), count};
+  }
+};
+
+// One thread's tiles, carved out of a TileArena.
+struct Tiles {
+  float* q;    // kBlockQ x D, pre-multiplied by the softmax scale (and 1/softcap)
+  float* kt;   // D x kBlockK: keys transposed, zero beyond the last key
+  float* v;    // kBlockK x Dv
+  float* s;    // kBlockQ x kBlockK: scores, then probabilities
+  float* acc;  // kBlockQ x Dv: unnormalised output
+  float* m;    // kBlockQ: running max of each row
+  float* l;    // kBlockQ: running sum of exp(score - max) of each row
+
+  static int64_t floats_needed(int head_dim, int head_dim_v);
+  Tiles(float* base, int head_dim, int head_dim_v);
+};
+
+// Tiles for `threads` threads in one 64-byte aligned allocation. Working memory does not
+// depend on the sequence lengths at all.
+class TileArena {
+ public:
+  TileArena(int64_t threads, int head_dim, int head_dim_v);
+  Tiles tiles(int thread) const { return Tiles(base_ + thread * per_thread_, head_dim_, head_dim_v_); }
+  size_t bytes() const { return storage_.size() * sizeof(float); }
+
+ private:
+  std::vector<float> storage_;
+  float* base_ = nullptr;
+  int64_t per_thread_ = 0;
+  int head_dim_ = 0, head_dim_v_ = 0;
+};
+
+// Query rows [i0, i0 + rows) of (b, h) of sequence `seq` (rows of p.q from seq.q_row0)
+// against the keys of `chunk` that the mask lets them see. Mask, ALiBi and dropout indices
+// stay those of the whole sequence, so a chunk is exactly a slice of the unsplit problem.
+// Leaves acc (unnormalised), m and l of each row in `t`. Defined for float, half_t and
+// bfloat16_t (cpu/forward.cpp).
+template <typename T>
+void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows& keys,
+                 KeyRange chunk, const DropoutRng* dropout, int32_t b, int32_t h, int64_t i0,
+                 int rows, Tiles& t);
+
+// Normalises what attend_rows left: out row r = acc / l (0 for a row that saw no key),
+// lse[r] = m + log(l) (-inf for such a row; skipped when lse is null).
+template <typename Out>
+void store_rows(const Tiles& t, int rows, int head_dim_v, Out* out, int64_t out_row_stride,
+                float* lse) {
+  for (int r = 0; r < rows; ++r) {
+    const float l = t.l[r];
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    const float* acc = t.acc + static_cast<int64_t>(r) * head_dim_v;
+    Out* o = out + r * out_row_stride;
+    for (int d = 0; d < head_dim_v; ++d) o[d] = from_float<Out>(acc[d] * inv);
+  }
+  if (lse != nullptr)
+    for (int r = 0; r < rows; ++r)
+      lse[r] = t.l[r] == 0.0f ? -std::numeric_limits<float>::infinity()
+                              : t.m[r] + std::log(t.l[r]);
+}
+
+}  // namespace flashattn::detail::cpu
