@@ -1,0 +1,806 @@
+// forward_kvcache against the float64 reference, on the equivalent unpaged, unsplit problem.
+// Compiled once per backend: test_kvcache_cpu, and test_kvcache_cuda (FLASHATTN_TEST_CUDA,
+// label gpu; skipped without a GPU).
+//
+// Each case builds a cache (dense, dense picked by cache_batch_idx, or paged with a shuffled
+// block table), fills the positions its sequences own with fresh random values and everything
+// else with NaN (a backend that reads a row outside a sequence, or forgets to append one,
+// turns the output NaN), runs the call with poisoned outputs, and checks
+//   - out and lse under SPEC.md's accuracy rule, against reference::forward run per sequence
+//     on its dense key list (old cache rows + the appended rows, rotated here, literally, in
+//     float64 and rounded to the dtype) with q rotated likewise;
+//   - the cache after the call: appended v rows and unrotated dims of k rows are bit copies of
+//     v_new/k_new, rotated dims are the float64 rotation correctly rounded up to fp32
+//     arithmetic (see expect_cache_appended), every other byte of both caches is unchanged.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sweep.hpp"
+
+namespace flashattn::testing {
+namespace {
+
+enum class Rotary { Off, Interleaved, NeoX };
+
+struct KvCase {
+  std::string name;
+  std::vector<int32_t> seqlens{37, 5};  // cache_seqlens before the append; B = its size
+  int64_t seqlen_q = 1, seqlen_new = 1, heads = 4, heads_k = 2, head_dim = 64;
+  DType dtype = DType::Float32;
+  int64_t page_size = 0;  // 0: dense cache
+  bool batch_idx = false;  // dense: sequences in a shuffled subset of B + 2 cache rows
+  bool leftpad = false;    // random cache_leftpad in [0, cache_seqlens[b]]
+  Rotary rotary = Rotary::Off;
+  int64_t rotary_dim = 0;  // 0: D
+  Mask mask = kMasks[0];
+  float softcap = 0.0f;
+  Case::Alibi alibi = Case::Alibi::Off;
+  int32_t num_splits = 0;
+  bool with_lse = true;
+  bool empty_new = false;  // seqlen_new = 0 passed as empty k_new/v_new instead of none
+  int32_t num_threads = 0;
+
+  std::string describe() const {
+    std::string s = name + ": B=" + std::to_string(seqlens.size()) + " seqlens=(";
+    for (size_t i = 0; i < seqlens.size(); ++i) s += (i ? "," : "") + std::to_string(seqlens[i]);
+    s += ") Sq=" + std::to_string(seqlen_q) + " S_new=" + std::to_string(seqlen_new) +
+         " H=" + std::to_string(heads) + " Hk=" + std::to_string(heads_k) +
+         " D=" + std::to_string(head_dim) + " " + dtype_name(dtype) +
+         (page_size ? " page_size=" + std::to_string(page_size) : std::string(" dense")) +
+         (batch_idx ? " cache_batch_idx" : "") + (leftpad ? " leftpad" : "") +
+         (rotary == Rotary::Off ? ""
+                                : std::string(rotary == Rotary::Interleaved ? " rotary(interleaved"
+                                                                            : " rotary(neox") +
+                                      " dim " + std::to_string(rotary_dim ? rotary_dim : head_dim) +
+                                      ")") +
+         " mask=" + mask.name + (softcap > 0 ? " softcap" : "") +
+         (alibi == Case::Alibi::PerHead ? " alibi(H)" : "") +
+         (alibi == Case::Alibi::PerBatchHead ? " alibi(B,H)" : "") +
+         " num_splits=" + std::to_string(num_splits) + (with_lse ? "" : " no-lse") +
+         " seed=" + std::to_string(test_seed());
+    return s;
+  }
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::vector<double> values_of(Buffer& b) {
+  return reference::gather(TensorView::contiguous(b.data(), b.dtype, {b.count()}));
+}
+
+// One call's host tensors, built from a case.
+struct KvProblem {
+  KvCase c;
+  int64_t B, Sq, Sn, H, Hk, D, rd = 0;
+  int64_t cache_rows = 0, cache_dim1 = 0, capacity = 0, max_pages = 0;
+  std::vector<int32_t> leftpad, batch_idx, table;
+  Buffer q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens_buf, leftpad_buf, batch_idx_buf,
+      table_buf, slopes, out, lse;
+  Options options;
+  KvCache cache;
+  TensorView q_view, out_view, lse_view;
+
+  explicit KvProblem(const KvCase& kc) : c(kc) {
+    c.dtype = backend_dtype(c.dtype);
+    B = static_cast<int64_t>(c.seqlens.size());
+    Sq = c.seqlen_q;
+    Sn = c.seqlen_new;
+    H = c.heads;
+    Hk = c.heads_k;
+    D = c.head_dim;
+    if (c.rotary != Rotary::Off) rd = c.rotary_dim ? c.rotary_dim : D;
+    int64_t longest = 0;
+    for (int32_t n : c.seqlens) longest = std::max<int64_t>(longest, n + Sn);
+    if (c.page_size == 0) {
+      cache_dim1 = capacity = longest + 3;  // rows past every sequence: must stay untouched
+      cache_rows = c.batch_idx ? B + 2 : B;
+    } else {
+      max_pages = ceil_div(longest + 1, c.page_size);
+      capacity = max_pages * c.page_size;
+      cache_rows = B * max_pages + 3;  // three pages no sequence uses
+      cache_dim1 = c.page_size;
+    }
+
+    for (int64_t b = 0; b < B; ++b)
+      leftpad.push_back(c.leftpad ? std::uniform_int_distribution<int32_t>(0, c.seqlens[size_t(b)])(rng())
+                                  : 0);
+    std::vector<int32_t> perm(static_cast<size_t>(cache_rows));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng());
+    if (c.batch_idx) batch_idx.assign(perm.begin(), perm.begin() + B);
+    if (c.page_size) table.assign(perm.begin(), perm.begin() + B * max_pages);
+
+    // The cache: NaN everywhere but the positions the sequences own before the call.
+    const int64_t row = Hk * D;
+    k_cache = Buffer(c.dtype, cache_rows * cache_dim1 * row);
+    v_cache = Buffer(c.dtype, cache_rows * cache_dim1 * row);
+    k_cache.poison();
+    v_cache.poison();
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t pos = leftpad[size_t(b)]; pos < c.seqlens[size_t(b)]; ++pos)
+        for (int64_t e = 0; e < row; ++e) {
+          k_cache.set(storage_row(b, pos) * row + e, normal(rng()));
+          v_cache.set(storage_row(b, pos) * row + e, normal(rng()));
+        }
+
+    q = Buffer(c.dtype, B * Sq * H * D);
+    q.fill_random();
+    q_view = q.view({B, Sq, H, D});
+    cache.k_cache = k_cache.view({cache_rows, cache_dim1, Hk, D});
+    cache.v_cache = v_cache.view({cache_rows, cache_dim1, Hk, D});
+    seqlens_buf = int32_buffer(c.seqlens);
+    cache.cache_seqlens = seqlens_buf.view({B});
+    if (Sn > 0 || c.empty_new) {
+      k_new = Buffer(c.dtype, B * Sn * Hk * D);
+      v_new = Buffer(c.dtype, B * Sn * Hk * D);
+      k_new.fill_random();
+      v_new.fill_random();
+      cache.k_new = k_new.view({B, Sn, Hk, D});
+      cache.v_new = v_new.view({B, Sn, Hk, D});
+    }
+    if (rd > 0) {
+      const int64_t rows = longest + Sq + 1;
+      cos = Buffer(c.dtype, rows * (rd / 2));
+      sin = Buffer(c.dtype, rows * (rd / 2));
+      for (int64_t pos = 0; pos < rows; ++pos)
+        for (int64_t i = 0; i < rd / 2; ++i) {
+          const double angle = static_cast<double>(pos) * std::pow(10000.0, -2.0 * i / rd);
+          cos.set(pos * (rd / 2) + i, static_cast<float>(std::cos(angle)));
+          sin.set(pos * (rd / 2) + i, static_cast<float>(std::sin(angle)));
+        }
+      cache.rotary_cos = cos.view({rows, rd / 2});
+      cache.rotary_sin = sin.view({rows, rd / 2});
+      cache.rotary_interleaved = c.rotary == Rotary::Interleaved;
+    }
+    if (c.leftpad) {
+      leftpad_buf = int32_buffer(leftpad);
+      cache.cache_leftpad = leftpad_buf.view({B});
+    }
+    if (c.batch_idx) {
+      batch_idx_buf = int32_buffer(batch_idx);
+      cache.cache_batch_idx = batch_idx_buf.view({B});
+    }
+    if (c.page_size) {
+      table_buf = int32_buffer(table);
+      cache.block_table = table_buf.view({B, max_pages});
+    }
+    cache.num_splits = c.num_splits;
+
+    Case shape;  // for options_of
+    shape.batch = B;
+    shape.heads = H;
+    shape.causal = c.mask.causal;
+    shape.window_left = c.mask.left;
+    shape.window_right = c.mask.right;
+    shape.softcap = c.softcap;
+    shape.alibi = c.alibi;
+    options = options_of(shape, slopes);
+
+    out = Buffer(c.dtype, B * Sq * H * D);
+    lse = Buffer(DType::Float32, B * H * Sq);
+    out_view = out.view({B, Sq, H, D});
+    lse_view = lse.view({B, H, Sq});
+  }
+
+  // Where cache position `pos` of sequence b lives: a row of the (dim0 * dim1) rows.
+  int64_t storage_row(int64_t b, int64_t pos) const {
+    if (c.page_size == 0) return (c.batch_idx ? batch_idx[size_t(b)] : b) * cache_dim1 + pos;
+    return int64_t{table[size_t(b * max_pages + pos / c.page_size)]} * c.page_size +
+           pos % c.page_size;
+  }
+
+  bool rotary_per_row() const { return c.mask.causal || c.mask.left >= 0 || c.mask.right >= 0; }
+  std::optional<TensorView> lse_arg() const {
+    return c.with_lse ? std::optional<TensorView>(lse_view) : std::nullopt;
+  }
+};
+
+// Runs the call on the suite's backend with poisoned outputs; on CUDA every tensor is
+// mirrored to the GPU and the outputs and both caches are copied back.
+RunInfo run_on_backend(KvProblem& p, Execution execution = {}) {
+  execution.backend = kTestBackend;
+  if (p.c.num_threads) execution.num_threads = p.c.num_threads;
+  p.out.poison();
+  p.lse.poison();
+#ifndef FLASHATTN_TEST_CUDA
+  return forward_kvcache(p.q_view, p.cache, p.out_view, p.lse_arg(), p.options, execution);
+#else
+  const KvCache& h = p.cache;
+  DeviceMirror mq(p.q_view), mk(h.k_cache), mv(h.v_cache), mseq(h.cache_seqlens),
+      mout(p.out_view), mlse(p.lse_view);
+  std::optional<DeviceMirror> mkn, mvn, mcos, msin, midx, mpad, mtable, mslopes;
+  KvCache d = h;
+  d.k_cache = mk.view();
+  d.v_cache = mv.view();
+  d.cache_seqlens = mseq.view();
+  const auto mirror = [](std::optional<DeviceMirror>& m, const std::optional<TensorView>& host,
+                         std::optional<TensorView>& device) {
+    if (host) device = m.emplace(*host).view();
+  };
+  mirror(mkn, h.k_new, d.k_new);
+  mirror(mvn, h.v_new, d.v_new);
+  mirror(mcos, h.rotary_cos, d.rotary_cos);
+  mirror(msin, h.rotary_sin, d.rotary_sin);
+  mirror(midx, h.cache_batch_idx, d.cache_batch_idx);
+  mirror(mpad, h.cache_leftpad, d.cache_leftpad);
+  mirror(mtable, h.block_table, d.block_table);
+  Options options = p.options;
+  mirror(mslopes, p.options.alibi_slopes, options.alibi_slopes);
+  mout.poison();
+  mlse.poison();
+  std::optional<TensorView> lse;
+  if (p.c.with_lse) lse = mlse.view();
+  const RunInfo info = forward_kvcache(mq.view(), d, mout.view(), lse, options, execution);
+  cuda_check(cudaDeviceSynchronize(), "kernel");
+  mout.download();
+  if (p.c.with_lse) mlse.download();
+  mk.download();
+  mv.download();
+  return info;
+#endif
+}
+
+// x (head_dim values) rotated at cache position `pos`, in float64, from SPEC.md's definition.
+std::vector<double> rotate(const std::vector<double>& x, const KvProblem& p,
+                           const std::vector<double>& cos, const std::vector<double>& sin,
+                           int64_t pos) {
+  std::vector<double> y = x;
+  const int64_t half = p.rd / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t a = p.c.rotary == Rotary::Interleaved ? 2 * i : i;
+    const int64_t b = p.c.rotary == Rotary::Interleaved ? 2 * i + 1 : i + half;
+    const double c = cos[size_t(pos * half + i)], s = sin[size_t(pos * half + i)];
+    y[size_t(a)] = x[size_t(a)] * c - x[size_t(b)] * s;
+    y[size_t(b)] = x[size_t(a)] * s + x[size_t(b)] * c;
+  }
+  return y;
+}
+
+// The float64 expectation of a call, from the cache as it was before it.
+void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before) {
+  const std::vector<double> q = values_of(p.q);
+  const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
+  const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
+  const std::vector<double> k_new = p.Sn ? values_of(p.k_new) : std::vector<double>{};
+  const size_t elem = dtype_size(p.c.dtype);
+  const int64_t D = p.D, row = p.Hk * D;
+  std::vector<double> exact_out, exact_lse, low_out, low_lse;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t filled = p.c.seqlens[size_t(b)], begin = p.leftpad[size_t(b)];
+    const int64_t Sk = filled + p.Sn - begin;
+    Buffer kb(p.c.dtype, Sk * row), vb(p.c.dtype, Sk * row), qb(p.c.dtype, p.Sq * p.H * D);
+    for (int64_t j = 0; j < Sk; ++j) {
+      const int64_t pos = begin + j;
+      if (pos < filled) {  // an old row, as stored
+        std::memcpy(kb.bytes.data() + j * row * elem,
+                    k_before.bytes.data() + p.storage_row(b, pos) * row * elem, row * elem);
+        std::memcpy(vb.bytes.data() + j * row * elem,
+                    v_before.bytes.data() + p.storage_row(b, pos) * row * elem, row * elem);
+        continue;
+      }
+      const int64_t t = pos - filled;  // an appended row: k rotated and rounded, v as given
+      std::memcpy(vb.bytes.data() + j * row * elem,
+                  p.v_new.bytes.data() + (b * p.Sn + t) * row * elem, row * elem);
+      for (int64_t hk = 0; hk < p.Hk; ++hk) {
+        const size_t at = size_t(((b * p.Sn + t) * p.Hk + hk) * D);
+        std::vector<double> x(k_new.begin() + at, k_new.begin() + at + D);
+        if (p.rd) x = rotate(x, p, cos, sin, pos);
+        for (int64_t d = 0; d < D; ++d)
+          kb.set((j * p.Hk + hk) * D + d, static_cast<float>(x[size_t(d)]));
+      }
+    }
+    for (int64_t t = 0; t < p.Sq; ++t)
+      for (int64_t h = 0; h < p.H; ++h) {
+        const size_t at = size_t(((b * p.Sq + t) * p.H + h) * D);
+        std::vector<double> x(q.begin() + at, q.begin() + at + D);
+        if (p.rd) x = rotate(x, p, cos, sin, filled + (p.rotary_per_row() ? t : 0));
+        for (int64_t d = 0; d < D; ++d)
+          qb.set((t * p.H + h) * D + d, static_cast<float>(x[size_t(d)]));
+      }
+    Options o = p.options;
+    if (o.alibi_slopes) {  // this sequence's slopes, (H)
+      const int64_t offset = o.alibi_slopes->ndim == 2 ? b * p.H : 0;
+      o.alibi_slopes = TensorView::contiguous(static_cast<float*>(p.slopes.data()) + offset,
+                                              DType::Float32, {p.H});
+    }
+    const TensorView qv = qb.view({1, p.Sq, p.H, D}), kv = kb.view({1, Sk, p.Hk, D}),
+                     vv = vb.view({1, Sk, p.Hk, D});
+    const reference::Result exact = reference::forward(qv, kv, vv, o);
+    exact_out.insert(exact_out.end(), exact.out.begin(), exact.out.end());
+    exact_lse.insert(exact_lse.end(), exact.lse.begin(), exact.lse.end());
+    if (p.c.dtype != DType::Float32) {
+      const reference::Result low =
+          reference::forward(qv, kv, vv, o, nullptr, reference::Arithmetic::InputDType);
+      low_out.insert(low_out.end(), low.out.begin(), low.out.end());
+      low_lse.insert(low_lse.end(), low.lse.begin(), low.lse.end());
+    }
+  }
+  const reference::Check out_check =
+      reference::check_forward(p.c.dtype, reference::gather(p.out_view), exact_out, low_out);
+  EXPECT_TRUE(out_check.passed()) << "out: max abs error " << out_check.max_abs_error
+                                  << " > tolerance " << out_check.tolerance;
+  if (p.c.with_lse) {
+    const reference::Check lse_check =
+        reference::check_forward(p.c.dtype, reference::gather(p.lse_view), exact_lse, low_lse);
+    EXPECT_TRUE(lse_check.passed()) << "lse: max abs error " << lse_check.max_abs_error
+                                    << " > tolerance " << lse_check.tolerance;
+  }
+}
+
+// The unit roundoff of a dtype: half the distance from 1 to the next number.
+double unit_roundoff(DType d) {
+  return d == DType::Float32 ? 0x1p-24 : d == DType::Float16 ? 0x1p-11 : 0x1p-8;
+}
+
+// The caches after the call: appended rows where they belong, every other byte unchanged.
+// A rotated element y = x0 c - x1 s (or x0 s + x1 c) must be the float64 value rounded to
+// the dtype, allowing for fp32 arithmetic before that single rounding (fused or not):
+//   |y - exact| <= (u_dtype + 4 u_fp32) (|x0 c| + |x1 s|)   (+ 2^-24 for fp16 subnormals).
+void expect_cache_appended(KvProblem& p, Buffer& k_before, Buffer& v_before) {
+  const size_t elem = dtype_size(p.c.dtype);
+  const int64_t D = p.D, row = p.Hk * D;
+  std::vector<int64_t> writer(size_t(p.cache_rows * p.cache_dim1), -1);  // b * Sn + t
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t t = 0; t < p.Sn; ++t)
+      writer[size_t(p.storage_row(b, p.c.seqlens[size_t(b)] + t))] = b * p.Sn + t;
+  const std::vector<double> k_after = values_of(p.k_cache);
+  const std::vector<double> k_new = p.Sn ? values_of(p.k_new) : std::vector<double>{};
+  const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
+  const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
+  const double u = unit_roundoff(p.c.dtype) + 4 * 0x1p-24;
+  const double floor = p.c.dtype == DType::Float16 ? 0x1p-24 : 0.0;
+  int64_t untouched_changed = 0, copies_wrong = 0, rotations_wrong = 0;
+  std::string first;
+  for (int64_t r = 0; r < int64_t(writer.size()); ++r) {
+    const size_t offset = size_t(r * row) * elem;
+    if (writer[size_t(r)] < 0) {
+      if (std::memcmp(p.k_cache.bytes.data() + offset, k_before.bytes.data() + offset, row * elem) ||
+          std::memcmp(p.v_cache.bytes.data() + offset, v_before.bytes.data() + offset, row * elem)) {
+        if (!untouched_changed++) first = "cache row " + std::to_string(r) + " changed";
+      }
+      continue;
+    }
+    const int64_t src = writer[size_t(r)];
+    const int64_t b = src / p.Sn, pos = p.c.seqlens[size_t(b)] + src % p.Sn;
+    if (std::memcmp(p.v_cache.bytes.data() + offset, p.v_new.bytes.data() + size_t(src * row) * elem,
+                    row * elem)) {
+      if (!copies_wrong++) first = "v row of sequence " + std::to_string(b) + " position " + std::to_string(pos);
+    }
+    for (int64_t hk = 0; hk < p.Hk; ++hk) {
+      const size_t in = size_t((src * p.Hk + hk) * D), at = size_t((r * p.Hk + hk) * D);
+      // Dims past rotary_dim: bit copies.
+      if (std::memcmp(p.k_cache.bytes.data() + (at + size_t(p.rd)) * elem,
+                      p.k_new.bytes.data() + (in + size_t(p.rd)) * elem, size_t(D - p.rd) * elem)) {
+        if (!copies_wrong++) first = "unrotated k dims of sequence " + std::to_string(b) + " position " + std::to_string(pos);
+      }
+      const int64_t half = p.rd / 2;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = p.c.rotary == Rotary::Interleaved ? 2 * i : i;
+        const int64_t bb = p.c.rotary == Rotary::Interleaved ? 2 * i + 1 : i + half;
+        const double x0 = k_new[in + size_t(a)], x1 = k_new[in + size_t(bb)];
+        const double c = cos[size_t(pos * half + i)], s = sin[size_t(pos * half + i)];
+        const double ya = x0 * c - x1 * s, yb = x0 * s + x1 * c;
+        const double ta = u * (std::abs(x0 * c) + std::abs(x1 * s)) + floor;
+        const double tb = u * (std::abs(x0 * s) + std::abs(x1 * c)) + floor;
+        const double ga = k_after[at + size_t(a)], gb = k_after[at + size_t(bb)];
+        if (!(std::abs(ga - ya) <= ta) || !(std::abs(gb - yb) <= tb)) {
+          if (!rotations_wrong++)
+            first = "rotated k of sequence " + std::to_string(b) + " position " +
+                    std::to_string(pos) + " head " + std::to_string(hk) + " pair " +
+                    std::to_string(i) + ": got (" + std::to_string(ga) + ", " +
+                    std::to_string(gb) + "), expected (" + std::to_string(ya) + ", " +
+                    std::to_string(yb) + ")";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(untouched_changed, 0) << "cache rows outside the appended positions changed; first: " << first;
+  EXPECT_EQ(copies_wrong, 0) << "appended rows are not bit copies of k_new/v_new; first: " << first;
+  EXPECT_EQ(rotations_wrong, 0) << "rotated keys off by more than a rounding; first: " << first;
+}
+
+RunInfo run_and_check(const KvCase& c) {
+  SCOPED_TRACE(c.describe());
+  KvProblem p(c);
+  Buffer k_before = p.k_cache, v_before = p.v_cache;
+  const RunInfo info = run_on_backend(p);
+  EXPECT_EQ(info.backend, kTestBackend);
+  if (c.num_splits > 0) {
+    EXPECT_EQ(info.num_splits, c.num_splits);
+  }
+  EXPECT_GE(info.num_splits, 1);
+  expect_attention_matches(p, k_before, v_before);
+  expect_cache_appended(p, k_before, v_before);
+  return info;
+}
+
+// ---- The grid ----------------------------------------------------------------------------
+// Case n takes each axis's value from a hash of (n, axis): a fixed grid in which the axes
+// vary independently (a shared cycle would lock axes of equal length together), and in which
+// every value of every axis occurs (KvCacheGridCoverage checks).
+
+struct Layout {
+  const char* name;
+  int64_t page_size;
+  bool batch_idx;
+};
+constexpr Layout kLayouts[] = {{"dense", 0, false}, {"batchidx", 0, true}, {"page1", 1, false},
+                               {"page3", 3, false}, {"page16", 16, false}, {"page256", 256, false}};
+struct RotaryChoice {
+  const char* name;
+  Rotary rotary;
+  int rotary_dim_eighths;  // of D; 0 = full
+};
+constexpr RotaryChoice kRotaries[] = {{"norope", Rotary::Off, 0},
+                                      {"interleaved", Rotary::Interleaved, 0},
+                                      {"neox", Rotary::NeoX, 0},
+                                      {"neoxhalf", Rotary::NeoX, 4},
+                                      {"interleavedquarter", Rotary::Interleaved, 2}};
+struct Heads {
+  int64_t heads, heads_k;
+};
+constexpr Heads kHeads[] = {{4, 4}, {8, 2}, {8, 1}, {6, 1}, {16, 2}};
+constexpr int64_t kHeadDims[] = {64, 128, 40, 88, 256};
+constexpr int64_t kSeqlenQ[] = {1, 3, 17};
+constexpr int64_t kSeqlenNew[] = {0, 1, 5};
+constexpr int32_t kSplits[] = {0, 1, 3, 64};
+const std::vector<int32_t> kSeqlens[] = {{37, 5}, {0, 90, 12}, {150, 0}, {70, 131}, {3}};
+constexpr int kGridSize = 90;
+
+size_t pick(int n, size_t length, int axis) {
+  uint64_t x = static_cast<uint64_t>(n) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(axis);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;  // splitmix64's finaliser
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<size_t>((x ^ (x >> 31)) % length);
+}
+
+enum Axis { kLayoutAxis, kRotaryAxis, kMaskAxis, kDtypeAxis, kSeqlenQAxis, kSeqlenNewAxis,
+            kHeadsAxis, kHeadDimAxis, kSplitsAxis, kSeqlensAxis, kExtrasAxis, kAxes };
+
+KvCase grid_case(int n) {
+  KvCase c;
+  const Layout& layout = kLayouts[pick(n, std::size(kLayouts), kLayoutAxis)];
+  const RotaryChoice& rotary = kRotaries[pick(n, std::size(kRotaries), kRotaryAxis)];
+  const Mask& mask = kMasks[pick(n, std::size(kMasks), kMaskAxis)];
+  const size_t dtype_index = pick(n, std::size(kDtypes), kDtypeAxis);
+  c.page_size = layout.page_size;
+  c.batch_idx = layout.batch_idx;
+  c.rotary = rotary.rotary;
+  c.mask = mask;
+  c.dtype = kDtypes[dtype_index];
+  c.seqlen_q = kSeqlenQ[pick(n, std::size(kSeqlenQ), kSeqlenQAxis)];
+  c.seqlen_new = kSeqlenNew[pick(n, std::size(kSeqlenNew), kSeqlenNewAxis)];
+  const Heads heads = kHeads[pick(n, std::size(kHeads), kHeadsAxis)];
+  c.heads = heads.heads;
+  c.heads_k = heads.heads_k;
+  c.head_dim = kHeadDims[pick(n, std::size(kHeadDims), kHeadDimAxis)];
+  if (rotary.rotary_dim_eighths) c.rotary_dim = c.head_dim * rotary.rotary_dim_eighths / 8 / 2 * 2;
+  c.num_splits = kSplits[pick(n, std::size(kSplits), kSplitsAxis)];
+  c.seqlens = kSeqlens[pick(n, std::size(kSeqlens), kSeqlensAxis)];
+  // Extras: leftpad, no lse, softcap, ALiBi (H) and (B, H), each about a third of the time.
+  const size_t extras = pick(n, 32, kExtrasAxis);
+  c.leftpad = extras % 3 == 1;
+  c.with_lse = extras % 4 != 3;
+  c.softcap = extras / 4 % 3 == 2 ? 2.5f : 0.0f;
+  c.alibi = extras / 12 == 1 ? Case::Alibi::PerHead
+                             : extras / 12 == 2 ? Case::Alibi::PerBatchHead : Case::Alibi::Off;
+  c.name = std::to_string(n) + "_" + layout.name + "_" + rotary.name + "_" + mask.name + "_" +
+           dtype_name(c.dtype) + (dtype_index == 0 && c.dtype == DType::Float16 ? "_for_fp32" : "");
+  return c;
+}
+
+class KvCacheGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(KvCacheGrid, MatchesReferenceAndAppendsInPlace) { run_and_check(grid_case(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Features, KvCacheGrid, ::testing::Range(0, kGridSize),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return grid_case(info.param).name;
+                         });
+
+// Every value of every axis occurs in the grid (a failed hash spread would silently drop one).
+TEST(KvCacheGridCoverage, EveryAxisValueOccurs) {
+  const size_t lengths[kAxes] = {std::size(kLayouts), std::size(kRotaries), std::size(kMasks),
+                                 std::size(kDtypes),  std::size(kSeqlenQ),  std::size(kSeqlenNew),
+                                 std::size(kHeads),   std::size(kHeadDims), std::size(kSplits),
+                                 std::size(kSeqlens), 32};
+  for (int axis = 0; axis < kAxes; ++axis) {
+    std::vector<int> seen(lengths[axis]);
+    for (int n = 0; n < kGridSize; ++n) ++seen[pick(n, lengths[axis], axis)];
+    for (size_t v = 0; v < lengths[axis]; ++v)
+      if (axis != kExtrasAxis) {
+        EXPECT_GT(seen[v], 0) << "axis " << axis << " value " << v;
+      }
+  }
+  int leftpad = 0, softcap = 0, alibi = 0, no_lse = 0;
+  for (int n = 0; n < kGridSize; ++n) {
+    const KvCase c = grid_case(n);
+    leftpad += c.leftpad;
+    softcap += c.softcap > 0;
+    alibi += c.alibi != Case::Alibi::Off;
+    no_lse += !c.with_lse;
+  }
+  EXPECT_GT(leftpad, 10);
+  EXPECT_GT(softcap, 10);
+  EXPECT_GT(alibi, 10);
+  EXPECT_GT(no_lse, 10);
+}
+
+// ---- Named cases -------------------------------------------------------------------------
+
+TEST(KvCache, SequencesWithoutKeysGiveZeroOutAndMinusInfLse) {
+  for (DType dt : kDtypes) {
+    KvCase c;
+    c.name = "no keys";
+    c.seqlens = {0, 9, 0};
+    c.seqlen_new = 0;
+    c.seqlen_q = 3;
+    c.dtype = dt;
+    c.num_splits = 2;
+    SCOPED_TRACE(c.describe());
+    KvProblem p(c);
+    Buffer k_before = p.k_cache, v_before = p.v_cache;
+    run_on_backend(p);
+    expect_attention_matches(p, k_before, v_before);
+    const std::vector<double> out = reference::gather(p.out_view);
+    const auto* lse = static_cast<const float*>(p.lse.data());
+    for (int64_t b : {0, 2})
+      for (int64_t h = 0; h < p.H; ++h)
+        for (int64_t i = 0; i < p.Sq; ++i) {
+          EXPECT_EQ(lse[(b * p.H + h) * p.Sq + i], -std::numeric_limits<float>::infinity());
+          for (int64_t d = 0; d < p.D; ++d)
+            EXPECT_EQ(out[size_t(((b * p.Sq + i) * p.H + h) * p.D + d)], 0.0);
+        }
+  }
+}
+
+TEST(KvCache, EmptyNewKeysAreAccepted) {
+  KvCase c;
+  c.name = "S_new = 0 given as tensors";
+  c.seqlen_new = 0;
+  c.empty_new = true;
+  c.rotary = Rotary::NeoX;
+  c.mask = kMasks[1];
+  run_and_check(c);
+}
+
+TEST(KvCache, EverySplitCountMatchesTheReference) {
+  for (int32_t splits : {1, 2, 5, 17, 1024}) {
+    KvCase c;
+    c.name = "splits";
+    c.seqlens = {400, 1, 257};
+    c.seqlen_q = 2;
+    c.seqlen_new = 3;
+    c.heads = 8;
+    c.heads_k = 2;
+    c.dtype = DType::BFloat16;
+    c.page_size = 16;
+    c.mask = kMasks[2];
+    c.num_splits = splits;
+    run_and_check(c);
+  }
+}
+
+TEST(KvCache, AppendStraddlesPagesAndQueriesOutnumberKeys) {
+  KvCase c;
+  c.name = "straddle";
+  c.seqlens = {2, 0};
+  c.seqlen_new = 7;
+  c.seqlen_q = 17;  // causal: the first rows see no key at all
+  c.page_size = 3;
+  c.mask = kMasks[1];
+  c.rotary = Rotary::Interleaved;
+  c.dtype = DType::Float16;
+  c.leftpad = true;
+  run_and_check(c);
+}
+
+TEST(KvCache, LongPagedDecode) {
+  KvCase c;
+  c.name = "long decode";
+  c.seqlens = {2100, 777};
+  c.seqlen_new = 1;
+  c.heads = 16;
+  c.heads_k = 2;
+  c.head_dim = 128;
+  c.dtype = DType::BFloat16;
+  c.page_size = 16;
+  c.rotary = Rotary::NeoX;
+  c.mask = kMasks[1];
+  run_and_check(c);
+}
+
+TEST(KvCache, OddHeadDims) {
+  for (int64_t d : {8, 24, 40, 88, 136, 200, 256}) {
+    KvCase c;
+    c.name = "head dim " + std::to_string(d);
+    c.seqlens = {65, 20};
+    c.seqlen_q = 3;
+    c.seqlen_new = 2;
+    c.head_dim = d;
+    c.dtype = kDtypes[size_t(d / 8) % 3];
+    c.rotary = d % 16 ? Rotary::Interleaved : Rotary::NeoX;
+    c.rotary_dim = d >= 16 ? d / 2 / 2 * 2 : 0;
+    c.mask = kMasks[size_t(d / 8) % std::size(kMasks)];
+    c.page_size = d % 3 ? 16 : 0;
+    run_and_check(c);
+  }
+}
+
+// A cache read (no append) may share rows between sequences: cache_batch_idx repeats, pages
+// of a common prefix appear in several block-table rows.
+TEST(KvCache, SharedRowsAndPagesWithoutAppend) {
+  for (bool paged : {false, true}) {
+    KvCase c;
+    c.name = paged ? "shared pages" : "shared cache rows";
+    c.seqlens = {40, 40};
+    c.seqlen_new = 0;
+    c.seqlen_q = 2;
+    c.page_size = paged ? 16 : 0;
+    c.batch_idx = !paged;
+    c.mask = kMasks[1];
+    SCOPED_TRACE(c.describe());
+    KvProblem p(c);
+    // Sequence 1 reads what sequence 0 reads.
+    if (paged) {
+      for (int64_t s = 0; s < p.max_pages; ++s)
+        p.table[size_t(p.max_pages + s)] = p.table[size_t(s)];
+      std::memcpy(p.table_buf.data(), p.table.data(), p.table.size() * sizeof(int32_t));
+    } else {
+      p.batch_idx[1] = p.batch_idx[0];
+      std::memcpy(p.batch_idx_buf.data(), p.batch_idx.data(), 2 * sizeof(int32_t));
+    }
+    Buffer k_before = p.k_cache, v_before = p.v_cache;
+    run_on_backend(p);
+    expect_attention_matches(p, k_before, v_before);
+    EXPECT_EQ(p.k_cache.bytes, k_before.bytes);
+    EXPECT_EQ(p.v_cache.bytes, v_before.bytes);
+  }
+}
+
+// q and out through head-major views, k_new/v_new with padded rows, and a packed cache:
+// k and v interleaved in one (B, S, 2, Hk, D) buffer, appended in place.
+TEST(KvCache, StridedViewsAndPackedCache) {
+  KvCase c;
+  c.name = "strided";
+  c.seqlens = {30, 61};
+  c.seqlen_q = 5;
+  c.seqlen_new = 4;
+  c.heads = 4;
+  c.heads_k = 2;
+  c.head_dim = 32;
+  c.dtype = DType::Float16;
+  c.rotary = Rotary::Interleaved;
+  c.mask = kMasks[3];
+  SCOPED_TRACE(c.describe());
+  KvProblem p(c);
+  const int64_t B = p.B, Sq = p.Sq, H = p.H, D = p.D, Hk = p.Hk, Sn = p.Sn, S = p.cache_dim1;
+  // Packed cache: copy both caches into one buffer, then view it twice.
+  Buffer packed(p.c.dtype, B * S * 2 * Hk * D);
+  const size_t elem = dtype_size(p.c.dtype), row = size_t(Hk * D) * elem;
+  for (int64_t r = 0; r < B * S; ++r) {
+    std::memcpy(packed.bytes.data() + size_t(2 * r) * row, p.k_cache.bytes.data() + size_t(r) * row, row);
+    std::memcpy(packed.bytes.data() + size_t(2 * r + 1) * row, p.v_cache.bytes.data() + size_t(r) * row, row);
+  }
+  p.cache.k_cache = packed.view({B, S, Hk, D}, {S * 2 * Hk * D, 2 * Hk * D, D, 1}, 0);
+  p.cache.v_cache = packed.view({B, S, Hk, D}, {S * 2 * Hk * D, 2 * Hk * D, D, 1}, Hk * D);
+  // Head-major q and out.
+  Buffer q_hm(p.c.dtype, B * H * Sq * D), out_hm(p.c.dtype, B * H * Sq * D);
+  p.q_view = q_hm.view({B, Sq, H, D}, {H * Sq * D, D, Sq * D, 1});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Sq; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(q_hm.bytes.data() + size_t(((b * H + h) * Sq + t) * D) * elem,
+                    p.q.bytes.data() + size_t(((b * Sq + t) * H + h) * D) * elem, size_t(D) * elem);
+  // Padded k_new / v_new rows.
+  Buffer kn(p.c.dtype, B * Sn * Hk * (D + 8)), vn(p.c.dtype, B * Sn * Hk * (D + 8));
+  for (int64_t r = 0; r < B * Sn * Hk; ++r) {
+    std::memcpy(kn.bytes.data() + size_t(r * (D + 8)) * elem, p.k_new.bytes.data() + size_t(r * D) * elem, size_t(D) * elem);
+    std::memcpy(vn.bytes.data() + size_t(r * (D + 8)) * elem, p.v_new.bytes.data() + size_t(r * D) * elem, size_t(D) * elem);
+  }
+  p.cache.k_new = kn.view({B, Sn, Hk, D}, {Sn * Hk * (D + 8), Hk * (D + 8), D + 8, 1});
+  p.cache.v_new = vn.view({B, Sn, Hk, D}, {Sn * Hk * (D + 8), Hk * (D + 8), D + 8, 1});
+  const TensorView out_view = out_hm.view({B, Sq, H, D}, {H * Sq * D, D, Sq * D, 1});
+  Buffer k_before = p.k_cache, v_before = p.v_cache;
+  out_hm.poison();
+  p.lse.poison();
+  Execution e;
+  e.backend = kTestBackend;
+#ifndef FLASHATTN_TEST_CUDA
+  forward_kvcache(p.q_view, p.cache, out_view, p.lse_view, p.options, e);
+#else
+  DeviceMirror mq(p.q_view), mpk(p.cache.k_cache), mseq(p.cache.cache_seqlens), mkn(*p.cache.k_new),
+      mvn(*p.cache.v_new), mcos(*p.cache.rotary_cos), msin(*p.cache.rotary_sin), mout(out_view),
+      mlse(p.lse_view);
+  KvCache d = p.cache;
+  d.k_cache = mpk.view();
+  d.v_cache = mpk.view();
+  d.v_cache.data = static_cast<char*>(d.v_cache.data) + Hk * D * elem;
+  d.cache_seqlens = mseq.view();
+  d.k_new = mkn.view();
+  d.v_new = mvn.view();
+  d.rotary_cos = mcos.view();
+  d.rotary_sin = msin.view();
+  mout.poison();
+  mlse.poison();
+  forward_kvcache(mq.view(), d, mout.view(), mlse.view(), p.options, e);
+  cuda_check(cudaDeviceSynchronize(), "kernel");
+  mout.download();
+  mlse.download();
+  mpk.download();
+#endif
+  // Unpack the cache and the output back into the problem's own buffers for the checks.
+  for (int64_t r = 0; r < B * S; ++r) {
+    std::memcpy(p.k_cache.bytes.data() + size_t(r) * row, packed.bytes.data() + size_t(2 * r) * row, row);
+    std::memcpy(p.v_cache.bytes.data() + size_t(r) * row, packed.bytes.data() + size_t(2 * r + 1) * row, row);
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Sq; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(p.out.bytes.data() + size_t(((b * Sq + t) * H + h) * D) * elem,
+                    out_hm.bytes.data() + size_t(((b * H + h) * Sq + t) * D) * elem, size_t(D) * elem);
+  expect_attention_matches(p, k_before, v_before);
+  expect_cache_appended(p, k_before, v_before);
+}
+
+#ifndef FLASHATTN_TEST_CUDA
+// Automatic splitting on the CPU: one pass when there is a work item per thread, else chunks
+// of at least four key blocks, as many as the threads need.
+TEST(KvCacheCpu, AutomaticSplitsFillTheThreads) {
+  KvCase c;
+  c.name = "auto splits";
+  c.seqlens = {4000};
+  c.seqlen_new = 1;
+  c.heads = 1;
+  c.heads_k = 1;
+  c.num_threads = 8;
+  EXPECT_EQ(run_and_check(c).num_splits, 8);  // 1 item, 8 threads, 62 key blocks
+  c.seqlens = {300};
+  EXPECT_EQ(run_and_check(c).num_splits, 1);  // 5 key blocks: one chunk of >= 4
+  c.seqlens = {4000};
+  c.heads = 8;
+  EXPECT_EQ(run_and_check(c).num_splits, 1);  // 8 items for 8 threads
+}
+
+// A fixed split count gives the same bits whatever the thread count.
+TEST(KvCacheCpu, BitwiseEqualForEveryThreadCount) {
+  KvCase c;
+  c.name = "threads";
+  c.seqlens = {500, 123};
+  c.seqlen_q = 3;
+  c.seqlen_new = 2;
+  c.dtype = DType::BFloat16;
+  c.page_size = 16;
+  c.num_splits = 3;
+  c.rotary = Rotary::NeoX;
+  KvProblem p(c);
+  const Buffer k0 = p.k_cache, v0 = p.v_cache;
+  std::vector<unsigned char> first_out, first_lse, first_k;
+  for (int threads : {1, 2, 3, 7}) {
+    std::memcpy(p.k_cache.data(), k0.bytes.data(), k0.bytes.size());
+    std::memcpy(p.v_cache.data(), v0.bytes.data(), v0.bytes.size());
+    Execution e;
+    e.num_threads = threads;
+    run_on_backend(p, e);
+    if (first_out.empty()) {
+      first_out = p.out.bytes;
+      first_lse = p.lse.bytes;
+      first_k = p.k_cache.bytes;
+    } else {
+      EXPECT_EQ(p.out.bytes, first_out) << threads << " threads";
+      EXPECT_EQ(p.lse.bytes, first_lse) << threads << " threads";
+      EXPECT_EQ(p.k_cache.bytes, first_k) << threads << " threads";
+    }
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace flashattn::testing
