@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace nb = nanobind;
 
@@ -183,7 +184,7 @@ struct Call {
 // Runs one C ABI call without the GIL (the CPU engine is multithreaded and may take long)
 // and raises on failure. The thread-local error message is read on the same thread.
 template <class F>
-int run(F&& call) {
+fa_run_info run_info(F&& call) {
   fa_status status;
   std::string message;
   fa_run_info info;
@@ -194,7 +195,13 @@ int run(F&& call) {
     if (status != FA_OK) message = fa_last_error();
   }
   check(status, message);
-  return info.backend;
+  return info;
+}
+
+// The same, returning the fa_backend code that ran.
+template <class F>
+int run(F&& call) {
+  return run_info(std::forward<F>(call)).backend;
 }
 
 #define FA_COMMON_ARGS                                                                      \
@@ -312,4 +319,56 @@ NB_MODULE(_C, m) {
       nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
       nb::arg("seqused_k").none() = nb::none(), FA_COMMON_ARGS,
       "fa_backward_varlen: lse (H, total_q) fp32 is required.");
+
+  m.def(
+      "forward_kvcache",
+      [](nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle cache_seqlens,
+         nb::handle out, nb::handle lse, nb::handle k_new, nb::handle v_new,
+         nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
+         nb::handle cache_batch_idx, nb::handle cache_leftpad, nb::handle block_table,
+         int num_splits, std::optional<float> softmax_scale, bool causal, int window_left,
+         int window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
+         uint64_t seed, uint64_t offset, bool deterministic, int backend, uintptr_t stream,
+         int num_threads) {
+        Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+               dropout_p, seed, offset, deterministic, backend, stream, num_threads);
+        Arg tq = tensor(q, "q"), tout = tensor(out, "out"), tkc = tensor(k_cache, "k_cache"),
+            tvc = tensor(v_cache, "v_cache"), tsl = tensor(cache_seqlens, "cache_seqlens");
+        std::optional<Arg> tlse = optional_tensor(lse, "lse"), tk = optional_tensor(k_new, "k"),
+                           tv = optional_tensor(v_new, "v"),
+                           tcos = optional_tensor(rotary_cos, "rotary_cos"),
+                           tsin = optional_tensor(rotary_sin, "rotary_sin"),
+                           tidx = optional_tensor(cache_batch_idx, "cache_batch_idx"),
+                           tpad = optional_tensor(cache_leftpad, "cache_leftpad"),
+                           ttable = optional_tensor(block_table, "block_table");
+        fa_kvcache cache;
+        fa_kvcache_init(&cache);
+        cache.k_cache = tkc.ptr();
+        cache.v_cache = tvc.ptr();
+        cache.cache_seqlens = tsl.ptr();
+        cache.k_new = ptr(tk);
+        cache.v_new = ptr(tv);
+        cache.rotary_cos = ptr(tcos);
+        cache.rotary_sin = ptr(tsin);
+        cache.rotary_interleaved = rotary_interleaved;
+        cache.cache_batch_idx = ptr(tidx);
+        cache.cache_leftpad = ptr(tpad);
+        cache.block_table = ptr(ttable);
+        cache.num_splits = num_splits;
+        const fa_run_info info = run_info([&](fa_run_info* i) {
+          return fa_forward_kvcache(tq.ptr(), &cache, tout.ptr(), ptr(tlse), &c.options,
+                                    &c.execution, i);
+        });
+        return nb::make_tuple(info.backend, info.num_splits);
+      },
+      nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("cache_seqlens"),
+      nb::arg("out"), nb::arg("lse").none(), nb::arg("k").none() = nb::none(),
+      nb::arg("v").none() = nb::none(), nb::arg("rotary_cos").none() = nb::none(),
+      nb::arg("rotary_sin").none() = nb::none(), nb::arg("rotary_interleaved") = true,
+      nb::arg("cache_batch_idx").none() = nb::none(),
+      nb::arg("cache_leftpad").none() = nb::none(), nb::arg("block_table").none() = nb::none(),
+      nb::arg("num_splits") = 0, FA_COMMON_ARGS,
+      "fa_forward_kvcache: appends k/v (B, S_new, Hk, D) into k_cache/v_cache in place at "
+      "cache_seqlens (int32 (B)), then writes out (B, Sq, H, D) and lse (B, H, Sq) fp32 (may be "
+      "None). Returns (the fa_backend code that ran, the number of key splits it merged).");
 }

@@ -85,3 +85,55 @@ def forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, ali
     else:
         _C.forward(_bits(q), _bits(k), _bits(v), _bits(out), lse, **options)
     return out, lse
+
+
+def _cache_seqlens(xp, cache_seqlens, q, k_cache, k, block_table):
+    """int32 (batch,) cache_seqlens from an int (broadcast) or None (every cache full)."""
+    if cache_seqlens is not None and not isinstance(cache_seqlens, (int, np.integer)):
+        if not hasattr(cache_seqlens, "shape"):
+            raise TypeError(f"cache_seqlens: expected an int or an int32 (batch,) array, given "
+                            f"{type(cache_seqlens).__name__}")
+        return cache_seqlens
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("cache_seqlens: expected an int or an int32 (batch,) array when k "
+                             "and v are appended, given None")
+        cache_seqlens = k_cache.shape[1] * (block_table.shape[1] if block_table is not None
+                                            else 1)
+    return xp.full((q.shape[0],), int(cache_seqlens), dtype=xp.int32)
+
+
+def forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                    cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                    window_size, softcap, rotary_interleaved, alibi_slopes, num_splits):
+    xp, convert = _namespace(q)
+    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
+     block_table, alibi_slopes) = (convert(a) for a in (
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
+        block_table, alibi_slopes))
+    if not isinstance(cache_seqlens, (type(None), int, np.integer)):
+        cache_seqlens = convert(cache_seqlens)
+    for a, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (k, "k"), (v, "v")):
+        if a is not None:
+            _check_float(a, name)
+    for a, name in ((q, "q"), (v_cache, "v_cache")):
+        if a.ndim != 4:
+            raise ValueError(f"{name}: expected 4 dimensions, given {a.ndim} "
+                             f"(shape {tuple(a.shape)})")
+    if k is not None:
+        for a, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+            if xp is np and not a.flags.writeable:
+                raise ValueError(f"{name}: expected a writable array (k and v are appended in "
+                                 f"place), given a read-only one")
+    cache_seqlens = _cache_seqlens(xp, cache_seqlens, q, k_cache, k, block_table)
+    out = xp.empty(tuple(q.shape[:-1]) + (v_cache.shape[-1],), dtype=q.dtype)
+    lse = xp.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=xp.float32)
+    _C.forward_kvcache(
+        _bits(q), _bits(k_cache), _bits(v_cache), cache_seqlens, _bits(out), lse,
+        k=_bits(k), v=_bits(v), rotary_cos=_bits(rotary_cos), rotary_sin=_bits(rotary_sin),
+        rotary_interleaved=bool(rotary_interleaved), cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad, block_table=block_table, num_splits=int(num_splits),
+        softmax_scale=softmax_scale, causal=bool(causal), window_left=int(window_size[0]),
+        window_right=int(window_size[1]), softcap=float(softcap), alibi_slopes=alibi_slopes,
+        **_execution(xp))
+    return out, lse

@@ -97,8 +97,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
             return_attn_probs, block_table):
     if block_table is not None:
-        raise NotImplementedError("block_table: expected None (the paged KV cache arrives "
-                                  "with forward_kvcache), given a tensor")
+        raise NotImplementedError("block_table: expected None (a paged KV cache is "
+                                  "flash_attn_with_kvcache's), given a tensor")
     if _is_torch(q):
         from . import torch_ops
 
@@ -221,7 +221,7 @@ flash_attn_varlen_func.__doc__ = f"""Exact attention over a ragged batch.
         max_seqlen_q: int. The longest query sequence.
         max_seqlen_k: int. The longest key sequence.
 {_COMMON_ARGS}
-        block_table: must be None (the paged KV cache is not available yet).
+        block_table: must be None (for a paged KV cache use flash_attn_with_kvcache).
 
 {_MASKS}
 
@@ -282,4 +282,100 @@ flash_attn_varlen_kvpacked_func.__doc__ = f"""Exact attention over a ragged batc
 {_MASKS}
 
 {_RETURNS.format(out_shape="(total_q, nheads, headdim)", lse_shape="(nheads, total_q)")}
+    """
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    left, right = _window(window_size)
+    if _is_torch(q):
+        from . import torch_ops
+
+        seqlens = torch_ops.cache_seqlens_tensor(cache_seqlens, q, k_cache, k, block_table)
+        out, lse = torch_ops.fwd_kvcache(q, k_cache, v_cache, seqlens, k, v, rotary_cos,
+                                         rotary_sin, bool(rotary_interleaved), cache_batch_idx,
+                                         cache_leftpad, block_table, softmax_scale,
+                                         bool(causal), left, right, float(softcap),
+                                         alibi_slopes, int(num_splits))
+    else:
+        out, lse = _array.forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                          cache_seqlens, cache_batch_idx, cache_leftpad,
+                                          block_table, softmax_scale, causal, (left, right),
+                                          softcap, rotary_interleaved, alibi_slopes, num_splits)
+    return (out, lse) if return_softmax_lse else out
+
+
+flash_attn_with_kvcache.__doc__ = f"""Attention of new queries to a key/value cache (inference:
+    decoding and chunked prefill), appending new keys and values to the cache first.
+
+    When k and v are given they are written into k_cache and v_cache *in place*, at positions
+    cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 of sequence b (rotated first when
+    rotary_cos/rotary_sin are given), and q then attends to the updated cache: sequence b's
+    keys are its positions cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1, and q's rows
+    are the last seqlen_q of them, so causal and window masks are aligned to the bottom-right
+    corner as in flash_attn_func. The caller keeps track of the lengths (pass
+    cache_seqlens + seqlen_new at the next step) and allocates caches large enough for the
+    appended rows. Inference only: there is no backward.
+
+    Rotary embedding (when rotary_cos and rotary_sin are given): k is rotated at its cache
+    positions cache_seqlens[b] + t. q is rotated at positions cache_seqlens[b] + t when causal
+    or windowed, and at cache_seqlens[b] for every row otherwise (all of q then counts as one
+    position). Only the first rotary_dim = 2 * rotary_cos.shape[1] features are rotated.
+
+    GQA/MQA: nheads must be a multiple of nheads_k; query head h reads key/value head
+    h // (nheads // nheads_k).
+
+    Arguments:
+        q: (batch_size, seqlen_q, nheads, headdim)
+        k_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim) without block_table;
+            (num_blocks, page_block_size, nheads_k, headdim) with block_table (a paged cache;
+            any page_block_size >= 1). Its last dimension must have unit stride (it is written
+            in place, so it is never copied).
+        v_cache: the same shape as k_cache.
+        k: (batch_size, seqlen_new, nheads_k, headdim), optional: appended to k_cache.
+        v: (batch_size, seqlen_new, nheads_k, headdim), optional: appended to v_cache. k and v
+            are given together or not at all.
+        rotary_cos: (seqlen_rotary, rotary_dim / 2), q's dtype, optional. rotary_dim is even
+            and at most headdim; seqlen_rotary covers every rotated position.
+        rotary_sin: (seqlen_rotary, rotary_dim / 2), like rotary_cos.
+        cache_seqlens: int, or (batch_size,) int32: the positions of each sequence already in
+            the cache (cache_leftpad included). An int applies to every sequence. None: every
+            sequence fills the whole cache (only without k and v).
+        cache_batch_idx: (batch_size,) int32, optional: the cache row of sequence b (dense
+            cache only). Default: row b. Rows that repeat with k and v given make the written
+            values those of one of the duplicates.
+        cache_leftpad: (batch_size,) int32, optional: the first cache position of sequence b
+            (left padding). Default: 0.
+        block_table: (batch_size, max_num_blocks_per_seq) int32, optional: position p of
+            sequence b lives in block block_table[b, p // page_block_size], row
+            p % page_block_size.
+        softmax_scale: float. The scaling of QK^T before the softmax. Default 1 / sqrt(headdim).
+        causal: bool. Whether to apply the causal mask (bottom-right aligned; see below).
+        window_size: (left, right). Sliding-window local attention when not (-1, -1).
+        softcap: float. Anything > 0 activates softcapping.
+        rotary_interleaved: bool. True: rotate the feature pairs (0, 1), (2, 3), ...; False:
+            rotate (i, i + rotary_dim / 2) (GPT-NeoX style).
+        alibi_slopes: (nheads,) or (batch_size, nheads), fp32. A bias of
+            -alibi_slope * |i + seqlen_k - seqlen_q - j| is added to the score of query i and
+            key j (seqlen_k and j counted from the sequence's first position).
+        num_splits: int. 0: choose automatically; 1: one pass over the keys; n > 1: split the
+            keys into n chunks whose partial results are merged exactly. The result is the
+            same up to rounding whatever the choice.
+        return_softmax_lse: bool. Also return the log-sum-exp.
+
+    Tensors: PyTorch tensors (CPU or CUDA, the call on the current stream; also under
+    torch.no_grad, torch.inference_mode, CUDA-graph capture and torch.compile, where it is one
+    node that updates the caches in place) or NumPy/DLPack arrays (the caches are updated
+    through the same memory). fp16/bf16 on CUDA; fp32/fp16/bf16 on the CPU.
+
+{_MASKS}
+
+    Return:
+        out: (batch_size, seqlen_q, nheads, headdim).
+        softmax_lse [optional, if return_softmax_lse=True]: (batch_size, nheads, seqlen_q),
+            fp32. The log-sum-exp (natural log) of each row of the scaled, masked scores.
     """

@@ -1,11 +1,18 @@
 """PyTorch integration: custom ops (torch.library) with fake implementations and autograd.
 
-Four ops, ``flashattn::fwd``, ``flashattn::bwd``, ``flashattn::varlen_fwd`` and
-``flashattn::varlen_bwd``, each a thin call into the C ABI with outputs allocated by torch on
-the input's device (so the caching allocator and CUDA-graph capture see every allocation; the
-library allocates nothing on the GPU for the forward). The forward ops have autograd
-registered on them, so ``torch.compile(fullgraph=True)`` traces them as single nodes, forward
-and backward, with no graph break.
+Five ops, ``flashattn::fwd``, ``flashattn::bwd``, ``flashattn::varlen_fwd``,
+``flashattn::varlen_bwd`` and ``flashattn::fwd_kvcache``, each a thin call into the C ABI with
+outputs allocated by torch on the input's device (so the caching allocator and CUDA-graph
+capture see every allocation; the library allocates nothing on the GPU for the forward). The
+forward ops have autograd registered on them, so ``torch.compile(fullgraph=True)`` traces them
+as single nodes, forward and backward, with no graph break.
+
+``flashattn::fwd_kvcache`` is inference only: it declares ``mutates_args=("k_cache",
+"v_cache")`` (the new keys and values are written into the caches in place), so eager mode,
+``torch.no_grad`` and ``torch.inference_mode`` see an in-place op, and ``torch.compile``
+traces it as one node that it functionalises and re-inplaces (the caches are updated in
+place, not copied, when they are graph inputs or module buffers). It has no autograd formula:
+its outputs carry no gradient to q, and a backward through them raises.
 
 Dropout: the forward op draws a seed from torch's default (CPU) generator, so
 ``torch.manual_seed`` governs it, and returns it as ``rng_state = [seed, offset]`` (int64,
@@ -21,6 +28,7 @@ DLPack round trip and no stream synchronisation, so a call on the current CUDA s
 capturable. Only the last dimension needs unit stride; other strides pass through, so packed
 qkv/kv views are never copied.
 """
+import operator
 from typing import Optional, Tuple
 
 import torch
@@ -276,3 +284,72 @@ def _varlen_fwd_backward(ctx, dout, dlse, drng_state):
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
+
+
+# ---------------------------------------------------------------------------- kv cache
+
+@torch.library.custom_op("flashattn::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                k: Optional[Tensor], v: Optional[Tensor], rotary_cos: Optional[Tensor],
+                rotary_sin: Optional[Tensor], rotary_interleaved: bool,
+                cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
+                block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
+                window_left: int, window_right: int, softcap: float,
+                alibi_slopes: Optional[Tensor], num_splits: int) -> Tuple[Tensor, Tensor]:
+    """Appends k/v into k_cache/v_cache in place, then out (B, Sq, H, Dv), lse (B, H, Sq) fp32."""
+    _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
+    _check_dim(v_cache, "v_cache", 4, "(batch_cache, seqlen_cache, nheads_k, headdim_v) or "
+               "(num_blocks, page_block_size, nheads_k, headdim_v)")
+    # The caches are written in place, so they are never copied: a cache whose last dimension
+    # is strided is the library's error, not a silent copy that the append would miss.
+    q, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, \
+        block_table = (_contiguous_last(t) for t in (q, k, v, rotary_cos, rotary_sin,
+                                                     cache_seqlens, cache_batch_idx,
+                                                     cache_leftpad, block_table))
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, v_cache.shape[-1]))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    with _DeviceGuard(q):
+        _C.forward_kvcache(
+            _desc(q, "q"), _desc(k_cache, "k_cache"), _desc(v_cache, "v_cache"),
+            _desc(cache_seqlens, "cache_seqlens"), _desc(out, "out"), _desc(lse, "lse"),
+            k=_desc(k, "k"), v=_desc(v, "v"), rotary_cos=_desc(rotary_cos, "rotary_cos"),
+            rotary_sin=_desc(rotary_sin, "rotary_sin"), rotary_interleaved=rotary_interleaved,
+            cache_batch_idx=_desc(cache_batch_idx, "cache_batch_idx"),
+            cache_leftpad=_desc(cache_leftpad, "cache_leftpad"),
+            block_table=_desc(block_table, "block_table"), num_splits=num_splits,
+            **_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                       False),
+            **_execution(q))
+    return out, lse
+
+
+@fwd_kvcache.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin, rotary_interleaved,
+      cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_left,
+      window_right, softcap, alibi_slopes, num_splits):
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, v_cache.shape[-1]))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return out, lse
+
+
+def cache_seqlens_tensor(cache_seqlens, q: Tensor, k_cache: Tensor, k: Optional[Tensor],
+                         block_table: Optional[Tensor]) -> Tensor:
+    """What fwd_kvcache takes: an int (or SymInt) becomes int32 (batch,) on q's device; None
+    means every sequence fills the whole cache (nothing may be appended then)."""
+    if isinstance(cache_seqlens, Tensor):
+        return cache_seqlens
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("cache_seqlens: expected an int or an int32 (batch,) tensor when k "
+                             "and v are appended, given None")
+        capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+        cache_seqlens = capacity
+    elif not isinstance(cache_seqlens, torch.SymInt):
+        try:
+            cache_seqlens = operator.index(cache_seqlens)
+        except TypeError:
+            raise TypeError(f"cache_seqlens: expected an int or an int32 (batch,) tensor, given "
+                            f"{type(cache_seqlens).__name__}") from None
+    return torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
