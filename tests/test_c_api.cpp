@@ -140,12 +140,27 @@ TEST(CInit, RunInfoDefaults) {
   fa_run_info_init(&info);
   EXPECT_EQ(info.struct_size, sizeof(fa_run_info));
   EXPECT_EQ(info.workspace_bytes, 0u);
+  EXPECT_EQ(info.num_splits, 1);
+}
+
+TEST(CInit, KvCacheDefaults) {
+  fa_kvcache c;
+  std::memset(&c, 0xFF, sizeof c);
+  fa_kvcache_init(&c);
+  EXPECT_EQ(c.struct_size, sizeof(fa_kvcache));
+  for (const fa_tensor* t : {c.k_cache, c.v_cache, c.cache_seqlens, c.k_new, c.v_new,
+                             c.rotary_cos, c.rotary_sin, c.cache_batch_idx, c.cache_leftpad,
+                             c.block_table})
+    EXPECT_EQ(t, nullptr);
+  EXPECT_EQ(c.rotary_interleaved, 0);
+  EXPECT_EQ(c.num_splits, 0);
 }
 
 TEST(CInit, NullIsIgnored) {
   fa_options_init(nullptr);
   fa_execution_init(nullptr);
   fa_run_info_init(nullptr);
+  fa_kvcache_init(nullptr);
 }
 
 TEST(CInfo, VersionAndCudaMatchCpp) {
@@ -803,6 +818,182 @@ TEST(CLastError, PerThread) {
   EXPECT_EQ(theirs_after_success, "");
   // Neither the other thread's error nor its success touched this thread's message.
   EXPECT_EQ(last_error(), mine);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fa_forward_kvcache.
+
+// A KV-cache call, twice over (the C call and the C++ call each append into their own copy of
+// the caches): B=2, Sq=2, H=4, Hk=2, D=32, fp16, paged cache of 6 pages of 16 positions with
+// a shuffled block table, cache_seqlens (17, 30), S_new=3, interleaved rotary of dim 16,
+// causal, num_splits 3.
+struct KvProblem {
+  static constexpr int64_t B = 2, Sq = 2, H = 4, Hk = 2, D = 32, Pages = 6, Ps = 16,
+                           MaxPages = 3, Sn = 3, Sr = 48, Rd = 16;
+  DType dtype = DType::Float16;
+  Buffer q_buf, kc_c, vc_c, kc_cpp, vc_cpp, kn_buf, vn_buf, cos_buf, sin_buf, seqlens_buf,
+      table_buf, out_c, lse_c, out_cpp, lse_cpp;
+  fa_tensor cq, ckc, cvc, ckn, cvn, ccos, csin, cseqlens, ctable, cout, clse;
+  fa_kvcache cache;
+
+  KvProblem()
+      : q_buf(dtype, B * Sq * H * D),
+        kc_c(dtype, Pages * Ps * Hk * D),
+        vc_c(dtype, Pages * Ps * Hk * D),
+        kn_buf(dtype, B * Sn * Hk * D),
+        vn_buf(dtype, B * Sn * Hk * D),
+        cos_buf(dtype, Sr * Rd / 2),
+        sin_buf(dtype, Sr * Rd / 2),
+        seqlens_buf(int32_buffer({17, 30})),
+        table_buf(int32_buffer({4, 0, 2, 5, 1, 3})),
+        out_c(dtype, B * Sq * H * D),
+        lse_c(DType::Float32, B * H * Sq),
+        out_cpp(dtype, B * Sq * H * D),
+        lse_cpp(DType::Float32, B * H * Sq) {
+    for (Buffer* b : {&q_buf, &kc_c, &vc_c, &kn_buf, &vn_buf, &cos_buf, &sin_buf})
+      b->fill_random();
+    kc_cpp = kc_c;
+    vc_cpp = vc_c;
+    for (Buffer* b : {&out_c, &lse_c, &out_cpp, &lse_cpp}) b->poison();
+    cq = to_c(q_buf.view({B, Sq, H, D}));
+    ckc = to_c(kc_c.view({Pages, Ps, Hk, D}));
+    cvc = to_c(vc_c.view({Pages, Ps, Hk, D}));
+    ckn = to_c(kn_buf.view({B, Sn, Hk, D}));
+    cvn = to_c(vn_buf.view({B, Sn, Hk, D}));
+    ccos = to_c(cos_buf.view({Sr, Rd / 2}));
+    csin = to_c(sin_buf.view({Sr, Rd / 2}));
+    cseqlens = to_c(seqlens_buf.view({B}));
+    ctable = to_c(table_buf.view({B, MaxPages}));
+    cout = to_c(out_c.view({B, Sq, H, D}));
+    clse = to_c(lse_c.view({B, H, Sq}));
+    fa_kvcache_init(&cache);
+    cache.k_cache = &ckc;
+    cache.v_cache = &cvc;
+    cache.cache_seqlens = &cseqlens;
+    cache.k_new = &ckn;
+    cache.v_new = &cvn;
+    cache.rotary_cos = &ccos;
+    cache.rotary_sin = &csin;
+    cache.rotary_interleaved = 1;
+    cache.block_table = &ctable;
+    cache.num_splits = 3;
+  }
+
+  // The same call through the C++ API, on the second copy of the caches.
+  RunInfo run_cpp(const Options& options, const Execution& execution) {
+    KvCache c;
+    c.k_cache = kc_cpp.view({Pages, Ps, Hk, D});
+    c.v_cache = vc_cpp.view({Pages, Ps, Hk, D});
+    c.cache_seqlens = to_cpp(cseqlens);
+    c.k_new = to_cpp(ckn);
+    c.v_new = to_cpp(cvn);
+    c.rotary_cos = to_cpp(ccos);
+    c.rotary_sin = to_cpp(csin);
+    c.rotary_interleaved = true;
+    c.block_table = to_cpp(ctable);
+    c.num_splits = cache.num_splits;
+    return forward_kvcache(to_cpp(cq), c, out_cpp.view({B, Sq, H, D}),
+                           lse_cpp.view({B, H, Sq}), options, execution);
+  }
+};
+
+TEST(CKvCache, BitIdenticalToCppAndReportsTheSplits) {
+  for (const int32_t splits : {3, 0}) {
+    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    KvProblem p;
+    p.cache.num_splits = splits;
+    fa_options o;
+    fa_options_init(&o);
+    o.causal = 1;
+    fa_execution e;
+    fa_execution_init(&e);
+    e.num_threads = 2;
+    fa_run_info info;
+    fa_run_info_init(&info);
+    ASSERT_EQ(fa_forward_kvcache(&p.cq, &p.cache, &p.cout, &p.clse, &o, &e, &info), FA_OK)
+        << last_error();
+    EXPECT_EQ(last_error(), "");
+    EXPECT_EQ(info.backend, FA_BACKEND_CPU);
+    EXPECT_GT(info.workspace_bytes, 0u);
+    const RunInfo cpp = p.run_cpp(to_cpp(o), to_cpp(e));
+    EXPECT_EQ(info.num_splits, cpp.num_splits);
+    if (splits > 0) {
+      EXPECT_EQ(info.num_splits, splits);
+    }
+    EXPECT_EQ(info.workspace_bytes, cpp.workspace_bytes);
+    EXPECT_TRUE(p.out_c.bytes == p.out_cpp.bytes) << "out differs between C and C++";
+    EXPECT_TRUE(p.lse_c.bytes == p.lse_cpp.bytes) << "lse differs between C and C++";
+    EXPECT_TRUE(p.kc_c.bytes == p.kc_cpp.bytes) << "k_cache differs between C and C++";
+    EXPECT_TRUE(p.vc_c.bytes == p.vc_cpp.bytes) << "v_cache differs between C and C++";
+  }
+}
+
+// The other entry points report one split, whatever info held.
+TEST(CKvCache, OtherCallsReportOneSplit) {
+  DenseProblem p;
+  fa_run_info info;
+  fa_run_info_init(&info);
+  info.num_splits = 77;
+  ASSERT_EQ(fa_forward(&p.cq, &p.ck, &p.cv, &p.cout, &p.clse, nullptr, nullptr, &info), FA_OK);
+  EXPECT_EQ(info.num_splits, 1);
+}
+
+// Rejected calls: a status, a message naming the argument, and nothing written (outputs,
+// caches, info).
+TEST(CKvCache, ErrorsNameTheArgumentAndWriteNothing) {
+  struct Row {
+    const char* name;
+    std::function<void(KvProblem&, const fa_kvcache*&, fa_options&)> mutate;
+    std::string prefix;
+  };
+  const Row rows[] = {
+      {"null cache", [](KvProblem&, const fa_kvcache*& c, fa_options&) { c = nullptr; },
+       "cache: expected a fa_kvcache"},
+      {"cache struct_size", [](KvProblem& p, const fa_kvcache*&, fa_options&) {
+         p.cache.struct_size = 8;
+       },
+       "cache: expected struct_size " + std::to_string(sizeof(fa_kvcache))},
+      {"null k_cache", [](KvProblem& p, const fa_kvcache*&, fa_options&) {
+         p.cache.k_cache = nullptr;
+       },
+       "k_cache: expected a tensor"},
+      {"null cache_seqlens", [](KvProblem& p, const fa_kvcache*&, fa_options&) {
+         p.cache.cache_seqlens = nullptr;
+       },
+       "cache_seqlens: expected a tensor"},
+      {"block_table ndim 7", [](KvProblem& p, const fa_kvcache*&, fa_options&) {
+         p.ctable.ndim = 7;
+       },
+       "block_table: expected 0 to 6 dimensions"},
+      {"dropout (C++ rule)", [](KvProblem&, const fa_kvcache*&, fa_options& o) {
+         o.dropout_p = 0.5f;
+       },
+       "dropout_p: expected 0"},
+      {"append past capacity (value rule)", [](KvProblem& p, const fa_kvcache*&, fa_options&) {
+         reinterpret_cast<int32_t*>(p.seqlens_buf.data())[1] = 46;
+       },
+       "cache_seqlens: expected cache_seqlens[b] + S_new <= the cache capacity 48"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    KvProblem p;
+    const fa_kvcache* cache = &p.cache;
+    fa_options o;
+    fa_options_init(&o);
+    row.mutate(p, cache, o);
+    for (Buffer* b : {&p.out_c, &p.lse_c}) std::memset(b->data(), kSentinel, b->bytes.size());
+    const std::vector<unsigned char> out = p.out_c.bytes, lse = p.lse_c.bytes,
+                                     kc = p.kc_c.bytes, vc = p.vc_c.bytes;
+    fa_run_info info;
+    fa_run_info_init(&info);
+    const std::vector<unsigned char> info_before = bytes_of(info);
+    EXPECT_EQ(fa_forward_kvcache(&p.cq, cache, &p.cout, &p.clse, &o, nullptr, &info),
+              FA_ERROR_INVALID_ARGUMENT);
+    EXPECT_TRUE(starts_with(last_error(), row.prefix)) << last_error();
+    EXPECT_TRUE(out == p.out_c.bytes && lse == p.lse_c.bytes) << "an output was written";
+    EXPECT_TRUE(kc == p.kc_c.bytes && vc == p.vc_c.bytes) << "a cache was written";
+    EXPECT_TRUE(info_before == bytes_of(info)) << "info was written";
+  }
 }
 
 }  // namespace
