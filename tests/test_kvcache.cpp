@@ -448,11 +448,11 @@ struct Heads {
 };
 constexpr Heads kHeads[] = {{4, 4}, {8, 2}, {8, 1}, {6, 1}, {16, 2}};
 constexpr int64_t kHeadDims[] = {64, 128, 40, 88, 256};
-constexpr int64_t kSeqlenQ[] = {1, 3, 17};
-constexpr int64_t kSeqlenNew[] = {0, 1, 5};
+constexpr int64_t kSeqlenQ[] = {1, 3, 17, 70};  // 70: two query blocks
+constexpr int64_t kSeqlenNew[] = {0, 1, 5, 66};  // 66: an append across key blocks
 constexpr int32_t kSplits[] = {0, 1, 3, 64};
 const std::vector<int32_t> kSeqlens[] = {{37, 5}, {0, 90, 12}, {150, 0}, {70, 131}, {3}};
-constexpr int kGridSize = 90;
+constexpr int kGridSize = 140;
 
 size_t pick(int n, size_t length, int axis) {
   uint64_t x = static_cast<uint64_t>(n) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(axis);
@@ -748,6 +748,31 @@ TEST(KvCache, StridedViewsAndPackedCache) {
                     out_hm.bytes.data() + size_t(((b * H + h) * Sq + t) * D) * elem, size_t(D) * elem);
   expect_attention_matches(p, k_before, v_before);
   expect_cache_appended(p, k_before, v_before);
+}
+
+// A NaN in one query row makes that row NaN (out and lse) and no other, split or not: the
+// merge must neither drop it (an empty chunk's -inf is not a NaN) nor spread it.
+TEST(KvCache, NanInOneQueryRowStaysInThatRow) {
+  for (int32_t splits : {1, 4}) {
+    KvCase c;
+    c.name = "nan row";
+    c.seqlens = {300, 80};
+    c.seqlen_q = 3;
+    c.heads = 4;
+    c.heads_k = 2;
+    c.num_splits = splits;
+    c.mask = kMasks[1];
+    SCOPED_TRACE(c.describe());
+    KvProblem p(c);
+    p.q.set(((1 * p.Sq + 2) * p.H + 3) * p.D + 7, std::nanf(""));  // b 1, row 2, head 3
+    Buffer k_before = p.k_cache, v_before = p.v_cache;
+    run_on_backend(p);
+    expect_attention_matches(p, k_before, v_before);
+    const auto* lse = static_cast<const float*>(p.lse.data());
+    EXPECT_TRUE(std::isnan(lse[(1 * p.H + 3) * p.Sq + 2]));
+    EXPECT_FALSE(std::isnan(lse[(1 * p.H + 3) * p.Sq + 1]));
+    EXPECT_FALSE(std::isnan(lse[(1 * p.H + 2) * p.Sq + 2]));
+  }
 }
 
 #ifndef FLASHATTN_TEST_CUDA
