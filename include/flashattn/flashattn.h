@@ -92,7 +92,7 @@ typedef struct fa_kvcache {
   const fa_tensor* cache_batch_idx;
   const fa_tensor* cache_leftpad;
   const fa_tensor* block_table;
-  int32_t num_splits; /* 0: choose */
+  int32_t num_splits; /* 0: choose; else the key chunks to merge, 1 to 1024 */
 } fa_kvcache;
 
 void fa_options_init(fa_options* options);

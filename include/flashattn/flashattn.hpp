@@ -166,8 +166,8 @@ struct KvCache {
   // int32 (B, max_pages): position p of sequence b lives in page block_table[b][p / page_size]
   // at row p % page_size.
   std::optional<TensorView> block_table;
-  // 0: choose; 1: one pass over the keys; n > 1: n key chunks whose partial (out, lse) pairs
-  // are merged exactly. RunInfo::num_splits reports what ran.
+  // 0: choose; 1: one pass over the keys; n > 1 (at most 1024): n key chunks whose partial
+  // (out, lse) pairs are merged exactly. RunInfo::num_splits reports what ran.
   int32_t num_splits = 0;
 };
 
