@@ -7,5 +7,7 @@ cd "$(dirname "$0")/.."
 grep -qx '/.snap/' .git/info/exclude 2>/dev/null || echo '/.snap/' >> .git/info/exclude
 rm -rf .snap && mkdir .snap
 git archive HEAD | tar -x -C .snap
+# The copy has no .git: scripts read the commit from here.
+git rev-parse --short HEAD > .snap/COMMIT
 [ -d .deps ] && cp -r .deps .snap/.deps
 echo "snapshot of $(git rev-parse --short HEAD) in .snap ($(du -sh .snap | cut -f1))"

@@ -90,8 +90,8 @@ KvCacheRun run_config(const KvCacheParams& kv) {
                   static_cast<unsigned>(p.batch));
   sm80::kvcache_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(kp);
   if (kp.num_splits > 1 && out_rows > 0) {
-    const unsigned blocks = static_cast<unsigned>((out_rows + sm80::kCombineWarps - 1) / sm80::kCombineWarps);
-    sm80::kvcache_combine_kernel<typename Cfg::Element><<<blocks, 32 * sm80::kCombineWarps, 0, stream>>>(kp);
+    sm80::kvcache_combine_kernel<typename Cfg::Element>
+        <<<static_cast<unsigned>(out_rows), 32 * sm80::kCombineWarps, 0, stream>>>(kp);
   }
   throw_if_failed(cudaGetLastError(), "successful kv-cache kernel launches");
   return KvCacheRun{partial_bytes, kp.num_splits};

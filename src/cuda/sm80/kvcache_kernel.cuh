@@ -398,20 +398,22 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   for (int idx = threadIdx.x; idx < rows_here * p.head_dim; idx += kThreads) {
     const int r = idx / p.head_dim, d = idx % p.head_dim;
+    // A warp that saw no key has max -inf and weight 0; subtracting 0 when no warp saw one
+    // keeps the weights 0 rather than NaN, while a NaN row (NaN sum, -inf max: fmaxf skips
+    // NaN) still turns l, and so out and lse, into NaN.
     float m = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, partial_max[w * kBlockM + r]);
+    const float base = m == -INFINITY ? 0.0f : m;
     float l = 0.0f, acc = 0.0f;
-    if (m != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float weight = ptx::exp2_approx(partial_max[w * kBlockM + r] - m);
-        l += weight * partial_sum[w * kBlockM + r];
-        acc += weight * partial_o[(w * kBlockM + r) * Cfg::kPartialStride + d];
-      }
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = ptx::exp2_approx(partial_max[w * kBlockM + r] - base);
+      l += weight * partial_sum[w * kBlockM + r];
+      acc += weight * partial_o[(w * kBlockM + r) * Cfg::kPartialStride + d];
     }
     const float value = l == 0.0f ? 0.0f : acc / l;
-    const float lse = l == 0.0f ? -INFINITY : (m + log2f(l)) * 0.6931471805599453f;
+    const float lse = l == 0.0f ? -INFINITY : (base + log2f(l)) * 0.6931471805599453f;
     const int64_t row = r0 + r, t = row / group;
     const int h = hk * group + static_cast<int>(row % group);
     if (kp.num_splits == 1) {
@@ -427,41 +429,91 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
 }
 
-// Merges the splits: one warp per (b, h, t) row.
+// Merges the splits of one (b, h, t) row per CTA. The loads are what costs (a decoding step
+// merges a few dozen splits of a few rows), so they are spread over the threads: every
+// split's lse at once, then warp w adds splits w, w + 4, ... of 4-float chunks of the row,
+// eight loads in flight per thread, and the warps' sums meet in shared memory.
 constexpr int kCombineWarps = 4;
+constexpr int kCombineMaxSplits = 1024;  // validation's bound on num_splits
+constexpr int kCombineMaxChunks = 64;    // 4-float chunks of a 256-wide row
 
 template <typename Element>
 __global__ void __launch_bounds__(32 * kCombineWarps)
     kvcache_combine_kernel(const __grid_constant__ KvCacheKernelParams kp) {
   const ForwardParams& p = kp.kv.attn;
+  __shared__ float weights[kCombineMaxSplits];
+  __shared__ float reduce[kCombineWarps];
+  __shared__ float4 sums[kCombineWarps][kCombineMaxChunks];
   const int64_t rows = int64_t{p.batch} * p.heads * p.seqlen_q;
-  const int64_t row = int64_t{blockIdx.x} * kCombineWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
+  const int64_t row = blockIdx.x;
   const int64_t t = row % p.seqlen_q;
   const int64_t h = (row / p.seqlen_q) % p.heads, b = row / (p.seqlen_q * p.heads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int splits = kp.num_splits;
+
+  // lse = log sum_s exp(lse_s), with the same -inf/NaN handling as the in-CTA merge.
   float m = -INFINITY;
-  for (int s = lane; s < kp.num_splits; s += 32) m = fmaxf(m, kp.partial_lse[s * rows + row]);
+  for (int s = threadIdx.x; s < splits; s += 32 * kCombineWarps) {
+    weights[s] = kp.partial_lse[s * rows + row];
+    m = fmaxf(m, weights[s]);
+  }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if (lane == 0) reduce[warp] = m;
+  __syncthreads();
+  m = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) m = fmaxf(m, reduce[w]);
+  const float base = m == -INFINITY ? 0.0f : m;
   float sum = 0.0f;
-  if (m != -INFINITY)
-    for (int s = lane; s < kp.num_splits; s += 32) sum += __expf(kp.partial_lse[s * rows + row] - m);
+  for (int s = threadIdx.x; s < splits; s += 32 * kCombineWarps) sum += __expf(weights[s] - base);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const float lse = sum == 0.0f ? -INFINITY : m + __logf(sum);
+  __syncthreads();  // every warp has read reduce[]
+  if (lane == 0) reduce[warp] = sum;
+  __syncthreads();
+  sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) sum += reduce[w];
+  const float lse = sum == 0.0f ? -INFINITY : base + __logf(sum);
+  for (int s = threadIdx.x; s < splits; s += 32 * kCombineWarps)
+    weights[s] = sum == 0.0f ? 0.0f : __expf(weights[s] - lse);
+  __syncthreads();
+
+  // out = sum_s weight_s out_s, 4 floats per thread and chunk.
+  const int chunks = p.head_dim / 4;
+  for (int c = lane; c < chunks; c += 32) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = warp; s < splits; s += kCombineWarps) {
+      const float w = weights[s];
+      const float4 v = *reinterpret_cast<const float4*>(kp.partial_out + (s * rows + row) * p.head_dim + 4 * c);
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+    sums[warp][c] = acc;
+  }
+  __syncthreads();
   Element* out = static_cast<Element*>(p.out) + b * p.out_batch_stride + t * p.out_row_stride +
                  h * p.out_head_stride;
-  for (int d = lane; d < p.head_dim; d += 32) {
-    float acc = 0.0f;
-    if (sum != 0.0f)
-      for (int s = 0; s < kp.num_splits; ++s) {
-        const float lse_s = kp.partial_lse[s * rows + row];
-        if (lse_s != -INFINITY) acc += __expf(lse_s - lse) * kp.partial_out[(s * rows + row) * p.head_dim + d];
-      }
-    out[d] = Element(acc);
+  for (int c = threadIdx.x; c < chunks; c += 32 * kCombineWarps) {
+    float4 acc = sums[0][c];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) {
+      acc.x += sums[w][c].x;
+      acc.y += sums[w][c].y;
+      acc.z += sums[w][c].z;
+      acc.w += sums[w][c].w;
+    }
+    uint2 packed;
+    packed.x = ptx::pack2<Element>(acc.x, acc.y);
+    packed.y = ptx::pack2<Element>(acc.z, acc.w);
+    *reinterpret_cast<uint2*>(out + 4 * c) = packed;
   }
-  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + t] = lse;
+  if (threadIdx.x == 0 && p.lse != nullptr)
+    p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + t] = lse;
 }
 
 }  // namespace flashattn::detail::cuda::sm80
