@@ -22,6 +22,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t shared_dst, const void* glo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
                "l"(global_src), "r"(src_bytes));
 }
+// The same for 4 bytes (4-byte aligned), through L1: per-row scalars such as lse.
+__device__ __forceinline__ void cp_async_4(uint32_t shared_dst, const void* global_src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_dst),
+               "l"(global_src), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPendingGroups>
 __device__ __forceinline__ void cp_async_wait() {

@@ -31,11 +31,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mask.hpp"
 #include "common/params.hpp"
 #include "common/philox.hpp"
 #include "cuda/common/ptx.cuh"
+#include "cuda/sm80/tile_loader.cuh"
 
 namespace flashattn::detail::cuda::sm80 {
 
@@ -103,21 +105,6 @@ struct BackwardConfig {
                 "head dim split in n8 slices");
 };
 
-// Copies `rows` x kHeadDim elements into a padded shared tile (rows from `valid_rows` on and
-// columns from `width` on as zeros), all threads helping.
-template <typename Cfg>
-__device__ __forceinline__ void load_rows_async(typename Cfg::Element* tile,
-                                                const typename Cfg::Element* src,
-                                                int64_t row_stride, int rows, int64_t valid_rows,
-                                                int width) {
-  for (int chunk = threadIdx.x; chunk < rows * Cfg::kChunksPerRow; chunk += Cfg::kThreads) {
-    const int row = chunk / Cfg::kChunksPerRow, col = (chunk % Cfg::kChunksPerRow) * 8;
-    const bool valid = row < valid_rows && col < width;
-    ptx::cp_async_16(ptx::shared_address(tile + row * Cfg::kRowStride + col),
-                     valid ? src + row * row_stride + col : src, valid);
-  }
-}
-
 // The lane's byte offset within a 16x16 fragment of a shared tile with `stride` elements per
 // row, for the two ldmatrix address patterns (see ptx.cuh: lane l addresses row l % 8 of
 // matrix l / 8):
@@ -184,10 +171,14 @@ struct TileContext {
   float slope;              // ALiBi slope of (b, h), 0 when off
 };
 
+// kGeneral: softcap, ALiBi or dropout may occur. Without them (the common case) the kernels
+// are compiled without that code, as the forward's plain variant is: a shorter loop body (the
+// profile against FA2 showed instruction-cache stalls) and no per-element flag tests.
+//
 // For one warp: S (in s) and dP (in dp) of its 16 rows x 8 kSTiles keys become P o M (in s,
 // written to sP when kStoreP) and dS (in dp, written to sdS). sLse holds lse log2(e) per
 // row of the tile (+inf for rows that see nothing or lie past the sequence), sD holds D.
-template <typename Cfg, bool kStoreP>
+template <typename Cfg, bool kStoreP, bool kGeneral>
 __device__ __forceinline__ void probabilities_and_ds(
     const BackwardKernelParams& kp, const TileContext& tc, float (&s)[Cfg::kSTiles][4],
     float (&dp)[Cfg::kSTiles][4], const float* sLse, const float* sD,
@@ -196,18 +187,23 @@ __device__ __forceinline__ void probabilities_and_ds(
   using Element = typename Cfg::Element;
   constexpr float kLog2e = 1.4426950408889634f;
   const ForwardParams& p = kp.bp.fwd;
-  const bool softcap = p.softcap > 0.0f;
+  const bool softcap = kGeneral && p.softcap > 0.0f;
   // Without softcap and ALiBi S stays raw and the scale goes into the exponent (one FFMA).
-  const bool plain = !softcap && p.alibi_slopes == nullptr;
+  const bool plain = !kGeneral || (!softcap && p.alibi_slopes == nullptr);
   const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
   const int quad_row = lane / 4, quad_col = (lane % 4) * 2;
+  // The loop below is compiled twice: without the mask's per-element tests for the tiles that
+  // every row sees whole (most of them), and with them for the boundary tiles.
+  const auto tile = [&](auto masked_tag) {
+  constexpr bool kMasked = decltype(masked_tag)::value;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = warp_row0 + quad_row + r * 8;  // within the tile
     const int64_t i = tc.m0 + row;
-    const float lse2 = sLse[row], delta = sD[row];
+    const float lse = sLse[row], delta = sD[row];
+    const float lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
     int lo = 0, hi = Cfg::kBlockN;
-    if (tc.needs_mask) {
+    if (kMasked) {
       const KeyRange visible =
           visible_keys(i, tc.seqlen_q, tc.seqlen_k, p.window_left, p.window_right);
       const int64_t lo64 = visible.begin - tc.j0, hi64 = visible.end - tc.j0;
@@ -216,7 +212,8 @@ __device__ __forceinline__ void probabilities_and_ds(
     }
     // |i + Sk - Sq - j| = |diagonal - c| for the tile column c = j - j0.
     const int diagonal = static_cast<int>(i + tc.seqlen_k - tc.seqlen_q - tc.j0);
-    const bool draw = kp.has_dropout && i < tc.seqlen_q;
+    const bool dropout = kGeneral && kp.has_dropout;
+    const bool draw = dropout && i < tc.seqlen_q;
 #pragma unroll
     for (int t = 0; t < Cfg::kSTiles; ++t) {
       const int c0 = warp_col0 + t * 8 + quad_col;
@@ -245,11 +242,11 @@ __device__ __forceinline__ void probabilities_and_ds(
           x -= tc.slope * kLog2e * static_cast<float>(abs(diagonal - c));
           x -= lse2;
         }
-        if (c < lo || c >= hi) x = -INFINITY;
+        if (kMasked && (c < lo || c >= hi)) x = -INFINITY;
         const float prob = ptx::exp2_approx(x);  // masked, or a row that saw nothing: 0
         float dpe = dp[t][2 * r + e];
         float kept_prob = prob;
-        if (kp.has_dropout) {
+        if (dropout) {
           const bool kept = (keep >> e) & 1u;
           dpe = kept ? dpe * kp.dropout.scale : 0.0f;
           kept_prob = kept ? prob * kp.dropout.scale : 0.0f;
@@ -264,31 +261,32 @@ __device__ __forceinline__ void probabilities_and_ds(
           ptx::pack2<Element>(dp[t][2 * r], dp[t][2 * r + 1]);
     }
   }
+  };
+  if (tc.needs_mask)
+    tile(std::true_type{});
+  else
+    tile(std::false_type{});
 }
 
-// Loads lse (as lse log2 e, +inf for rows past the sequence or that saw no key: their P is 0)
-// and D of query rows [m0, m0 + kBlockM) of (b, h) into shared memory. Plain stores: the
-// caller's next __syncthreads publishes them.
+// Starts copying lse and D of query rows [m0, m0 + kBlockM) of (b, h) into shared memory
+// (cp.async, in the caller's commit group; rows past the sequence read as 0). lse is turned
+// into lse log2(e) where it is used: a row past the sequence then has P = 2^S = 1 with S = 0
+// (its Q row is zero-filled), which adds nothing (its dO and D are zero as well), and a row
+// that saw no key (lse = -inf) gets +inf there, so P = 0.
 template <typename Cfg>
 __device__ __forceinline__ void load_row_stats(const BackwardKernelParams& kp, int32_t b,
                                                int32_t h, const SequenceView& seq, int64_t m0,
-                                               float* sLse, float* sD) {
-  constexpr float kLog2e = 1.4426950408889634f;
+                                               uint32_t sLse, uint32_t sD) {
   for (int r = threadIdx.x; r < Cfg::kBlockM; r += Cfg::kThreads) {
     const int64_t i = m0 + r;
-    float lse2 = INFINITY, delta = 0.0f;
-    if (i < seq.seqlen_q) {
-      const int64_t at = row_index(kp.bp.fwd, b, h, seq.q_row0, i);
-      const float lse = kp.bp.fwd.lse[at];
-      lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-      delta = kp.delta[at];
-    }
-    sLse[r] = lse2;
-    sD[r] = delta;
+    const bool valid = i < seq.seqlen_q;
+    const int64_t at = valid ? row_index(kp.bp.fwd, b, h, seq.q_row0, i) : 0;
+    ptx::cp_async_4(sLse + r * 4, kp.bp.fwd.lse + at, valid);
+    ptx::cp_async_4(sD + r * 4, kp.delta + at, valid);
   }
 }
 
-template <typename Cfg>
+template <typename Cfg, bool kGeneral>
 __global__ void __launch_bounds__(Cfg::kThreads)
     backward_dkdv_kernel(const __grid_constant__ BackwardKernelParams kp) {
   using Element = typename Cfg::Element;
@@ -337,19 +335,21 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
                      (seq.k_row0 + j0) * p.v_row_stride + hk * p.v_head_stride;
   // Q, dO, lse and D of step `it` into stage `stage`.
+  const TileLoader<Cfg, kBlockM> q_loader(p.head_dim), do_loader(p.head_dim_v);
   const auto load_step = [&](int it, int stage) {
     const int h = hk * group + it / m_blocks;
     const int64_t m0 = (m_first + it % m_blocks) * kBlockM;
     const int64_t row = seq.q_row0 + m0;
-    load_rows_async<Cfg>(sQ + stage * kBlockM * kRowStride,
-                         static_cast<const Element*>(p.q) + b * p.q_batch_stride +
-                             row * p.q_row_stride + h * p.q_head_stride,
-                         p.q_row_stride, kBlockM, seq.seqlen_q - m0, p.head_dim);
-    load_rows_async<Cfg>(sdO + stage * kBlockM * kRowStride,
-                         static_cast<const Element*>(bp.dout) + b * bp.dout_batch_stride +
-                             row * bp.dout_row_stride + h * bp.dout_head_stride,
-                         bp.dout_row_stride, kBlockM, seq.seqlen_q - m0, p.head_dim_v);
-    load_row_stats<Cfg>(kp, b, h, seq, m0, sLse + stage * kBlockM, sD + stage * kBlockM);
+    q_loader.load(ptx::shared_address(sQ + stage * kBlockM * kRowStride),
+                  static_cast<const Element*>(p.q) + b * p.q_batch_stride +
+                      row * p.q_row_stride + h * p.q_head_stride,
+                  p.q_row_stride, seq.seqlen_q - m0);
+    do_loader.load(ptx::shared_address(sdO + stage * kBlockM * kRowStride),
+                   static_cast<const Element*>(bp.dout) + b * bp.dout_batch_stride +
+                       row * bp.dout_row_stride + h * bp.dout_head_stride,
+                   bp.dout_row_stride, seq.seqlen_q - m0);
+    load_row_stats<Cfg>(kp, b, h, seq, m0, ptx::shared_address(sLse + stage * kBlockM),
+                        ptx::shared_address(sD + stage * kBlockM));
   };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -361,8 +361,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   float dk[kKTiles][4] = {}, dv[kKTiles][4] = {};
 
   if (steps > 0) {
-    load_rows_async<Cfg>(sK, k, p.k_row_stride, kBlockN, keys_here, p.head_dim);
-    load_rows_async<Cfg>(sV, v, p.v_row_stride, kBlockN, keys_here, p.head_dim_v);
+    TileLoader<Cfg, kBlockN>(p.head_dim).load(ptx::shared_address(sK), k, p.k_row_stride, keys_here);
+    TileLoader<Cfg, kBlockN>(p.head_dim_v).load(ptx::shared_address(sV), v, p.v_row_stride, keys_here);
     load_step(0, 0);
     ptx::cp_async_commit();
   }
@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     tc.needs_mask = !block_fully_visible(m0, m1, j0, j0 + kBlockN, seq.seqlen_q, seq.seqlen_k,
                                          p.window_left, p.window_right);
     tc.slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
-    probabilities_and_ds<Cfg, true>(kp, tc, s, dpv, sLse + stage * kBlockM, sD + stage * kBlockM,
+    probabilities_and_ds<Cfg, true, kGeneral>(kp, tc, s, dpv, sLse + stage * kBlockM, sD + stage * kBlockM,
                                     sP, sdS, warp_m * 16, warp_n * kSTiles * 8, lane);
     __syncthreads();  // P and dS are in shared memory
 
@@ -434,12 +434,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         for (int r = 0; r < 2; ++r) {
           const int64_t i = m0 + warp_m * 16 + lane / 4 + r * 8;
           if (i >= seq.seqlen_q) continue;
-          float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kp.accum_dim;
+          // Rows of the accumulator are the whole bucket wide (accum_dim = kHeadDim), so the
+          // padding columns (0 here: K's are zero-filled) need no test.
+          float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0 + (lane % 4) * 2;
 #pragma unroll
-          for (int t = 0; t < kChunkTiles; ++t) {
-            const int col = col0 + t * 8 + (lane % 4) * 2;
-            if (col < p.head_dim) ptx::atomic_add_f32x2(row + col, dq[t][2 * r], dq[t][2 * r + 1]);
-          }
+          for (int t = 0; t < kChunkTiles; ++t)
+            ptx::atomic_add_f32x2(row + t * 8, dq[t][2 * r], dq[t][2 * r + 1]);
         }
       }
     }
@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
 }
 
-template <typename Cfg>
+template <typename Cfg, bool kGeneral>
 __global__ void __launch_bounds__(Cfg::kThreads)
     backward_dq_kernel(const __grid_constant__ BackwardKernelParams kp) {
   using Element = typename Cfg::Element;
@@ -509,12 +509,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                      seq.k_row0 * p.k_row_stride + hk * p.k_head_stride;
   const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
                      seq.k_row0 * p.v_row_stride + hk * p.v_head_stride;
+  const TileLoader<Cfg, kBlockN> k_loader(p.head_dim), v_loader(p.head_dim_v);
   const auto load_keys = [&](int n, int stage) {
     const int64_t j = n_begin + int64_t{n} * kBlockN;
-    load_rows_async<Cfg>(sK + stage * kBlockN * kRowStride, k + j * p.k_row_stride,
-                         p.k_row_stride, kBlockN, seq.seqlen_k - j, p.head_dim);
-    load_rows_async<Cfg>(sV + stage * kBlockN * kRowStride, v + j * p.v_row_stride,
-                         p.v_row_stride, kBlockN, seq.seqlen_k - j, p.head_dim_v);
+    k_loader.load(ptx::shared_address(sK + stage * kBlockN * kRowStride), k + j * p.k_row_stride,
+                  p.k_row_stride, seq.seqlen_k - j);
+    v_loader.load(ptx::shared_address(sV + stage * kBlockN * kRowStride), v + j * p.v_row_stride,
+                  p.v_row_stride, seq.seqlen_k - j);
   };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -523,15 +524,15 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   if (n_blocks > 0) {
     const int64_t row = seq.q_row0 + m0;
-    load_rows_async<Cfg>(sQ,
-                         static_cast<const Element*>(p.q) + b * p.q_batch_stride +
-                             row * p.q_row_stride + h * p.q_head_stride,
-                         p.q_row_stride, kBlockM, rows_here, p.head_dim);
-    load_rows_async<Cfg>(sdO,
-                         static_cast<const Element*>(bp.dout) + b * bp.dout_batch_stride +
-                             row * bp.dout_row_stride + h * bp.dout_head_stride,
-                         bp.dout_row_stride, kBlockM, rows_here, p.head_dim_v);
-    load_row_stats<Cfg>(kp, b, h, seq, m0, sLse, sD);
+    TileLoader<Cfg, kBlockM>(p.head_dim).load(ptx::shared_address(sQ),
+        static_cast<const Element*>(p.q) + b * p.q_batch_stride + row * p.q_row_stride +
+            h * p.q_head_stride,
+        p.q_row_stride, rows_here);
+    TileLoader<Cfg, kBlockM>(p.head_dim_v).load(ptx::shared_address(sdO),
+        static_cast<const Element*>(bp.dout) + b * bp.dout_batch_stride +
+            row * bp.dout_row_stride + h * bp.dout_head_stride,
+        bp.dout_row_stride, rows_here);
+    load_row_stats<Cfg>(kp, b, h, seq, m0, ptx::shared_address(sLse), ptx::shared_address(sD));
     load_keys(0, 0);
     ptx::cp_async_commit();
   }
@@ -573,7 +574,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     tc.needs_mask = !block_fully_visible(m0, m0 + rows_here, j0, j0 + kBlockN, seq.seqlen_q,
                                          seq.seqlen_k, p.window_left, p.window_right);
     tc.slope = slope;
-    probabilities_and_ds<Cfg, false>(kp, tc, s, dpv, sLse, sD, nullptr, sdS, warp_m * 16,
+    probabilities_and_ds<Cfg, false, kGeneral>(kp, tc, s, dpv, sLse, sD, nullptr, sdS, warp_m * 16,
                                      warp_n * kSTiles * 8, lane);
     __syncthreads();  // dS is in shared memory
 
@@ -616,20 +617,25 @@ void launch_backward(const BackwardKernelParams& kp) {
   const ForwardParams& p = kp.bp.fwd;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   static const bool configured = [] {
-    allow_shared_bytes(backward_dkdv_kernel<Cfg>, Cfg::kDkdvSharedBytes);
-    allow_shared_bytes(backward_dq_kernel<Cfg>, Cfg::kDqSharedBytes);
+    allow_shared_bytes(backward_dkdv_kernel<Cfg, false>, Cfg::kDkdvSharedBytes);
+    allow_shared_bytes(backward_dkdv_kernel<Cfg, true>, Cfg::kDkdvSharedBytes);
+    allow_shared_bytes(backward_dq_kernel<Cfg, false>, Cfg::kDqSharedBytes);
+    allow_shared_bytes(backward_dq_kernel<Cfg, true>, Cfg::kDqSharedBytes);
     return true;
   }();
   (void)configured;
+  const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr || kp.has_dropout;
+  const auto dkdv_kernel = general ? backward_dkdv_kernel<Cfg, true> : backward_dkdv_kernel<Cfg, false>;
+  const auto dq_kernel = general ? backward_dq_kernel<Cfg, true> : backward_dq_kernel<Cfg, false>;
   if (p.seqlen_k > 0) {
     const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
                     static_cast<unsigned>(p.heads_k), static_cast<unsigned>(p.batch));
-    backward_dkdv_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kDkdvSharedBytes, stream>>>(kp);
+    dkdv_kernel<<<grid, Cfg::kThreads, Cfg::kDkdvSharedBytes, stream>>>(kp);
   }
   if (kp.bp.deterministic && p.seqlen_q > 0) {
     const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                     static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-    backward_dq_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kDqSharedBytes, stream>>>(kp);
+    dq_kernel<<<grid, Cfg::kThreads, Cfg::kDqSharedBytes, stream>>>(kp);
   }
 }
 

@@ -1,0 +1,68 @@
+// The tile loads of the sm80 kernels: global -> padded shared tiles by cp.async, with a
+// thread-to-chunk mapping fixed for the whole kernel. Any configuration with Element,
+// kThreads, kRowStride (elements per shared row) and kChunksPerRow (16-byte chunks of the
+// head-dim bucket) can use it.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/ptx.cuh"
+
+namespace flashattn::detail::cuda::sm80 {
+
+// Copies tiles of kRows x kHeadDim elements from global memory into padded shared tiles,
+// all threads helping, with a thread-to-chunk mapping fixed for the whole kernel: groups of
+// kThreadsPerRow threads cover a row's 16-byte chunks (128 contiguous bytes per pass, so the
+// global reads coalesce), kRowsPerPass rows per pass. Everything that depends only on the
+// thread (its row, its columns, whether they lie inside head_dim) is computed once, so a
+// full tile costs one cp.async and one 64-bit add per chunk; only tiles at the end of a
+// sequence test rows. Rows from `valid_rows` on and columns from `head_dim` on are zero-filled.
+template <typename Cfg, int kRows>
+struct TileLoader {
+  static constexpr int kThreadsPerRow = Cfg::kChunksPerRow < 8 ? Cfg::kChunksPerRow : 8;
+  static constexpr int kColumnPasses = (Cfg::kChunksPerRow + kThreadsPerRow - 1) / kThreadsPerRow;
+  static constexpr int kRowsPerPass = Cfg::kThreads / kThreadsPerRow;
+  static constexpr int kRowPasses = kRows / kRowsPerPass;
+  static_assert(Cfg::kThreads % kThreadsPerRow == 0 && kRows % kRowsPerPass == 0, "tile loader");
+
+  int row;                 // this thread's first row in the tile
+  int chunk;               // this thread's first 16-byte chunk in a row
+  uint32_t column_valid;   // bit c: the chunk of column pass c lies inside head_dim
+
+  __device__ explicit TileLoader(int head_dim) {
+    row = static_cast<int>(threadIdx.x) / kThreadsPerRow;
+    chunk = static_cast<int>(threadIdx.x) % kThreadsPerRow;
+    column_valid = 0;
+#pragma unroll
+    for (int c = 0; c < kColumnPasses; ++c)
+      if ((chunk + c * kThreadsPerRow) * 8 < head_dim) column_valid |= 1u << c;
+  }
+
+  // `src` points at the tile's row 0; rows from `valid_rows` on are zero-filled.
+  __device__ __forceinline__ void load(uint32_t tile, const typename Cfg::Element* src,
+                                       int64_t row_stride, int64_t valid_rows) const {
+    constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
+    const bool full = valid_rows >= kRows;
+    const typename Cfg::Element* thread_src = src + row * row_stride + chunk * 8;
+    const uint32_t thread_tile = tile + (row * Cfg::kRowStride + chunk * 8) * kElementBytes;
+#pragma unroll
+    for (int r = 0; r < kRowPasses; ++r) {
+      const bool row_ok = full || row + r * kRowsPerPass < valid_rows;
+#pragma unroll
+      for (int c = 0; c < kColumnPasses; ++c) {
+        // Head dims that are not a multiple of 8 chunks: in the last pass some threads have
+        // no chunk (theirs would spill into the next row).
+        if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && c == kColumnPasses - 1 &&
+            chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
+          continue;
+        const bool valid = row_ok && ((column_valid >> c) & 1u);
+        ptx::cp_async_16(
+            thread_tile + (r * kRowsPerPass * Cfg::kRowStride + c * kThreadsPerRow * 8) * kElementBytes,
+            valid ? thread_src + c * kThreadsPerRow * 8 : src, valid);
+      }
+      thread_src += kRowsPerPass * row_stride;
+    }
+  }
+};
+
+}  // namespace flashattn::detail::cuda::sm80
