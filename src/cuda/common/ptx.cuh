@@ -61,6 +61,10 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t sha
 __device__ __forceinline__ void st_shared_32(uint32_t shared_dst, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(shared_dst), "r"(value));
 }
+__device__ __forceinline__ void st_shared_128(uint32_t shared_dst, uint4 value) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_dst), "r"(value.x),
+               "r"(value.y), "r"(value.z), "r"(value.w));
+}
 __device__ __forceinline__ uint4 ld_shared_128(uint32_t shared_src) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"

@@ -88,6 +88,48 @@ __device__ __forceinline__ float rotated(const Element* row, int e, const KvCach
                : __fadd_rn(__fmul_rn(x, c), __fmul_rn(partner, s));
 }
 
+// Elements e0 .. e0 + 7 of a row (16-byte aligned) after the rotary embedding at position
+// `pos`, as 8 values of the row's dtype. Every load (the chunk, the partners, cos and sin) is
+// issued before any is used, so a chunk costs one memory round trip, not one per element.
+template <typename Element>
+__device__ __forceinline__ uint4 rotated_chunk(const Element* row, int e0,
+                                               const KvCacheParams& kv, int64_t pos) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(row + e0);
+  if (kv.rotary_cos == nullptr || e0 >= kv.rotary_dim) return raw;
+  const Element* cos_row = static_cast<const Element*>(kv.rotary_cos) + pos * kv.rotary_cos_row_stride;
+  const Element* sin_row = static_cast<const Element*>(kv.rotary_sin) + pos * kv.rotary_sin_row_stride;
+  const int half = kv.rotary_dim / 2;
+  __align__(16) Element x[8];
+  Element partner[8], c[8], s[8];
+  *reinterpret_cast<uint4*>(x) = raw;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int e = e0 + k;
+    if (e < kv.rotary_dim) {
+      const bool first = kv.rotary_interleaved ? e % 2 == 0 : e < half;
+      const int i = kv.rotary_interleaved ? e / 2 : (first ? e : e - half);
+      partner[k] = row[kv.rotary_interleaved ? (first ? e + 1 : e - 1) : (first ? e + half : e - half)];
+      c[k] = cos_row[i];
+      s[k] = sin_row[i];
+    }
+  }
+  __align__(16) Element y[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int e = e0 + k;
+    if (e < kv.rotary_dim) {
+      const bool first = kv.rotary_interleaved ? e % 2 == 0 : e < half;
+      const float xf = static_cast<float>(x[k]), pf = static_cast<float>(partner[k]);
+      const float cf = static_cast<float>(c[k]), sf = static_cast<float>(s[k]);
+      y[k] = Element(first ? __fsub_rn(__fmul_rn(xf, cf), __fmul_rn(pf, sf))
+                           : __fadd_rn(__fmul_rn(xf, cf), __fmul_rn(pf, sf)));
+    } else {
+      y[k] = x[k];
+    }
+  }
+  return *reinterpret_cast<const uint4*>(y);
+}
+
 // Element offsets of cache position `pos` of sequence b in the K and the V cache (head 0).
 struct CacheOffsets {
   int64_t k, v;
@@ -98,8 +140,11 @@ __device__ __forceinline__ CacheOffsets cache_offsets(const KvCacheParams& kv, i
   if (!kv.is_paged())
     return {seq.cache_row * p.k_batch_stride + pos * p.k_row_stride,
             seq.cache_row * p.v_batch_stride + pos * p.v_row_stride};
-  const int64_t page = kv.block_table[b * kv.block_table_batch_stride + pos / kv.page_size];
-  const int64_t in_page = pos % kv.page_size;
+  // Positions are below cache_seqlens + S_new < 2^32: a 32-bit division (a 64-bit one is a
+  // ~70-instruction subroutine, once per row of every block).
+  const uint32_t page_index = static_cast<uint32_t>(pos) / static_cast<uint32_t>(kv.page_size);
+  const int64_t in_page = static_cast<uint32_t>(pos) - page_index * static_cast<uint32_t>(kv.page_size);
+  const int64_t page = kv.block_table[b * kv.block_table_batch_stride + page_index];
   return {page * p.k_batch_stride + in_page * p.k_row_stride,
           page * p.v_batch_stride + in_page * p.v_row_stride};
 }
@@ -179,20 +224,34 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                            ? static_cast<int>((hi + kBlockN - 1) / kBlockN - first_block)
                            : 0;
 
-  // Q: element by element (it is loaded once), rotated at its positions, zero-padded.
-  for (int idx = threadIdx.x; idx < kBlockM * kHeadDim; idx += kThreads) {
-    const int r = idx / kHeadDim, e = idx % kHeadDim;
-    float value = 0.0f;
-    if (r < rows_here && e < p.head_dim) {
-      const int64_t row = r0 + r, t = row / group;
-      const int h = hk * group + static_cast<int>(row % group);
-      const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
-                         t * p.q_row_stride + h * p.q_head_stride;
-      value = rotated(q, e, kv, rotary_q_position(kv, b, t));
+  // Q: 16-byte chunks, rotated at their positions, zero-padded; every chunk's loads are issued
+  // before the first store, so the tile costs one round trip (a short split has only a few
+  // key blocks to hide it behind).
+  {
+    constexpr int kQChunks = kBlockM * Cfg::kChunksPerRow;
+    constexpr int kQIters = (kQChunks + kThreads - 1) / kThreads;
+    uint4 chunk_value[kQIters];
+#pragma unroll
+    for (int i = 0; i < kQIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int r = idx / Cfg::kChunksPerRow, e0 = (idx % Cfg::kChunksPerRow) * 8;
+      chunk_value[i] = make_uint4(0u, 0u, 0u, 0u);
+      if (idx < kQChunks && r < rows_here && e0 < p.head_dim) {
+        const int64_t row = r0 + r, t = row / group;
+        const int h = hk * group + static_cast<int>(row % group);
+        const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
+                           t * p.q_row_stride + h * p.q_head_stride;
+        chunk_value[i] = rotated_chunk(q, e0, kv, cached_end + (kv.rotary_q_per_row() ? t : 0));
+      }
     }
-    const Element stored(value);
-    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(sQ + (r * kRowStride + e) * kElementBytes),
-                 "h"(*reinterpret_cast<const unsigned short*>(&stored)));
+#pragma unroll
+    for (int i = 0; i < kQIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      if (idx < kQChunks)
+        ptx::st_shared_128(sQ + ((idx / Cfg::kChunksPerRow) * kRowStride +
+                                 (idx % Cfg::kChunksPerRow) * 8) * kElementBytes,
+                           chunk_value[i]);
+    }
   }
 
   // K/V block loads: cached rows by cp.async (16-byte chunks, a fixed chunk per thread as in
@@ -208,14 +267,22 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const auto load_block = [&](int n, int stage) {
     const int64_t j0 = (first_block + n) * kBlockN;
     const uint32_t k_tile = sK + stage * Cfg::kTileBytes, v_tile = sV + stage * Cfg::kTileBytes;
+    // Every row's offsets first: in a paged cache each is a block-table load, and issuing them
+    // all before the first copy keeps them to one round trip per block instead of one per row.
+    constexpr int kPasses = kBlockN / kRowsPerPass;
+    CacheOffsets row_at[kPasses];
 #pragma unroll
-    for (int pass = 0; pass < kBlockN / kRowsPerPass; ++pass) {
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int64_t j = j0 + load_row + pass * kRowsPerPass, pos = seq.begin + j;
+      row_at[pass] = j < hi && pos < cached_end ? cache_offsets(kv, b, seq, pos) : CacheOffsets{0, 0};
+    }
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
       const int row = load_row + pass * kRowsPerPass;
       const int64_t j = j0 + row, pos = seq.begin + j;
       const bool in_range = j < hi;
       if (in_range && pos >= cached_end) continue;  // appended: written below
-      CacheOffsets at{0, 0};
-      if (in_range) at = cache_offsets(kv, b, seq, pos);
+      const CacheOffsets at = row_at[pass];
 #pragma unroll
       for (int c = 0; c < kColumnPasses; ++c) {
         const int chunk = load_chunk + c * kThreadsPerRow;
