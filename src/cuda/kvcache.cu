@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/common/buckets.hpp"
@@ -97,9 +100,38 @@ KvCacheRun run_config(const KvCacheParams& kv) {
   return KvCacheRun{partial_bytes, kp.num_splits};
 }
 
+#ifdef FLASHATTN_SM80_TUNING
+// Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages" replaces the head-dim-128
+// shape, so that one GPU session can time several against the decode benchmark.
+template <typename Element, int kWarps, int kStages>
+bool try_tuning_candidate(const char* wanted, const KvCacheParams& kv, KvCacheRun& result) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%d,%d", kWarps, kStages);
+  if (std::strcmp(name, wanted) != 0) return false;
+  result = run_config<KvCacheConfig<Element, 128, kWarps, kStages>>(kv);
+  return true;
+}
+
+template <typename Element>
+bool run_tuning_candidate(const KvCacheParams& kv, KvCacheRun& result) {
+  const char* wanted = std::getenv("FLASHATTN_KVCACHE_CONFIG");
+  if (wanted == nullptr || head_dim_bucket(kv.attn.head_dim) != 128) return false;
+  return try_tuning_candidate<Element, 4, 2>(wanted, kv, result) ||
+         try_tuning_candidate<Element, 4, 3>(wanted, kv, result) ||
+         try_tuning_candidate<Element, 4, 4>(wanted, kv, result) ||
+         try_tuning_candidate<Element, 8, 2>(wanted, kv, result) ||
+         try_tuning_candidate<Element, 8, 3>(wanted, kv, result) ||
+         try_tuning_candidate<Element, 2, 4>(wanted, kv, result) ||
+         try_tuning_candidate<Element, 2, 6>(wanted, kv, result);
+}
+#endif
+
 template <typename Element>
 KvCacheRun run_dtype(const KvCacheParams& kv) {
   KvCacheRun result;
+#ifdef FLASHATTN_SM80_TUNING
+  if (run_tuning_candidate<Element>(kv, result)) return result;
+#endif
   with_head_dim_bucket(kv.attn.head_dim, [&](auto bucket) {
     launch_first_fitting(typename TunedKvCache<Element, decltype(bucket)::value>::Configs{},
                          kv.attn.head_dim, "kv-cache",

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Times candidate shapes of the kv-cache kernel at head dim 128 (warps, stages) on the decode
+# benchmark (ours only, dense and paged), against the release shape, in one GPU call:
+#   scripts/gpu_tune_kvcache.sh [warps,stages ...]   (default: all compiled candidates)
+# Logs in $OUT (./gpu-results).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+export PATH="/usr/local/cuda/bin:$PATH"
+candidates=("$@")
+[ ${#candidates[@]} -eq 0 ] && candidates=(4,2 4,3 4,4 8,2 8,3 2,4 2,6)
+cmake -S . -B build-tune -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+  -DFLASHATTN_SM80_TUNING=ON -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF \
+  -DFLASHATTN_BUILD_TOOLS=OFF >/dev/null &&
+  cmake --build build-tune -j "$(nproc)" --target flashattn_c >"$out/kvtune_build.log" 2>&1 ||
+  { tail -30 "$out/kvtune_build.log"; exit 1; }
+for candidate in release "${candidates[@]}"; do
+  if [ "$candidate" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$candidate; fi
+  PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpu_decode.py --lib build-tune/src/libflashattn_c.so \
+    --skip-peers --page-size 256 --out "$out/kvtune_$candidate" >"$out/kvtune_$candidate.log" 2>&1
+  echo "== $candidate (status $?)"; grep -E '^\| [0-9]+ \| [0-9]+k \|' "$out/kvtune_$candidate.log" | head -4
+done
