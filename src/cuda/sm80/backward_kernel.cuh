@@ -176,8 +176,9 @@ struct TileContext {
 // profile against FA2 showed instruction-cache stalls) and no per-element flag tests.
 //
 // For one warp: S (in s) and dP (in dp) of its 16 rows x 8 kSTiles keys become P o M (in s,
-// written to sP when kStoreP) and dS (in dp, written to sdS). sLse holds lse log2(e) per
-// row of the tile (+inf for rows that see nothing or lie past the sequence), sD holds D.
+// written to sP when kStoreP) and dS (in dp, written to sdS). sLse holds each row's lse as
+// the forward wrote it (-inf for a row that saw nothing, 0 past the sequence: zero-filled by
+// load_row_stats), sD holds D (0 past the sequence).
 template <typename Cfg, bool kStoreP, bool kGeneral>
 __device__ __forceinline__ void probabilities_and_ds(
     const BackwardKernelParams& kp, const TileContext& tc, float (&s)[Cfg::kSTiles][4],
@@ -201,7 +202,11 @@ __device__ __forceinline__ void probabilities_and_ds(
     const int row = warp_row0 + quad_row + r * 8;  // within the tile
     const int64_t i = tc.m0 + row;
     const float lse = sLse[row], delta = sD[row];
-    const float lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    // +inf gives P = 0: rows that saw nothing, and, in the general variant, rows past the
+    // sequence (there a negative ALiBi slope or a dropout scale near 1 / (1 - p) -> inf could
+    // make P overflow, and inf x their zero dO would be NaN; the plain variant's P is exactly
+    // 1 there, which their zero dO and D cancel).
+    const float lse2 = lse == -INFINITY || (kGeneral && i >= tc.seqlen_q) ? INFINITY : lse * kLog2e;
     int lo = 0, hi = Cfg::kBlockN;
     if (kMasked) {
       const KeyRange visible =
@@ -269,10 +274,9 @@ __device__ __forceinline__ void probabilities_and_ds(
 }
 
 // Starts copying lse and D of query rows [m0, m0 + kBlockM) of (b, h) into shared memory
-// (cp.async, in the caller's commit group; rows past the sequence read as 0). lse is turned
-// into lse log2(e) where it is used: a row past the sequence then has P = 2^S = 1 with S = 0
-// (its Q row is zero-filled), which adds nothing (its dO and D are zero as well), and a row
-// that saw no key (lse = -inf) gets +inf there, so P = 0.
+// (cp.async, in the caller's commit group; rows past the sequence read as 0). lse becomes
+// lse log2(e) where it is used (probabilities_and_ds says what rows past the sequence and
+// rows that saw no key get there).
 template <typename Cfg>
 __device__ __forceinline__ void load_row_stats(const BackwardKernelParams& kp, int32_t b,
                                                int32_t h, const SequenceView& seq, int64_t m0,
