@@ -133,6 +133,7 @@ struct Case {
   float softcap = 0.0f;
   std::optional<float> softmax_scale;
   enum class Alibi { Off, PerHead, PerBatchHead } alibi = Alibi::Off;
+  float alibi_scale = 1.0f;  // multiplies the slopes; negative ones favour distant keys
   Layout layout = Layout::Contiguous;
   bool with_lse = true;
   int32_t num_threads = 0;
@@ -151,6 +152,7 @@ inline std::string Case::describe() const {
   if (softmax_scale) s += " scale=" + std::to_string(*softmax_scale);
   if (alibi == Alibi::PerHead) s += " alibi(H)";
   if (alibi == Alibi::PerBatchHead) s += " alibi(B,H)";
+  if (alibi != Alibi::Off && alibi_scale != 1.0f) s += " alibi_scale=" + std::to_string(alibi_scale);
   if (dropout_p > 0) s += " dropout=" + std::to_string(dropout_p);
   s += std::string(" layout=") + layout_name(layout) + " seed=" + std::to_string(test_seed());
   return s;
@@ -228,7 +230,8 @@ inline Options options_of(const Case& c, Buffer& slopes) {
   }
   if (c.alibi != Case::Alibi::Off) {
     const bool per_batch = c.alibi == Case::Alibi::PerBatchHead;
-    const std::vector<float> s = alibi_slopes(c.batch, c.heads, per_batch);
+    std::vector<float> s = alibi_slopes(c.batch, c.heads, per_batch);
+    for (float& slope : s) slope *= c.alibi_scale;
     slopes = Buffer(DType::Float32, static_cast<int64_t>(s.size()));
     std::memcpy(slopes.data(), s.data(), s.size() * sizeof(float));
     o.alibi_slopes = per_batch ? slopes.view({c.batch, c.heads}) : slopes.view({c.heads});

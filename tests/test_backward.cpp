@@ -184,6 +184,26 @@ TEST(BackwardEdgeCases, CustomScalesAndLargeSoftcapScores) {
   }
 }
 
+// Negative slopes raise the scores of distant keys without bound, and a query count that is
+// not a multiple of any tile height leaves rows past the sequence in the last tile: those
+// must add nothing (a kernel that let their probabilities overflow would turn dK/dV to NaN).
+TEST(BackwardEdgeCases, NegativeAlibiSlopesWithAPartialLastTile) {
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    for (int64_t sk : {100, 130}) {
+      Case c;
+      c.seqlen_q = 100;
+      c.seqlen_k = sk;
+      c.heads = 2;
+      c.head_dim = 64;
+      c.dtype = dt;
+      c.alibi = Case::Alibi::PerHead;
+      c.alibi_scale = -4.0f;
+      run_backward_case(c, 0.0f);
+      run_backward_case(c, 0.0f, true);
+    }
+  }
+}
+
 // Each gradient element is written by exactly one work item that sums in a fixed order
 // (docs/ARCHITECTURE.md), so the result cannot depend on the run or the thread count.
 TEST(BackwardDeterminism, RepeatedRunsAndThreadCountsAreBitwiseEqual) {
