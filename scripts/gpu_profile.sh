@@ -3,8 +3,10 @@
 # Compute, our kernel and PyTorch's FlashAttention-2 kernel on the same inputs, so the two can
 # be compared metric by metric: instructions, stall reasons, pipe utilisation, bank
 # conflicts, spills. Forward by default; `bwd` profiles the backward's main kernels (ours:
-# the key-parallel dK/dV kernel; FA2: its dq_dk_dv kernel). Reports in $OUT (./gpu-results).
-#   scripts/gpu_profile.sh [hdim] [seqlen] [causal] [fwd|bwd]
+# the key-parallel dK/dV kernel; FA2: its dq_dk_dv kernel); `dec` the decode kernel against
+# cuDNN's (then the first two arguments are the batch and the cache length). Reports in $OUT
+# (./gpu-results).
+#   scripts/gpu_profile.sh [hdim] [seqlen] [causal] [fwd|bwd|dec]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 hdim=${1:-128}; seqlen=${2:-4096}; causal=${3:-no}; pass=${4:-fwd}
@@ -21,22 +23,33 @@ sections="--section SpeedOfLight --section LaunchStats --section Occupancy --sec
   --section MemoryWorkloadAnalysis_Tables"
 bench=bench/gpu_forward.py
 [ "$pass" = bwd ] && bench=bench/gpu_backward.py
-for who in ours flash; do
-  if [ $who = ours ]; then peers=""; else peers=flash; fi
+peer=flash
+# dec: the decode kernel against cuDNN's; $hdim is then the batch and $seqlen the cache length
+# (for example `gpu_profile.sh 8 32768 no dec`), 32 query / 8 kv heads, head dim 128.
+[ "$pass" = dec ] && bench=bench/gpu_decode.py && peer=cudnn
+for who in ours $peer; do
+  if [ $who = ours ]; then peers=""; else peers=$peer; fi
   case "$pass-$who" in
     fwd-ours) regex=forward_kernel ;;
     fwd-flash) regex=flash_fwd ;;
     bwd-ours) regex=backward_dkdv_kernel ;;
     bwd-flash) regex=flash_bwd_dq_dk_dv ;;
+    dec-ours) regex=kvcache_kernel ;;
+    dec-cudnn) regex='sdpa|fmha|cudnn' ;;
   esac
+  if [ "$pass" = dec ]; then
+    args=(--shapes "${hdim}x${seqlen}" --no-graph --repeat 5 --target-s 0.01)
+    [ $who = ours ] && args+=(--skip-peers) || args+=(--peers "$peers")
+  else
+    args=(--peers "$peers" --hdims "$hdim" --seqlens "$seqlen" --causal "$causal" --repeat 5)
+  fi
   ncu --kernel-name "regex:$regex" --launch-skip 3 --launch-count 1 $sections --import-source no \
     -o "$out/profile_${pass}_$who" \
     python3 "$bench" --lib build-gpu/src/libflashattn_c.so --out "/tmp/profile-$pass-$who" \
-    --peers "$peers" --hdims "$hdim" --seqlens "$seqlen" --causal "$causal" --repeat 5 \
-    >"$out/ncu_${pass}_$who.log" 2>&1
+    "${args[@]}" >"$out/ncu_${pass}_$who.log" 2>&1
   ncu --import "$out/profile_${pass}_$who.ncu-rep" --page details --print-units base \
     >"$out/details_${pass}_$who.txt" 2>&1
   echo "== $pass $who ($regex)"
-  grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Local|Bank" \
-    "$out/details_${pass}_$who.txt" | head -20
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Local|Bank" \
+    "$out/details_${pass}_$who.txt" | head -24
 done
