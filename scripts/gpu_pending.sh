@@ -6,10 +6,12 @@
 #   scripts/gpu_pending.sh kvcache    the CUDA kv-cache suite, sanitizers, decode benchmark,
 #                                     then a split-count sweep at batch 1 (~3 min)
 #   scripts/gpu_pending.sh kvtune     kv-cache shapes at head dim 128 (gpu_tune_kvcache.sh)
+#   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
+#                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
 # Logs go to $OUT/<stage>/ and are packed into $OUT/<stage>.tgz (the device returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, kvcache or kvtune}
+stage=${1:?stage: backward, kvcache, kvtune or kvprofile}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
@@ -27,6 +29,9 @@ case "$stage" in
     done ;;
   kvtune)
     bash scripts/gpu_tune_kvcache.sh 2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
+  kvprofile)
+    { bash scripts/gpu_profile.sh 8 32768 no dec; OUT="$OUT/b1" bash scripts/gpu_profile.sh 1 8192 no dec; } \
+      2>&1 | tee "$OUT/pending.txt" | tail -60 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "$top/$stage.tgz" -C "$top" "$stage" 2>/dev/null
