@@ -338,11 +338,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                      (seq.k_row0 + j0) * p.k_row_stride + hk * p.k_head_stride;
   const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
                      (seq.k_row0 + j0) * p.v_row_stride + hk * p.v_head_stride;
-  // Q, dO, lse and D of step `it` into stage `stage`.
+  // Q, dO, lse and D of the step (query head h, query block m_first + m_index) into `stage`.
+  // Steps run over the group's heads, each over its query blocks; the loop below tracks
+  // (h, m_index) incrementally rather than dividing the step index by m_blocks twice a step.
   const TileLoader<Cfg, kBlockM> q_loader(p.head_dim), do_loader(p.head_dim_v);
-  const auto load_step = [&](int it, int stage) {
-    const int h = hk * group + it / m_blocks;
-    const int64_t m0 = (m_first + it % m_blocks) * kBlockM;
+  const auto load_step = [&](int h, int m_index, int stage) {
+    const int64_t m0 = (m_first + m_index) * kBlockM;
     const int64_t row = seq.q_row0 + m0;
     q_loader.load(ptx::shared_address(sQ + stage * kBlockM * kRowStride),
                   static_cast<const Element*>(p.q) + b * p.q_batch_stride +
@@ -367,7 +368,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   if (steps > 0) {
     TileLoader<Cfg, kBlockN>(p.head_dim).load(ptx::shared_address(sK), k, p.k_row_stride, keys_here);
     TileLoader<Cfg, kBlockN>(p.head_dim_v).load(ptx::shared_address(sV), v, p.v_row_stride, keys_here);
-    load_step(0, 0);
+    load_step(hk * group, 0, 0);
     ptx::cp_async_commit();
   }
 
@@ -380,13 +381,15 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint32_t sP_addr = ptx::shared_address(sP), sdS_addr = ptx::shared_address(sdS);
   constexpr uint32_t kStageBytes = Cfg::kQBytes;
 
+  int h = hk * group, m_index = 0;  // step it's query head and block
   for (int it = 0; it < steps; ++it) {
     const int stage = it & 1;
-    const int h = hk * group + it / m_blocks;
-    const int64_t m0 = (m_first + it % m_blocks) * kBlockM;
+    const int64_t m0 = (m_first + m_index) * kBlockM;
+    const bool last_block = m_index + 1 == m_blocks;
+    const int next_h = last_block ? h + 1 : h, next_m_index = last_block ? 0 : m_index + 1;
     ptx::cp_async_wait<0>();
     __syncthreads();  // step it has landed, and every warp is done with step it - 1
-    if (it + 1 < steps) load_step(it + 1, stage ^ 1);
+    if (it + 1 < steps) load_step(next_h, next_m_index, stage ^ 1);
     ptx::cp_async_commit();
 
     const uint32_t q_addr = sQ_addr + stage * kStageBytes, do_addr = sdO_addr + stage * kStageBytes;
@@ -447,6 +450,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         }
       }
     }
+    h = next_h;
+    m_index = next_m_index;
   }
 
   // dK = softmax_scale dS^T Q and dV, in the storage dtype, for every stored key of the block.
