@@ -8,10 +8,13 @@
 #   scripts/gpu_pending.sh kvtune     kv-cache shapes at head dim 128 (gpu_tune_kvcache.sh)
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
+#   scripts/gpu_pending.sh fwd256     the forward at head dim 256, short sequences: the
+#                                     release 128-row shape against 64-row 4-warp CTAs (two
+#                                     per SM, FA2's choice), where the gap to FA2 is largest
 # Logs go to $OUT/<stage>/ and are packed into $OUT/<stage>.tgz (the device returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, kvcache, kvtune or kvprofile}
+stage=${1:?stage: backward, kvcache, kvtune, kvprofile or fwd256}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
@@ -29,6 +32,9 @@ case "$stage" in
     done ;;
   kvtune)
     bash scripts/gpu_tune_kvcache.sh 2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
+  fwd256)
+    TUNE_RELEASE_HDIMS=256 TUNE_SEQLENS=512,1k,2k bash scripts/gpu_tune.sh 256,32,4,1,0 256,64,4,1,0 \
+      2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
   kvprofile)
     { bash scripts/gpu_profile.sh 8 32768 no dec; OUT="$OUT/b1" bash scripts/gpu_profile.sh 1 8192 no dec; } \
       2>&1 | tee "$OUT/pending.txt" | tail -60 ;;
