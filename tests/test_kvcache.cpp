@@ -617,6 +617,31 @@ TEST(KvCache, LongPagedDecode) {
   run_and_check(c);
 }
 
+// The CPU engine packs the G query heads of a key/value head into one work item, position by
+// position, in blocks of 64 packed rows: with G = 3 and Sq = 30 (90 rows) the second block
+// starts mid-position (row 64 is head 1 of position 21), and every row keeps its own
+// position (mask, ALiBi distance) and head (ALiBi slope) — on both backends.
+TEST(KvCache, PackedQueryHeadsKeepTheirPositionsAndHeads) {
+  for (const char* mask : {"causal", "band"}) {
+    KvCase c;
+    c.name = "packed heads";
+    c.seqlens = {150, 91};
+    c.seqlen_q = 30;
+    c.seqlen_new = 3;
+    c.heads = 6;
+    c.heads_k = 2;
+    c.head_dim = 40;
+    c.alibi = Case::Alibi::PerBatchHead;
+    c.softcap = 5.0f;
+    for (const Mask& m : kMasks)
+      if (std::string(m.name) == mask) c.mask = m;
+    for (int32_t splits : {1, 3}) {
+      c.num_splits = splits;
+      run_and_check(c);
+    }
+  }
+}
+
 TEST(KvCache, OddHeadDims) {
   for (int64_t d : {8, 24, 40, 88, 136, 200, 256}) {
     KvCase c;
@@ -791,7 +816,10 @@ TEST(KvCacheCpu, AutomaticSplitsFillTheThreads) {
   EXPECT_EQ(run_and_check(c).num_splits, 1);  // 5 key blocks: one chunk of >= 4
   c.seqlens = {4000};
   c.heads = 8;
+  c.heads_k = 8;
   EXPECT_EQ(run_and_check(c).num_splits, 1);  // 8 items for 8 threads
+  c.heads_k = 1;
+  EXPECT_EQ(run_and_check(c).num_splits, 8);  // the 8 query heads packed into 1 item
 }
 
 // A fixed split count gives the same bits whatever the thread count.

@@ -1,8 +1,8 @@
 // The CPU forward engine's unit of work, shared by the dense/varlen forward (cpu/forward.cpp)
 // and the KV-cache forward (cpu/kvcache.cpp): a block of query rows of one (batch, head)
 // attends to a range of keys with the online softmax, leaving the unnormalised accumulator,
-// running max and running sum in the thread's tiles; store_rows then normalises them into an
-// output (the call's out/lse, or an fp32 partial result of a key chunk).
+// running max and running sum in the thread's tiles; store_row(s) then normalises them into
+// an output (the call's out/lse, or an fp32 partial result of a key chunk).
 //
 // The two callers differ only in where a key row lives, which KeyRows says: contiguous rows
 // of a dense or ragged batch, or cache positions of a (possibly paged) KV cache.
@@ -93,32 +93,47 @@ class TileArena {
   int head_dim_ = 0, head_dim_v_ = 0;
 };
 
-// Query rows [i0, i0 + rows) of (b, h) of sequence `seq` (rows of p.q from seq.q_row0)
-// against the keys of `chunk` that the mask lets them see. Mask, ALiBi and dropout indices
-// stay those of the whole sequence, so a chunk is exactly a slice of the unsplit problem.
-// Leaves acc (unnormalised), m and l of each row in `t`. Defined for float, half_t and
-// bfloat16_t (cpu/forward.cpp).
+// The query rows of one work item. Packed index x = first + r (row r of the item) is query
+// position x / group of head head0 + x % group: with group 1, consecutive positions of one
+// head (the forward); with group G = H / Hk, the query heads that share a key/value head,
+// position by position (the KV-cache path: each key block is then loaded once for all G).
+struct RowBlock {
+  int64_t first = 0;
+  int rows = 0;
+  int32_t head0 = 0;
+  int32_t group = 1;
+  int64_t position(int r) const { return (first + r) / group; }
+  int32_t head(int r) const { return head0 + static_cast<int32_t>((first + r) % group); }
+};
+
+// The rows of `block` of sequence `seq` (rows of p.q from seq.q_row0) against the keys of
+// `chunk` that the mask lets them see. Mask, ALiBi and dropout indices stay those of the
+// whole sequence, so a chunk is exactly a slice of the unsplit problem. Leaves acc
+// (unnormalised), m and l of each row in `t`. Defined for float, half_t and bfloat16_t
+// (cpu/forward.cpp).
 template <typename T>
 void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows& keys,
-                 KeyRange chunk, const DropoutRng* dropout, int32_t b, int32_t h, int64_t i0,
-                 int rows, Tiles& t);
+                 KeyRange chunk, const DropoutRng* dropout, int32_t b, const RowBlock& block,
+                 Tiles& t);
 
-// Normalises what attend_rows left: out row r = acc / l (0 for a row that saw no key),
-// lse[r] = m + log(l) (-inf for such a row; skipped when lse is null).
+// Normalises row r of what attend_rows left: out = acc / l (0 for a row that saw no key),
+// *lse = m + log(l) (-inf for such a row; skipped when lse is null).
+template <typename Out>
+void store_row(const Tiles& t, int r, int head_dim_v, Out* out, float* lse) {
+  const float l = t.l[r];
+  const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+  const float* acc = t.acc + static_cast<int64_t>(r) * head_dim_v;
+  for (int d = 0; d < head_dim_v; ++d) out[d] = from_float<Out>(acc[d] * inv);
+  if (lse != nullptr)
+    *lse = l == 0.0f ? -std::numeric_limits<float>::infinity() : t.m[r] + std::log(l);
+}
+
+// store_row for rows [0, rows) going to consecutive out rows and lse entries.
 template <typename Out>
 void store_rows(const Tiles& t, int rows, int head_dim_v, Out* out, int64_t out_row_stride,
                 float* lse) {
-  for (int r = 0; r < rows; ++r) {
-    const float l = t.l[r];
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-    const float* acc = t.acc + static_cast<int64_t>(r) * head_dim_v;
-    Out* o = out + r * out_row_stride;
-    for (int d = 0; d < head_dim_v; ++d) o[d] = from_float<Out>(acc[d] * inv);
-  }
-  if (lse != nullptr)
-    for (int r = 0; r < rows; ++r)
-      lse[r] = t.l[r] == 0.0f ? -std::numeric_limits<float>::infinity()
-                              : t.m[r] + std::log(t.l[r]);
+  for (int r = 0; r < rows; ++r)
+    store_row(t, r, head_dim_v, out + r * out_row_stride, lse != nullptr ? lse + r : nullptr);
 }
 
 }  // namespace flashattn::detail::cpu

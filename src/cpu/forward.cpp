@@ -115,20 +115,32 @@ TileArena::TileArena(int64_t threads, int head_dim, int head_dim_v)
 
 template <typename T>
 void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows& keys,
-                 KeyRange chunk, const DropoutRng* dropout, int32_t b, int32_t h, int64_t i0,
-                 int rows, Tiles& t) {
-  const int D = p.head_dim, Dv = p.head_dim_v;
-  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride +
-               (seq.q_row0 + i0) * p.q_row_stride + h * p.q_head_stride;
-  load_rows(q, p.q_row_stride, rows, D, query_scale(p), t.q);
+                 KeyRange chunk, const DropoutRng* dropout, int32_t b, const RowBlock& block,
+                 Tiles& t) {
+  const int D = p.head_dim, Dv = p.head_dim_v, rows = block.rows;
+  const bool packed = block.group > 1;
+  const auto q_row = [&](int r) {
+    return static_cast<const T*>(p.q) + b * p.q_batch_stride +
+           (seq.q_row0 + block.position(r)) * p.q_row_stride + block.head(r) * p.q_head_stride;
+  };
+  const auto slope_of = [&](int r) {
+    return p.alibi_slopes != nullptr
+               ? p.alibi_slopes[b * p.alibi_batch_stride + block.head(r)]
+               : 0.0f;
+  };
+  if (packed) {
+    for (int r = 0; r < rows; ++r)
+      load_rows(q_row(r), p.q_row_stride, 1, D, query_scale(p), t.q + static_cast<int64_t>(r) * D);
+  } else {
+    load_rows(q_row(0), p.q_row_stride, rows, D, query_scale(p), t.q);
+  }
   std::fill(t.m, t.m + rows, -std::numeric_limits<float>::infinity());
   std::fill(t.l, t.l + rows, 0.0f);
   std::fill(t.acc, t.acc + static_cast<int64_t>(rows) * Dv, 0.0f);
-  const float slope =
-      p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
 
-  const KeyRange visible = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
-                                                p.window_left, p.window_right);
+  const KeyRange visible =
+      visible_keys_of_rows(block.position(0), block.position(rows - 1) + 1, seq.seqlen_q,
+                           seq.seqlen_k, p.window_left, p.window_right);
   const int64_t begin = std::max(visible.begin, chunk.begin);
   const int64_t end = std::min(visible.end, chunk.end);
   for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
@@ -136,7 +148,13 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
     load_key_block<T>(keys, j0, cols, D, Dv, t);
 
     score_tile(t.q, t.kt, t.s, rows, D);
-    modify_scores(p, seq, slope, t.s, i0, rows, j0, cols);
+    if (packed) {  // each row its own position and head
+      for (int r = 0; r < rows; ++r)
+        modify_scores(p, seq, slope_of(r), t.s + static_cast<int64_t>(r) * kBlockK,
+                      block.position(r), 1, j0, cols);
+    } else {
+      modify_scores(p, seq, slope_of(0), t.s, block.position(0), rows, j0, cols);
+    }
     for (int r = 0; r < rows; ++r) {
       float* row = t.s + static_cast<int64_t>(r) * kBlockK;
       softmax_step(row, t.m + r, t.l + r, t.acc + static_cast<int64_t>(r) * Dv, Dv);
@@ -144,7 +162,7 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
       // and only what multiplies v is dropped and rescaled.
       if (dropout != nullptr) {
         float m[kBlockK];
-        dropout_multipliers(*dropout, b, h, i0 + r, j0, cols, m);
+        dropout_multipliers(*dropout, b, block.head(r), block.position(r), j0, cols, m);
         for (int j = 0; j < cols; ++j) row[j] *= m[j];
       }
     }
@@ -153,14 +171,12 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
 }
 
 template void attend_rows<float>(const ForwardParams&, const SequenceView&, const KeyRows&,
-                                 KeyRange, const DropoutRng*, int32_t, int32_t, int64_t, int,
-                                 Tiles&);
+                                 KeyRange, const DropoutRng*, int32_t, const RowBlock&, Tiles&);
 template void attend_rows<half_t>(const ForwardParams&, const SequenceView&, const KeyRows&,
-                                  KeyRange, const DropoutRng*, int32_t, int32_t, int64_t, int,
-                                  Tiles&);
+                                  KeyRange, const DropoutRng*, int32_t, const RowBlock&, Tiles&);
 template void attend_rows<bfloat16_t>(const ForwardParams&, const SequenceView&,
                                       const KeyRows&, KeyRange, const DropoutRng*, int32_t,
-                                      int32_t, int64_t, int, Tiles&);
+                                      const RowBlock&, Tiles&);
 
 namespace {
 
@@ -174,7 +190,7 @@ void attend_query_block(const ForwardParams& p, const DropoutRng* dropout, int32
   if (i0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than max_seqlen_q
   const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.seqlen_q - i0));
   const KeyRows keys = KeyRows::of_sequence(p, b, seq, h / p.group_size());
-  attend_rows<T>(p, seq, keys, {0, seq.seqlen_k}, dropout, b, h, i0, rows, t);
+  attend_rows<T>(p, seq, keys, {0, seq.seqlen_k}, dropout, b, RowBlock{i0, rows, h, 1}, t);
   T* out = static_cast<T*>(p.out) + b * p.out_batch_stride +
            (seq.q_row0 + i0) * p.out_row_stride + h * p.out_head_stride;
   float* lse = p.lse != nullptr

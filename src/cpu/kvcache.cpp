@@ -104,11 +104,11 @@ std::vector<T> rotated_queries(const KvCacheParams& p, int threads) {
   return rotated;
 }
 
-// num_splits = 0: one pass unless there are fewer work items than threads; then enough
-// chunks of at least kMinBlocksPerSplit key blocks to give every thread work.
-int32_t resolve_splits(const KvCacheParams& p, int64_t query_blocks, int threads) {
+// num_splits = 0: one pass unless there are fewer work items (of packed rows) than threads;
+// then enough chunks of at least kMinBlocksPerSplit key blocks to give every thread work.
+int32_t resolve_splits(const KvCacheParams& p, int64_t row_blocks, int threads) {
   if (p.num_splits > 0) return p.num_splits;
-  const int64_t items = int64_t{p.attn.batch} * p.attn.heads * query_blocks;
+  const int64_t items = int64_t{p.attn.batch} * p.attn.heads_k * row_blocks;
   if (items == 0 || items >= threads) return 1;
   int64_t longest = 0;
   for (int32_t b = 0; b < p.attn.batch; ++b)
@@ -199,10 +199,15 @@ KvCacheRun forward_kvcache_typed(const KvCacheParams& params) {
     run.workspace_bytes += rotated_q.size() * sizeof(T);
   }
 
-  const int64_t query_blocks = ceil_div(a.seqlen_q, kBlockQ);
-  const int32_t splits = resolve_splits(p, query_blocks, threads);
+  // Work items hold the G = H / Hk query heads of one key/value head packed position by
+  // position (RowBlock), kBlockQ packed rows each: a key block is loaded (and converted to
+  // fp32) once for all of them instead of once per query head.
+  const int32_t group = a.group_size();
+  const int64_t packed_rows = a.seqlen_q * group;
+  const int64_t row_blocks = ceil_div(packed_rows, kBlockQ);
+  const int32_t splits = resolve_splits(p, row_blocks, threads);
   run.num_splits = splits;
-  const int64_t items = int64_t{a.batch} * a.heads * query_blocks * splits;
+  const int64_t items = int64_t{a.batch} * a.heads_k * row_blocks * splits;
   if (items == 0) return run;
   const int workers = static_cast<int>(std::min<int64_t>(threads, items));
   const TileArena arena(workers, a.head_dim, a.head_dim_v);
@@ -219,29 +224,36 @@ KvCacheRun forward_kvcache_typed(const KvCacheParams& params) {
     Tiles tiles = arena.tiles(omp_get_thread_num());
 #pragma omp for collapse(4) schedule(dynamic, 1)
     for (int32_t b = 0; b < a.batch; ++b)
-      for (int32_t h = 0; h < a.heads; ++h)
-        for (int64_t block = 0; block < query_blocks; ++block)
+      for (int32_t hk = 0; hk < a.heads_k; ++hk)
+        for (int64_t block = 0; block < row_blocks; ++block)
           for (int32_t split = 0; split < splits; ++split) {
             const KvSequence s = kv_sequence(p, b);
             SequenceView seq;
             seq.seqlen_q = a.seqlen_q;
             seq.seqlen_k = s.seqlen_k();
-            const int64_t i0 = block * kBlockQ;
-            const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, a.seqlen_q - i0));
-            const KeyRows keys = KeyRows::of_cache(p, b, s, h / a.group_size());
-            attend_rows<T>(a, seq, keys, key_chunk(seq.seqlen_k, splits, split), nullptr, b, h,
-                           i0, rows, tiles);
-            if (splits == 1) {
-              T* out = static_cast<T*>(a.out) + b * a.out_batch_stride + i0 * a.out_row_stride +
-                       h * a.out_head_stride;
-              float* lse = a.lse != nullptr
-                               ? a.lse + b * a.lse_batch_stride + h * a.lse_head_stride + i0
-                               : nullptr;
-              store_rows(tiles, rows, a.head_dim_v, out, a.out_row_stride, lse);
-            } else {
-              const int64_t row = split * rows_per_split + (int64_t{b} * a.heads + h) * a.seqlen_q + i0;
-              store_rows(tiles, rows, a.head_dim_v, part_out.data() + row * a.head_dim_v,
-                         int64_t{a.head_dim_v}, part_lse.data() + row);
+            RowBlock rows;
+            rows.first = block * kBlockQ;
+            rows.rows = static_cast<int>(std::min<int64_t>(kBlockQ, packed_rows - rows.first));
+            rows.head0 = hk * group;
+            rows.group = group;
+            const KeyRows keys = KeyRows::of_cache(p, b, s, hk);
+            attend_rows<T>(a, seq, keys, key_chunk(seq.seqlen_k, splits, split), nullptr, b,
+                           rows, tiles);
+            for (int r = 0; r < rows.rows; ++r) {
+              const int64_t i = rows.position(r);
+              const int32_t h = rows.head(r);
+              if (splits == 1) {
+                T* out = static_cast<T*>(a.out) + b * a.out_batch_stride + i * a.out_row_stride +
+                         h * a.out_head_stride;
+                float* lse = a.lse != nullptr
+                                 ? a.lse + b * a.lse_batch_stride + h * a.lse_head_stride + i
+                                 : nullptr;
+                store_row(tiles, r, a.head_dim_v, out, lse);
+              } else {
+                const int64_t row = split * rows_per_split + (int64_t{b} * a.heads + h) * a.seqlen_q + i;
+                store_row(tiles, r, a.head_dim_v, part_out.data() + row * a.head_dim_v,
+                          part_lse.data() + row);
+              }
             }
           }
   }
