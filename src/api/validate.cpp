@@ -413,6 +413,23 @@ void fill_options(ForwardParams& p, const Options& options, const Execution& exe
   p.stream = execution.stream;
 }
 
+// The fields every forward-like call fills alike once validated: pointers, dtype, shape.
+void fill_tensors(ForwardParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                  const TensorView& out, const std::optional<TensorView>& lse, int64_t batch,
+                  int64_t heads, int64_t heads_k, int64_t head_dim) {
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.out = out.data;
+  p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
+  p.dtype = q.dtype;
+  p.batch = static_cast<int32_t>(batch);
+  p.heads = static_cast<int32_t>(heads);
+  p.heads_k = static_cast<int32_t>(heads_k);
+  p.head_dim = static_cast<int32_t>(head_dim);
+  p.head_dim_v = static_cast<int32_t>(head_dim);
+}
+
 ValidatedForward validate_call(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const std::optional<TensorView>& lse,
                                const Varlen* varlen, const Options& options,
@@ -544,17 +561,7 @@ ValidatedForward validate_call(const TensorView& q, const TensorView& k, const T
   ValidatedForward result;
   result.backend = backend;
   ForwardParams& p = result.params;
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.out = out.data;
-  p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
-  p.dtype = q.dtype;
-  p.batch = static_cast<int32_t>(batch);
-  p.heads = static_cast<int32_t>(heads);
-  p.heads_k = static_cast<int32_t>(heads_k);
-  p.head_dim = static_cast<int32_t>(head_dim);
-  p.head_dim_v = static_cast<int32_t>(head_dim);
+  fill_tensors(p, q, k, v, out, lse, batch, heads, heads_k, head_dim);
   p.seqlen_q = is_varlen ? varlen->max_seqlen_q : rows_q;
   p.seqlen_k = is_varlen ? varlen->max_seqlen_k : rows_k;
   const auto strides_of = [&](const TensorView& t, int64_t& batch_stride, int64_t& row_stride,
@@ -836,17 +843,7 @@ ValidatedKvCache validate_kvcache(const TensorView& q, const KvCache& cache,
   result.backend = backend;
   KvCacheParams& kp = result.params;
   ForwardParams& p = kp.attn;
-  p.q = q.data;
-  p.k = kc.data;
-  p.v = vc.data;
-  p.out = out.data;
-  p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
-  p.dtype = q.dtype;
-  p.batch = static_cast<int32_t>(batch);
-  p.heads = static_cast<int32_t>(heads);
-  p.heads_k = static_cast<int32_t>(heads_k);
-  p.head_dim = static_cast<int32_t>(head_dim);
-  p.head_dim_v = static_cast<int32_t>(head_dim);
+  fill_tensors(p, q, kc, vc, out, lse, batch, heads, heads_k, head_dim);
   p.seqlen_q = rows_q;
   p.seqlen_k = capacity;
   row_strides(q, false, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
