@@ -318,7 +318,6 @@ def base_row(cfg: fw.Config, system: str, dtype: str) -> dict:
 
 def run_system(system: str, cfg: fw.Config, sets: list[tuple], lib, args,
                reference_grads_of: dict) -> dict:
-    import torch
     row = base_row(cfg, system, args.dtype)
     prepared = None
     try:
@@ -338,12 +337,8 @@ def run_system(system: str, cfg: fw.Config, sets: list[tuple], lib, args,
                    fwdbwd_tflops=(1 + BWD_FACTOR) * cfg.flops / (t_all.ms * 1e-3) / 1e12)
         if system == "ours":
             row["workspace_bytes"] = prepared.workspace()
-    except fw.NotAvailable as e:
-        row.update(status="n/a", reason=str(e)[:400])
-    except torch.cuda.OutOfMemoryError as e:
-        row.update(status="error", reason="out of memory: " + fw.first_line(e))
-    except Exception as e:  # one system's failure must not end the run
-        row.update(status="error", reason=fw.first_line(e))
+    except Exception as e:
+        fw.record_failure(row, e)
     finally:
         del prepared
     return row

@@ -384,12 +384,7 @@ def self_test_cpu(lib_path: str) -> int:
     out = np.full((1, 4, 1, 16), 7.0, np.float32)
     call = lib.prepare_forward(*(fa_tensor_from_numpy(a, FA_FLOAT32) for a in (q, q, q, out)),
                                None, False, FA_BACKEND_CPU, keepalive=(q, out))
-    try:
-        call()
-        ok, message = False, "no error raised"
-    except FlashAttnError as e:
-        ok = e.status == FA_ERROR_INVALID_ARGUMENT and bool(e.message) and (out == 7.0).all()
-        message = str(e)
+    ok, message = check_rejected(call, lambda: bool((out == 7.0).all()))
     failures += not ok
     print(f"  {'ok  ' if ok else 'FAIL'} rejected call: {message}")
     print("self-test:", "PASS" if failures == 0 else f"{failures} FAILED")
@@ -752,6 +747,28 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:400]
 
 
+def record_failure(row: dict, e: Exception) -> None:
+    """Marks a result row as not run (n/a: the system refused the shape) or failed, with the
+    reason: one system's failure must not end the run."""
+    import torch
+    if isinstance(e, NotAvailable):
+        row.update(status="n/a", reason=str(e)[:500])
+    elif isinstance(e, torch.cuda.OutOfMemoryError):
+        row.update(status="error", reason="out of memory: " + first_line(e))
+    else:
+        row.update(status="error", reason=first_line(e))
+
+
+def check_rejected(call: Callable[[], Any], untouched: Callable[[], bool]) -> tuple[bool, str]:
+    """Runs a call the library must refuse: passes when it raises an invalid-argument status
+    with a message and untouched() still holds (nothing was written); returns (ok, message)."""
+    try:
+        call()
+        return False, "no error raised"
+    except FlashAttnError as e:
+        return (e.status == FA_ERROR_INVALID_ARGUMENT and bool(e.message) and untouched()), str(e)
+
+
 def cuda_healthy() -> bool:
     """False once the CUDA context is unusable (a sticky error such as an illegal address)."""
     import torch
@@ -804,12 +821,8 @@ def run_system(system: str, cfg: Config, sets: list[tuple], lib: FlashAttnLib | 
                    tflops=cfg.flops / (timing.ms * 1e-3) / 1e12)
         if system == "ours":
             row["workspace_bytes"] = int(prepared.forward_calls[0].info.workspace_bytes)
-    except NotAvailable as e:
-        row.update(status="n/a", reason=str(e)[:400])
-    except torch.cuda.OutOfMemoryError as e:
-        row.update(status="error", reason="out of memory: " + first_line(e))
-    except Exception as e:  # one system's failure must not end the run
-        row.update(status="error", reason=first_line(e))
+    except Exception as e:
+        record_failure(row, e)
     finally:
         del prepared
     return row

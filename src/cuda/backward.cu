@@ -17,6 +17,7 @@
 
 #include "cuda/backward.hpp"
 #include "cuda/common/buckets.hpp"
+#include "cuda/common/grid.hpp"
 #include "cuda/common/stream_allocation.hpp"
 #include "cuda/sm80/backward_configs.cuh"
 
@@ -128,14 +129,8 @@ void run_all(const sm80::BackwardKernelParams& kp) {
 
 size_t backward(const BackwardParams& bp) {
   const ForwardParams& p = bp.fwd;
-  // The key-parallel grid is (key blocks, Hk, B), the others (row blocks, H, B): their y and
-  // z extents are limited to 65535.
-  if (p.heads > 65535)
-    throw Error(ErrorCode::Unsupported, "q", "at most 65535 heads on the cuda backend",
-                "H = " + std::to_string(p.heads));
-  if (p.batch > 65535)
-    throw Error(ErrorCode::Unsupported, "q", "a batch of at most 65535 on the cuda backend",
-                "B = " + std::to_string(p.batch));
+  // The key-parallel grid is (key blocks, Hk, B), the others (row blocks, H, B).
+  check_heads_and_batch(p.heads, p.batch);
   if (p.batch == 0) return 0;
 
   sm80::BackwardKernelParams kp;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda/common/buckets.hpp"
+#include "cuda/common/grid.hpp"
 #include "cuda/forward.hpp"
 #include "cuda/sm80/forward_configs.cuh"
 
@@ -26,13 +27,7 @@ void run_bucket(const ForwardParams& p) {
 }  // namespace
 
 size_t forward(const ForwardParams& p) {
-  // The grid is (query blocks, H, B): its y and z extents are limited to 65535.
-  if (p.heads > 65535)
-    throw Error(ErrorCode::Unsupported, "q", "at most 65535 heads on the cuda backend",
-                "H = " + std::to_string(p.heads));
-  if (p.batch > 65535)
-    throw Error(ErrorCode::Unsupported, "q", "a batch of at most 65535 on the cuda backend",
-                "B = " + std::to_string(p.batch));
+  check_heads_and_batch(p.heads, p.batch);  // the grid is (query blocks, H, B)
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
 #ifdef FLASHATTN_SM80_TUNING
   if (!sm80::run_tuning_candidate(p))

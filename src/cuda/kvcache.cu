@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cuda/common/buckets.hpp"
+#include "cuda/common/grid.hpp"
 #include "cuda/common/fit.cuh"
 #include "cuda/common/stream_allocation.hpp"
 #include "cuda/devices.hpp"
@@ -57,10 +58,9 @@ KvCacheRun run_config(const KvCacheParams& kv) {
   kp.kv = kv;
   const int64_t rows = p.seqlen_q * p.group_size();
   kp.row_blocks = static_cast<int32_t>(std::max<int64_t>(1, (rows + Cfg::kBlockM - 1) / Cfg::kBlockM));
-  if (int64_t{p.heads_k} * kp.row_blocks > 65535)
-    throw Error(ErrorCode::Unsupported, "q",
-                "at most 65535 (kv heads x blocks of 16 packed query rows) on the cuda backend",
-                std::to_string(int64_t{p.heads_k} * kp.row_blocks));
+  check_grid_extent(int64_t{p.heads_k} * kp.row_blocks,
+                    "at most 65535 (kv heads x blocks of 16 packed query rows)",
+                    std::to_string(int64_t{p.heads_k} * kp.row_blocks));
   kp.num_splits = kv.num_splits;
   if (kp.num_splits == 0) {
     static const int ctas_per_sm = [] {
@@ -148,9 +148,7 @@ KvCacheRun run_dtype(const KvCacheParams& kv) {
 
 KvCacheRun forward_kvcache(const KvCacheParams& kv) {
   const ForwardParams& p = kv.attn;
-  if (p.batch > 65535)
-    throw Error(ErrorCode::Unsupported, "q", "a batch of at most 65535 on the cuda backend",
-                "B = " + std::to_string(p.batch));
+  check_grid_extent(p.batch, "a batch of at most 65535", "B = " + std::to_string(p.batch));
   if (p.batch == 0) return {};
   return p.dtype == DType::Float16 ? run_dtype<__half>(kv) : run_dtype<__nv_bfloat16>(kv);
 }
