@@ -4,7 +4,9 @@
 # Then: run with carry [".snap"] and a command starting `cd .snap && ...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.snap/' .git/info/exclude 2>/dev/null || echo '/.snap/' >> .git/info/exclude
+# A worktree's .git is a file: the exclude list lives in the common git directory.
+exclude="$(git rev-parse --git-common-dir)/info/exclude"
+grep -qx '/.snap/' "$exclude" 2>/dev/null || echo '/.snap/' >> "$exclude"
 rm -rf .snap && mkdir .snap
 git archive HEAD | tar -x -C .snap
 # The copy has no .git: scripts read the commit from here.
