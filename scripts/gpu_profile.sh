@@ -49,7 +49,13 @@ for who in ours $peer; do
     "${args[@]}" >"$out/ncu_${pass}_$who.log" 2>&1
   ncu --import "$out/profile_${pass}_$who.ncu-rep" --page details --print-units base \
     >"$out/details_${pass}_$who.txt" 2>&1
+  # Stall reasons per issued instruction (WarpStateStats' raw metrics), largest first: where
+  # the issue slots go when the instruction counts are alike.
+  ncu --import "$out/profile_${pass}_$who.ncu-rep" --page raw --print-units base 2>&1 |
+    grep -E "smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active.ratio" |
+    awk '{print $NF, $1}' | sort -gr | head -12 >"$out/stalls_${pass}_$who.txt"
   echo "== $pass $who ($regex)"
   grep -E "Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Local|Bank" \
     "$out/details_${pass}_$who.txt" | head -24
+  echo "   stalls per issued instruction:"; sed 's/^/     /' "$out/stalls_${pass}_$who.txt" | head -8
 done

@@ -110,24 +110,34 @@ int64_t shared_bytes_per_block_limit() {
   return limit;
 }
 
-int32_t multiprocessor_count() {
+namespace {
+// One attribute of the current device, read once per device (0 when it cannot be read). The
+// cache holds value + 1, so that an attribute whose value is 0 is cached too.
+template <cudaDeviceAttr kAttribute>
+int32_t current_device_attribute() {
   static std::array<std::atomic<int32_t>, 64> cached{};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0) {
     cudaGetLastError();
     return 0;
   }
-  int32_t count = device < 64 ? cached[size_t(device)].load() : 0;
-  if (count == 0) {
-    int value = 0;
-    if (cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    count = value;
-    if (device < 64) cached[size_t(device)].store(count);
+  const int32_t known = device < 64 ? cached[size_t(device)].load() : 0;
+  if (known > 0) return known - 1;
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, kAttribute, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
   }
-  return count;
+  if (device < 64) cached[size_t(device)].store(value + 1);
+  return value;
+}
+}  // namespace
+
+int32_t multiprocessor_count() { return current_device_attribute<cudaDevAttrMultiProcessorCount>(); }
+
+int32_t compute_capability() {
+  return current_device_attribute<cudaDevAttrComputeCapabilityMajor>() * 10 +
+         current_device_attribute<cudaDevAttrComputeCapabilityMinor>();
 }
 
 }  // namespace flashattn::detail::cuda

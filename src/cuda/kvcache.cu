@@ -92,11 +92,23 @@ KvCacheRun run_config(const KvCacheParams& kv) {
                   static_cast<unsigned>(int64_t{p.heads_k} * kp.row_blocks),
                   static_cast<unsigned>(p.batch));
   sm80::kvcache_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(kp);
+  throw_if_failed(cudaGetLastError(), "a successful kv-cache kernel launch");
   if (kp.num_splits > 1 && out_rows > 0) {
-    sm80::kvcache_combine_kernel<typename Cfg::Element>
-        <<<static_cast<unsigned>(out_rows), 32 * sm80::kCombineWarps, 0, stream>>>(kp);
+    // On sm_90 the combine is a programmatic dependent launch: its launch overlaps the split
+    // kernel's tail instead of following its end (a few microseconds of a decoding step that
+    // takes tens).
+    cudaLaunchConfig_t combine = {};
+    combine.gridDim = dim3(static_cast<unsigned>(out_rows));
+    combine.blockDim = dim3(32 * sm80::kCombineWarps);
+    combine.stream = stream;
+    cudaLaunchAttribute overlap[1];
+    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap[0].val.programmaticStreamSerializationAllowed = 1;
+    combine.attrs = overlap;
+    combine.numAttrs = compute_capability() >= 90 ? 1 : 0;
+    throw_if_failed(cudaLaunchKernelEx(&combine, sm80::kvcache_combine_kernel<typename Cfg::Element>, kp),
+                    "a successful kv-cache combine launch");
   }
-  throw_if_failed(cudaGetLastError(), "successful kv-cache kernel launches");
   return KvCacheRun{partial_bytes, kp.num_splits};
 }
 

@@ -87,6 +87,21 @@ __device__ __forceinline__ void atomic_add_f32x2(float* address, float a, float 
 #endif
 }
 
+// Programmatic dependent launch (sm_90 and newer; no-ops before, and when the dependent
+// grid was launched without the programmatic-serialization attribute). The primary grid
+// lets its dependent grid start launching (its CTAs can be scheduled before the primary ends);
+// the dependent grid waits until its primaries have completed and their writes are visible.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // D (16x8, fp32) += A (16x16, row-major) * B (16x8, column-major). Fragments per lane
 // (g = lane / 4, c = 2 (lane % 4)): a0 = A[g][c..c+1], a1 = A[g+8][c..], a2 = A[g][c+8..],
 // a3 = A[g+8][c+8..]; b0 = B[c..c+1][g], b1 = B[c+8..c+9][g]; d0,d1 = D[g][c..c+1],

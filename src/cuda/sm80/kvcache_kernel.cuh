@@ -168,6 +168,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint32_t sK = sQ + Cfg::kQBytes;                     // kStages tiles
   const uint32_t sV = sK + kStages * Cfg::kTileBytes;        // kStages tiles
 
+  // The combine kernel (launched as a programmatic dependent on sm_90) may be scheduled now;
+  // it waits for this grid's completion before reading anything.
+  ptx::allow_dependent_launch();
+
   const int split = blockIdx.x;
   const int row_block = static_cast<int>(blockIdx.y) % kp.row_blocks;
   const int hk = static_cast<int>(blockIdx.y) / kp.row_blocks;
@@ -223,36 +227,6 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int n_blocks = rows_here > 0 && lo < hi
                            ? static_cast<int>((hi + kBlockN - 1) / kBlockN - first_block)
                            : 0;
-
-  // Q: 16-byte chunks, rotated at their positions, zero-padded; every chunk's loads are issued
-  // before the first store, so the tile costs one round trip (a short split has only a few
-  // key blocks to hide it behind).
-  {
-    constexpr int kQChunks = kBlockM * Cfg::kChunksPerRow;
-    constexpr int kQIters = (kQChunks + kThreads - 1) / kThreads;
-    uint4 chunk_value[kQIters];
-#pragma unroll
-    for (int i = 0; i < kQIters; ++i) {
-      const int idx = threadIdx.x + i * kThreads;
-      const int r = idx / Cfg::kChunksPerRow, e0 = (idx % Cfg::kChunksPerRow) * 8;
-      chunk_value[i] = make_uint4(0u, 0u, 0u, 0u);
-      if (idx < kQChunks && r < rows_here && e0 < p.head_dim) {
-        const int64_t row = r0 + r, t = row / group;
-        const int h = hk * group + static_cast<int>(row % group);
-        const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
-                           t * p.q_row_stride + h * p.q_head_stride;
-        chunk_value[i] = rotated_chunk(q, e0, kv, cached_end + (kv.rotary_q_per_row() ? t : 0));
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kQIters; ++i) {
-      const int idx = threadIdx.x + i * kThreads;
-      if (idx < kQChunks)
-        ptx::st_shared_128(sQ + ((idx / Cfg::kChunksPerRow) * kRowStride +
-                                 (idx % Cfg::kChunksPerRow) * 8) * kElementBytes,
-                           chunk_value[i]);
-    }
-  }
 
   // K/V block loads: cached rows by cp.async (16-byte chunks, a fixed chunk per thread as in
   // the forward's TileLoader), appended rows element by element from k_new/v_new, rows past
@@ -326,6 +300,37 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     ptx::cp_async_commit();
   }
 
+  // Q: 16-byte chunks, rotated at their positions, zero-padded; every chunk's loads are issued
+  // before the first store, so the tile costs one round trip, and after the K/V prologue, so
+  // that round trip overlaps the first blocks' (a short split has only a few key blocks to
+  // hide latency behind). The loop's first barrier publishes the stores.
+  {
+    constexpr int kQChunks = kBlockM * Cfg::kChunksPerRow;
+    constexpr int kQIters = (kQChunks + kThreads - 1) / kThreads;
+    uint4 chunk_value[kQIters];
+#pragma unroll
+    for (int i = 0; i < kQIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int r = idx / Cfg::kChunksPerRow, e0 = (idx % Cfg::kChunksPerRow) * 8;
+      chunk_value[i] = make_uint4(0u, 0u, 0u, 0u);
+      if (idx < kQChunks && r < rows_here && e0 < p.head_dim) {
+        const int64_t row = r0 + r, t = row / group;
+        const int h = hk * group + static_cast<int>(row % group);
+        const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
+                           t * p.q_row_stride + h * p.q_head_stride;
+        chunk_value[i] = rotated_chunk(q, e0, kv, cached_end + (kv.rotary_q_per_row() ? t : 0));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kQIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      if (idx < kQChunks)
+        ptx::st_shared_128(sQ + ((idx / Cfg::kChunksPerRow) * kRowStride +
+                                 (idx % Cfg::kChunksPerRow) * 8) * kElementBytes,
+                           chunk_value[i]);
+    }
+  }
+
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = (lane % 4) * 2;
   // This lane's two rows (quad_row, quad_row + 8): their query position, the keys they may
@@ -348,6 +353,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         row_slope[rr] = p.alibi_slopes[b * p.alibi_batch_stride + hk * group + row % group] * kLog2e;
     }
   }
+  // The keys both of this lane's rows see (rows past the CTA's see none, so they never skip
+  // the mask).
+  const int64_t lane_lo = row_lo[0] > row_lo[1] ? row_lo[0] : row_lo[1];
+  const int64_t lane_hi = row_hi[0] < row_hi[1] ? row_hi[0] : row_hi[1];
+  const bool alibi = p.alibi_slopes != nullptr;
   const bool softcap = p.softcap > 0.0f;
   const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
 
@@ -377,25 +387,41 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       ptx::mma_16816<Element>(s[1], qf, kf[2], kf[3]);
     }
 
-    // Scores in base-2 units, softcap and ALiBi, the mask; then the online softmax.
+    // Scores in base-2 units, softcap and ALiBi, the mask (only where one of this lane's rows
+    // does not see all 16 keys: the edges of the split and of a causal or local window); then
+    // the online softmax.
+    const bool lane_sees_all = j0 >= lane_lo && j0 + 16 <= lane_hi;
     float scale_o[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const int64_t diagonal = row_t[rr] + seqlen_k - seqlen_q;
-      float block_max = -INFINITY;
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int64_t j = j0 + t * 8 + quad_col + e;
           float x = s[t][2 * rr + e] * score_scale;
           if (softcap) x = p.softcap * tanhf(x) * kLog2e;
-          const int64_t distance = diagonal - j;
-          x -= row_slope[rr] * static_cast<float>(distance < 0 ? -distance : distance);
-          if (j < row_lo[rr] || j >= row_hi[rr]) x = -INFINITY;
           s[t][2 * rr + e] = x;
-          block_max = fmaxf(block_max, x);
         }
+      if (alibi) {
+        const int64_t diagonal = row_t[rr] + seqlen_k - seqlen_q;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t distance = diagonal - (j0 + t * 8 + quad_col + e);
+            s[t][2 * rr + e] -= row_slope[rr] * static_cast<float>(distance < 0 ? -distance : distance);
+          }
+      }
+      if (!lane_sees_all) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t j = j0 + t * 8 + quad_col + e;
+            if (j < row_lo[rr] || j >= row_hi[rr]) s[t][2 * rr + e] = -INFINITY;
+          }
+      }
+      float block_max = fmaxf(fmaxf(s[0][2 * rr], s[0][2 * rr + 1]), fmaxf(s[1][2 * rr], s[1][2 * rr + 1]));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       const float new_max = fmaxf(row_max[rr], block_max);
@@ -449,10 +475,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int r = quad_row + 8 * rr;
     float* row = partial_o + (warp * kBlockM + r) * Cfg::kPartialStride;
 #pragma unroll
-    for (int t = 0; t < kOTiles; ++t) {
-      row[t * 8 + quad_col] = o[t][2 * rr];
-      row[t * 8 + quad_col + 1] = o[t][2 * rr + 1];
-    }
+    for (int t = 0; t < kOTiles; ++t)
+      *reinterpret_cast<float2*>(row + t * 8 + quad_col) = make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
     float l = row_sum[rr];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -463,35 +487,64 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
   __syncthreads();
 
-  for (int idx = threadIdx.x; idx < rows_here * p.head_dim; idx += kThreads) {
-    const int r = idx / p.head_dim, d = idx % p.head_dim;
+  // Each row is merged by kThreads / kBlockM threads, each taking every such-numbered 4-float
+  // chunk of it: the row's weights are computed once per thread, not once per element.
+  constexpr int kThreadsPerMergeRow = kThreads / kBlockM;
+  constexpr int kMergeChunks = kHeadDim / 4;
+  constexpr int kMergeIters = (kMergeChunks + kThreadsPerMergeRow - 1) / kThreadsPerMergeRow;
+  static_assert(kThreads % kBlockM == 0, "merge");
+  const int merge_row = threadIdx.x / kThreadsPerMergeRow;
+  if (merge_row < rows_here) {
     // A warp that saw no key has max -inf and weight 0; subtracting 0 when no warp saw one
     // keeps the weights 0 rather than NaN, while a NaN row (NaN sum, -inf max: fmaxf skips
     // NaN) still turns l, and so out and lse, into NaN.
     float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, partial_max[w * kBlockM + r]);
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, partial_max[w * kBlockM + merge_row]);
     const float base = m == -INFINITY ? 0.0f : m;
-    float l = 0.0f, acc = 0.0f;
+    float weight[kWarps];
+    float l = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float weight = ptx::exp2_approx(partial_max[w * kBlockM + r] - base);
-      l += weight * partial_sum[w * kBlockM + r];
-      acc += weight * partial_o[(w * kBlockM + r) * Cfg::kPartialStride + d];
+      weight[w] = ptx::exp2_approx(partial_max[w * kBlockM + merge_row] - base);
+      l += weight[w] * partial_sum[w * kBlockM + merge_row];
     }
-    const float value = l == 0.0f ? 0.0f : acc / l;
+    const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
     const float lse = l == 0.0f ? -INFINITY : (base + log2f(l)) * 0.6931471805599453f;
-    const int64_t row = r0 + r, t = row / group;
+    const int64_t row = r0 + merge_row, t = row / group;
     const int h = hk * group + static_cast<int>(row % group);
-    if (kp.num_splits == 1) {
-      static_cast<Element*>(p.out)[b * p.out_batch_stride + t * p.out_row_stride +
-                                   h * p.out_head_stride + d] = Element(value);
-      if (d == 0 && p.lse != nullptr)
+    const int64_t split_row = ((int64_t{split} * p.batch + b) * p.heads + h) * seqlen_q + t;
+    Element* out = static_cast<Element*>(p.out) + b * p.out_batch_stride + t * p.out_row_stride +
+                   h * p.out_head_stride;
+#pragma unroll
+    for (int i = 0; i < kMergeIters; ++i) {
+      const int d = (threadIdx.x % kThreadsPerMergeRow + i * kThreadsPerMergeRow) * 4;
+      if (d >= p.head_dim) break;  // head_dim is a multiple of 8 (<= the bucket): no chunk straddles it
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float4 v = *reinterpret_cast<const float4*>(
+            partial_o + (w * kBlockM + merge_row) * Cfg::kPartialStride + d);
+        acc.x += weight[w] * v.x;
+        acc.y += weight[w] * v.y;
+        acc.z += weight[w] * v.z;
+        acc.w += weight[w] * v.w;
+      }
+      acc = make_float4(acc.x * inv_l, acc.y * inv_l, acc.z * inv_l, acc.w * inv_l);
+      if (kp.num_splits == 1) {
+        uint2 packed;
+        packed.x = ptx::pack2<Element>(acc.x, acc.y);
+        packed.y = ptx::pack2<Element>(acc.z, acc.w);
+        *reinterpret_cast<uint2*>(out + d) = packed;
+      } else {
+        *reinterpret_cast<float4*>(kp.partial_out + split_row * p.head_dim + d) = acc;
+      }
+    }
+    if (threadIdx.x % kThreadsPerMergeRow == 0) {
+      if (kp.num_splits > 1)
+        kp.partial_lse[split_row] = lse;
+      else if (p.lse != nullptr)
         p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + t] = lse;
-    } else {
-      const int64_t at = ((int64_t{split} * p.batch + b) * p.heads + h) * seqlen_q + t;
-      kp.partial_out[at * p.head_dim + d] = value;
-      if (d == 0) kp.partial_lse[at] = lse;
     }
   }
 }
@@ -517,6 +570,9 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   const int64_t h = (row / p.seqlen_q) % p.heads, b = row / (p.seqlen_q * p.heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int splits = kp.num_splits;
+  // Launched as a programmatic dependent of the split kernel on sm_90: its CTAs start while
+  // the split kernel's last CTAs run, and the partials are read only after it has completed.
+  ptx::wait_for_primary_grids();
 
   // lse = log sum_s exp(lse_s), with the same -inf/NaN handling as the in-CTA merge.
   float m = -INFINITY;
