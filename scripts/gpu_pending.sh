@@ -3,6 +3,8 @@
 # fits the 600-second limit and prints its summary as soon as it is done:
 #   scripts/gpu_pending.sh backward   GPU tests + sanitizers (gpu_check.sh test) and the
 #                                     backward benchmark against FA2 and cuDNN (~6 min)
+#   scripts/gpu_pending.sh both       backward, then the kv-cache suite, sanitizers and decode
+#                                     benchmark on the same build (~7 min)
 #   scripts/gpu_pending.sh kvcache    the CUDA kv-cache suite, sanitizers, decode benchmark,
 #                                     then a split-count sweep at batch 1 (~3 min)
 #   scripts/gpu_pending.sh kvtune     kv-cache shapes at head dim 128 (gpu_tune_kvcache.sh)
@@ -14,13 +16,19 @@
 # Logs go to $OUT/<stage>/ and are packed into $OUT/<stage>.tgz (the device returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, kvcache, kvtune, kvprofile or fwd256}
+stage=${1:?stage: backward, both, kvcache, kvtune, kvprofile or fwd256}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
 case "$stage" in
   backward)
     bash scripts/gpu_try_backward.sh 2>&1 | tee "$OUT/pending.txt" | tail -45 ;;
+  both)
+    bash scripts/gpu_try_backward.sh >"$OUT/pending.txt" 2>&1
+    bash scripts/gpu_kvcache.sh kernel >"$OUT/pending_kv.txt" 2>&1
+    grep -E "status|passed|min ours" "$OUT/pending.txt" | head -20
+    grep -A16 "^| hdim | causal | seqlen | ours |" "$OUT/pending.txt" | head -16
+    tail -9 "$OUT/pending_kv.txt"; grep -B1 -A6 "^| batch | cache len | ours TB/s" "$OUT/pending_kv.txt" | tail -7 ;;
   kvcache)
     bash scripts/gpu_kvcache.sh kernel >"$OUT/pending.txt" 2>&1
     tail -30 "$OUT/pending.txt"

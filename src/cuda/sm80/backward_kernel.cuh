@@ -72,16 +72,23 @@ struct BackwardConfig {
   static constexpr int kPStride = kBlockN + 8;     // P, dS rows (padded like the others)
   static constexpr int kChunksPerRow = kHeadDim / 8;
 
-  // S and dP (kBlockM x kBlockN): kWarpsM warps along the rows (one m16 tile each) times
-  // kWarpsN along the keys. dQ (kBlockM x kHeadDim) uses the same warps, split along the
-  // head dim instead of the keys.
-  static constexpr int kWarpsM = kBlockM / 16;
+  // S and dP (kBlockM x kBlockN): kWarpsM warps along the rows, kMTiles m16 tiles each, times
+  // kWarpsN along the keys, kSTiles n8 tiles each. dQ (kBlockM x kHeadDim) uses the same
+  // warps, split along the head dim instead of the keys. Two m16 tiles per warp, where the
+  // key slice stays whole n16 slices, make every B fragment read from shared memory feed two
+  // MMAs: shared-memory reads per MMA, not MMAs, bound this kernel (FA2's layout).
+  static constexpr int kMTiles =
+      kBlockM % 32 == 0 && kWarps % (kBlockM / 32) == 0 && (kBlockN / (kWarps / (kBlockM / 32))) % 16 == 0 ? 2 : 1;
+  static constexpr int kWarpsM = kBlockM / (16 * kMTiles);
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kSTiles = kBlockN / kWarpsN / 8;   // n8 tiles of S per warp
   static constexpr int kQTiles = kHeadDim / kWarpsN / 8;  // n8 tiles of dQ per warp
-  // dK and dV (kBlockN x kHeadDim): kBlockN / 16 warps along the keys times the rest along
+  // dK and dV (kBlockN x kHeadDim): kWarpsKeys warps along the keys, kKvMTiles m16 tiles
+  // each (two where the head dim splits evenly, for the same reason), times the rest along
   // the head dim; these accumulators live in registers for the whole CTA.
-  static constexpr int kWarpsKeys = kBlockN / 16;
+  static constexpr int kKvMTiles =
+      kBlockN % 32 == 0 && kWarps % (kBlockN / 32) == 0 && kHeadDim % (8 * (kWarps / (kBlockN / 32))) == 0 ? 2 : 1;
+  static constexpr int kWarpsKeys = kBlockN / (16 * kKvMTiles);
   static constexpr int kWarpsKD = kWarps / kWarpsKeys;
   static constexpr int kKTiles = kHeadDim / kWarpsKD / 8;  // n8 tiles of dK (and dV) per warp
 
@@ -99,7 +106,8 @@ struct BackwardConfig {
       kDkdvSharedBytes > kDqSharedBytes ? kDkdvSharedBytes : kDqSharedBytes;
 
   static_assert(kHeadDim % 32 == 0 && kBlockM % 16 == 0 && kBlockN % 16 == 0, "tile shapes");
-  static_assert(kWarps % kWarpsM == 0 && kWarps % kWarpsKeys == 0, "warp layouts");
+  static_assert(kWarps % kWarpsM == 0 && kWarps % kWarpsKeys == 0 && kWarpsM * 16 * kMTiles == kBlockM &&
+                    kWarpsKeys * 16 * kKvMTiles == kBlockN, "warp layouts");
   static_assert(kSTiles % 2 == 0 && kSTiles * 8 * kWarpsN == kBlockN, "S split in n16 slices");
   static_assert(kQTiles * 8 * kWarpsN == kHeadDim && kKTiles * 8 * kWarpsKD == kHeadDim,
                 "head dim split in n8 slices");
@@ -122,28 +130,33 @@ __device__ __forceinline__ uint32_t lane_offset_rows8(int lane) {
   return static_cast<uint32_t>(((lane % 8 + (lane / 16) * 8) * kStride + ((lane / 8) % 2) * 8) * 2);
 }
 
-// acc (16 x 8 kNTiles) += A (16 x 16 kKSteps) B (16 kKSteps x 8 kNTiles) for one warp, both
-// operands in shared memory at the lane's address for k-step 0 / n-tile 0.
+// acc (16 kMTiles x 8 kNTiles) += A (16 kMTiles x 16 kKSteps) B (16 kKSteps x 8 kNTiles) for
+// one warp, both operands in shared memory at the lane's address for m-tile 0 / k-step 0 /
+// n-tile 0. Each B fragment loaded feeds kMTiles MMAs, each A fragment kNTiles.
 //  kATrans false: A is stored row-major with kAStride elements per row (k-steps are columns);
 //          true:  A is stored k-major (A^T row-major), read with ldmatrix.trans.
 //  kBTrans false: B is stored n-major (B^T row-major, rows = n);
 //          true:  B is stored k-major (rows = k), read with ldmatrix.trans.
 // With kBTrans an odd tile count ends with an x2 load.
-template <typename Element, int kKSteps, int kNTiles, bool kATrans, int kAStride, bool kBTrans,
-          int kBStride>
-__device__ __forceinline__ void warp_mma(float (&acc)[kNTiles][4], uint32_t a_addr,
+template <typename Element, int kMTiles, int kKSteps, int kNTiles, bool kATrans, int kAStride,
+          bool kBTrans, int kBStride>
+__device__ __forceinline__ void warp_mma(float (&acc)[kMTiles][kNTiles][4], uint32_t a_addr,
                                          uint32_t b_addr) {
   static_assert(kBTrans || kNTiles % 2 == 0, "n-major B operands come in n16 slices");
   constexpr uint32_t kAStep = kATrans ? 16 * kAStride * 2 : 32;  // bytes per k-step
+  constexpr uint32_t kAMTile = kATrans ? 32 : 16 * kAStride * 2;  // bytes per m16 tile
   constexpr uint32_t kBStep = kBTrans ? 16 * kBStride * 2 : 32;
   constexpr uint32_t kBTile = kBTrans ? 16 : 8 * kBStride * 2;   // bytes per n8 tile
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
-    uint32_t a[4];
-    if (kATrans)
-      ptx::ldmatrix_x4_trans(a, a_addr + kk * kAStep);
-    else
-      ptx::ldmatrix_x4(a, a_addr + kk * kAStep);
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      if (kATrans)
+        ptx::ldmatrix_x4_trans(a[mt], a_addr + kk * kAStep + mt * kAMTile);
+      else
+        ptx::ldmatrix_x4(a[mt], a_addr + kk * kAStep + mt * kAMTile);
+    }
 #pragma unroll
     for (int t = 0; t + 1 < kNTiles; t += 2) {
       uint32_t bf[4];
@@ -151,13 +164,18 @@ __device__ __forceinline__ void warp_mma(float (&acc)[kNTiles][4], uint32_t a_ad
         ptx::ldmatrix_x4_trans(bf, b_addr + kk * kBStep + t * kBTile);
       else
         ptx::ldmatrix_x4(bf, b_addr + kk * kBStep + t * kBTile);
-      ptx::mma_16816<Element>(acc[t], a, bf[0], bf[1]);
-      ptx::mma_16816<Element>(acc[t + 1], a, bf[2], bf[3]);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ptx::mma_16816<Element>(acc[mt][t], a[mt], bf[0], bf[1]);
+        ptx::mma_16816<Element>(acc[mt][t + 1], a[mt], bf[2], bf[3]);
+      }
     }
     if constexpr (kNTiles % 2 == 1) {
       uint32_t bf[2];
       ptx::ldmatrix_x2_trans(bf, b_addr + kk * kBStep + (kNTiles - 1) * kBTile);
-      ptx::mma_16816<Element>(acc[kNTiles - 1], a, bf[0], bf[1]);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        ptx::mma_16816<Element>(acc[mt][kNTiles - 1], a[mt], bf[0], bf[1]);
     }
   }
 }
@@ -175,14 +193,14 @@ struct TileContext {
 // are compiled without that code, as the forward's plain variant is: a shorter loop body (the
 // profile against FA2 showed instruction-cache stalls) and no per-element flag tests.
 //
-// For one warp: S (in s) and dP (in dp) of its 16 rows x 8 kSTiles keys become P o M (in s,
+// For one warp: S (in s) and dP (in dp) of its 16 kMTiles rows x 8 kSTiles keys become P o M (in s,
 // written to sP when kStoreP) and dS (in dp, written to sdS). sLse holds each row's lse as
 // the forward wrote it (-inf for a row that saw nothing, 0 past the sequence: zero-filled by
 // load_row_stats), sD holds D (0 past the sequence).
 template <typename Cfg, bool kStoreP, bool kGeneral>
 __device__ __forceinline__ void probabilities_and_ds(
-    const BackwardKernelParams& kp, const TileContext& tc, float (&s)[Cfg::kSTiles][4],
-    float (&dp)[Cfg::kSTiles][4], const float* sLse, const float* sD,
+    const BackwardKernelParams& kp, const TileContext& tc, float (&s)[Cfg::kMTiles][Cfg::kSTiles][4],
+    float (&dp)[Cfg::kMTiles][Cfg::kSTiles][4], const float* sLse, const float* sD,
     typename Cfg::Element* sP, typename Cfg::Element* sdS, int warp_row0, int warp_col0,
     int lane) {
   using Element = typename Cfg::Element;
@@ -198,8 +216,10 @@ __device__ __forceinline__ void probabilities_and_ds(
   const auto tile = [&](auto masked_tag) {
   constexpr bool kMasked = decltype(masked_tag)::value;
 #pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = warp_row0 + quad_row + r * 8;  // within the tile
+    const int row = warp_row0 + mt * 16 + quad_row + r * 8;  // within the tile
     const int64_t i = tc.m0 + row;
     const float lse = sLse[row], delta = sD[row];
     // +inf gives P = 0: rows that saw nothing, and, in the general variant, rows past the
@@ -233,7 +253,7 @@ __device__ __forceinline__ void probabilities_and_ds(
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = c0 + e;
-        float x = s[t][2 * r + e];
+        float x = s[mt][t][2 * r + e];
         float grad = 1.0f;  // d(softcapped score) / d(scaled score)
         if (plain) {
           x = fmaf(x, score_scale, -lse2);
@@ -249,21 +269,21 @@ __device__ __forceinline__ void probabilities_and_ds(
         }
         if (kMasked && (c < lo || c >= hi)) x = -INFINITY;
         const float prob = ptx::exp2_approx(x);  // masked, or a row that saw nothing: 0
-        float dpe = dp[t][2 * r + e];
+        float dpe = dp[mt][t][2 * r + e];
         float kept_prob = prob;
         if (dropout) {
           const bool kept = (keep >> e) & 1u;
           dpe = kept ? dpe * kp.dropout.scale : 0.0f;
           kept_prob = kept ? prob * kp.dropout.scale : 0.0f;
         }
-        s[t][2 * r + e] = kept_prob;
-        dp[t][2 * r + e] = prob * (dpe - delta) * grad;
+        s[mt][t][2 * r + e] = kept_prob;
+        dp[mt][t][2 * r + e] = prob * (dpe - delta) * grad;
       }
       if (kStoreP)
         *reinterpret_cast<uint32_t*>(sP + row * Cfg::kPStride + c0) =
-            ptx::pack2<Element>(s[t][2 * r], s[t][2 * r + 1]);
+            ptx::pack2<Element>(s[mt][t][2 * r], s[mt][t][2 * r + 1]);
       *reinterpret_cast<uint32_t*>(sdS + row * Cfg::kPStride + c0) =
-          ptx::pack2<Element>(dp[t][2 * r], dp[t][2 * r + 1]);
+          ptx::pack2<Element>(dp[mt][t][2 * r], dp[mt][t][2 * r + 1]);
     }
   }
   };
@@ -297,6 +317,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
   constexpr int kRowStride = Cfg::kRowStride, kPStride = Cfg::kPStride;
   constexpr int kSTiles = Cfg::kSTiles, kKTiles = Cfg::kKTiles, kQTiles = Cfg::kQTiles;
+  constexpr int kMTiles = Cfg::kMTiles, kKvMTiles = Cfg::kKvMTiles;
   const BackwardParams& bp = kp.bp;
   const ForwardParams& p = bp.fwd;
 
@@ -358,12 +379,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // S/dP/dQ layout: 16 rows x a slice of keys (S) or of the head dim (dQ).
+  // S/dP/dQ layout: 16 kMTiles rows x a slice of keys (S) or of the head dim (dQ).
   const int warp_m = warp % Cfg::kWarpsM, warp_n = warp / Cfg::kWarpsM;
-  // dK/dV layout: 16 keys x a slice of the head dim.
+  // dK/dV layout: 16 kKvMTiles keys x a slice of the head dim.
   const int warp_key = warp % Cfg::kWarpsKeys, warp_kd = warp / Cfg::kWarpsKeys;
 
-  float dk[kKTiles][4] = {}, dv[kKTiles][4] = {};
+  float dk[kKvMTiles][kKTiles][4] = {}, dv[kKvMTiles][kKTiles][4] = {};
 
   if (steps > 0) {
     TileLoader<Cfg, kBlockN>(p.head_dim).load(ptx::shared_address(sK), k, p.k_row_stride, keys_here);
@@ -393,13 +414,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     ptx::cp_async_commit();
 
     const uint32_t q_addr = sQ_addr + stage * kStageBytes, do_addr = sdO_addr + stage * kStageBytes;
-    // S = Q K^T and dP = dO V^T for this warp's 16 rows x kSTiles * 8 keys.
-    float s[kSTiles][4] = {}, dpv[kSTiles][4] = {};
-    const uint32_t a_row = warp_m * 16 * kRowStride * 2;
+    // S = Q K^T and dP = dO V^T for this warp's 16 kMTiles rows x kSTiles * 8 keys.
+    float s[kMTiles][kSTiles][4] = {}, dpv[kMTiles][kSTiles][4] = {};
+    const uint32_t a_row = warp_m * kMTiles * 16 * kRowStride * 2;
     const uint32_t b_row = warp_n * kSTiles * 8 * kRowStride * 2;
-    warp_mma<Element, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
+    warp_mma<Element, kMTiles, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
         s, q_addr + a_row + q_lane, sK_addr + b_row + k_lane);
-    warp_mma<Element, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
+    warp_mma<Element, kMTiles, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
         dpv, do_addr + a_row + q_lane, sV_addr + b_row + k_lane);
 
     TileContext tc;
@@ -414,39 +435,41 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                                          p.window_left, p.window_right);
     tc.slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
     probabilities_and_ds<Cfg, true, kGeneral>(kp, tc, s, dpv, sLse + stage * kBlockM, sD + stage * kBlockM,
-                                    sP, sdS, warp_m * 16, warp_n * kSTiles * 8, lane);
+                                    sP, sdS, warp_m * kMTiles * 16, warp_n * kSTiles * 8, lane);
     __syncthreads();  // P and dS are in shared memory
 
-    // dV += (P o M)^T dO and dK += dS^T Q: 16 keys x kKTiles * 8 columns per warp.
-    const uint32_t pt_col = warp_key * 16 * 2;
+    // dV += (P o M)^T dO and dK += dS^T Q: 16 kKvMTiles keys x kKTiles * 8 columns per warp.
+    const uint32_t pt_col = warp_key * kKvMTiles * 16 * 2;
     const uint32_t d_col = warp_kd * kKTiles * 8 * 2;
-    warp_mma<Element, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
+    warp_mma<Element, kKvMTiles, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
         dv, sP_addr + pt_col + p_lane_t, do_addr + d_col + q_lane);
-    warp_mma<Element, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
+    warp_mma<Element, kKvMTiles, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
         dk, sdS_addr + pt_col + p_lane_t, q_addr + d_col + q_lane);
 
-    // dQ += dS K, added to the fp32 accumulator (default mode), in chunks of at most 8 n8
+    // dQ += dS K, added to the fp32 accumulator (default mode), in chunks of at most 8 m16n8
     // tiles so that the partial sums never hold more than 32 registers.
     if (!bp.deterministic) {
-      constexpr int kChunks = kQTiles > 8 ? 2 : 1;
+      constexpr int kChunks = kMTiles * kQTiles > 8 ? 2 : 1;
       constexpr int kChunkTiles = kQTiles / kChunks;
       static_assert(kChunkTiles * kChunks == kQTiles, "dQ chunks");
 #pragma unroll
       for (int chunk = 0; chunk < kChunks; ++chunk) {
-        float dq[kChunkTiles][4] = {};
+        float dq[kMTiles][kChunkTiles][4] = {};
         const int col0 = (warp_n * kQTiles + chunk * kChunkTiles) * 8;
-        warp_mma<Element, kBlockN / 16, kChunkTiles, false, kPStride, true, kRowStride>(
-            dq, sdS_addr + warp_m * 16 * kPStride * 2 + p_lane, sK_addr + col0 * 2 + q_lane);
+        warp_mma<Element, kMTiles, kBlockN / 16, kChunkTiles, false, kPStride, true, kRowStride>(
+            dq, sdS_addr + warp_m * kMTiles * 16 * kPStride * 2 + p_lane, sK_addr + col0 * 2 + q_lane);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int64_t i = m0 + warp_m * 16 + lane / 4 + r * 8;
+          const int64_t i = m0 + (warp_m * kMTiles + mt) * 16 + lane / 4 + r * 8;
           if (i >= seq.seqlen_q) continue;
           // Rows of the accumulator are the whole bucket wide (accum_dim = kHeadDim), so the
           // padding columns (0 here: K's are zero-filled) need no test.
           float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0 + (lane % 4) * 2;
 #pragma unroll
           for (int t = 0; t < kChunkTiles; ++t)
-            ptx::atomic_add_f32x2(row + t * 8, dq[t][2 * r], dq[t][2 * r + 1]);
+            ptx::atomic_add_f32x2(row + t * 8, dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
         }
       }
     }
@@ -457,8 +480,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // dK = softmax_scale dS^T Q and dV, in the storage dtype, for every stored key of the block.
   const int64_t rows_out = stored_k - j0 < kBlockN ? stored_k - j0 : kBlockN;
 #pragma unroll
+  for (int mt = 0; mt < kKvMTiles; ++mt)
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int key = warp_key * 16 + lane / 4 + r * 8;
+    const int key = (warp_key * kKvMTiles + mt) * 16 + lane / 4 + r * 8;
     if (key >= rows_out) continue;
     const int64_t row = seq.k_row0 + j0 + key;
     Element* dk_row = static_cast<Element*>(bp.dk) + b * bp.dk_batch_stride +
@@ -470,10 +495,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const int col = (warp_kd * kKTiles + t) * 8 + (lane % 4) * 2;
       if (col < p.head_dim)
         *reinterpret_cast<uint32_t*>(dk_row + col) = ptx::pack2<Element>(
-            dk[t][2 * r] * p.softmax_scale, dk[t][2 * r + 1] * p.softmax_scale);
+            dk[mt][t][2 * r] * p.softmax_scale, dk[mt][t][2 * r + 1] * p.softmax_scale);
       if (col < p.head_dim_v)
         *reinterpret_cast<uint32_t*>(dv_row + col) =
-            ptx::pack2<Element>(dv[t][2 * r], dv[t][2 * r + 1]);
+            ptx::pack2<Element>(dv[mt][t][2 * r], dv[mt][t][2 * r + 1]);
     }
   }
 }
@@ -484,7 +509,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   using Element = typename Cfg::Element;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
   constexpr int kRowStride = Cfg::kRowStride, kPStride = Cfg::kPStride;
-  constexpr int kSTiles = Cfg::kSTiles, kQTiles = Cfg::kQTiles;
+  constexpr int kSTiles = Cfg::kSTiles, kQTiles = Cfg::kQTiles, kMTiles = Cfg::kMTiles;
   const BackwardParams& bp = kp.bp;
   const ForwardParams& p = bp.fwd;
 
@@ -529,7 +554,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_m = warp % Cfg::kWarpsM, warp_n = warp / Cfg::kWarpsM;
-  float dq[kQTiles][4] = {};
+  float dq[kMTiles][kQTiles][4] = {};
 
   if (n_blocks > 0) {
     const int64_t row = seq.q_row0 + m0;
@@ -565,12 +590,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     ptx::cp_async_commit();
 
     const uint32_t k_addr = sK_addr + stage * kStageBytes, v_addr = sV_addr + stage * kStageBytes;
-    float s[kSTiles][4] = {}, dpv[kSTiles][4] = {};
-    const uint32_t a_row = warp_m * 16 * kRowStride * 2;
+    float s[kMTiles][kSTiles][4] = {}, dpv[kMTiles][kSTiles][4] = {};
+    const uint32_t a_row = warp_m * kMTiles * 16 * kRowStride * 2;
     const uint32_t b_row = warp_n * kSTiles * 8 * kRowStride * 2;
-    warp_mma<Element, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
+    warp_mma<Element, kMTiles, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
         s, sQ_addr + a_row + q_lane, k_addr + b_row + k_lane);
-    warp_mma<Element, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
+    warp_mma<Element, kMTiles, kHeadDim / 16, kSTiles, false, kRowStride, false, kRowStride>(
         dpv, sdO_addr + a_row + q_lane, v_addr + b_row + k_lane);
 
     TileContext tc;
@@ -583,19 +608,21 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     tc.needs_mask = !block_fully_visible(m0, m0 + rows_here, j0, j0 + kBlockN, seq.seqlen_q,
                                          seq.seqlen_k, p.window_left, p.window_right);
     tc.slope = slope;
-    probabilities_and_ds<Cfg, false, kGeneral>(kp, tc, s, dpv, sLse, sD, nullptr, sdS, warp_m * 16,
-                                     warp_n * kSTiles * 8, lane);
+    probabilities_and_ds<Cfg, false, kGeneral>(kp, tc, s, dpv, sLse, sD, nullptr, sdS,
+                                     warp_m * kMTiles * 16, warp_n * kSTiles * 8, lane);
     __syncthreads();  // dS is in shared memory
 
-    warp_mma<Element, kBlockN / 16, kQTiles, false, kPStride, true, kRowStride>(
-        dq, sdS_addr + warp_m * 16 * kPStride * 2 + p_lane,
+    warp_mma<Element, kMTiles, kBlockN / 16, kQTiles, false, kPStride, true, kRowStride>(
+        dq, sdS_addr + warp_m * kMTiles * 16 * kPStride * 2 + p_lane,
         k_addr + warp_n * kQTiles * 8 * 2 + q_lane);
   }
 
   // dq = softmax_scale dS K in the storage dtype (0 for rows that see no key).
 #pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t i = m0 + warp_m * 16 + lane / 4 + r * 8;
+    const int64_t i = m0 + (warp_m * kMTiles + mt) * 16 + lane / 4 + r * 8;
     if (i >= seq.seqlen_q) continue;
     Element* dq_row = static_cast<Element*>(bp.dq) + b * bp.dq_batch_stride +
                       (seq.q_row0 + i) * bp.dq_row_stride + h * bp.dq_head_stride;
@@ -604,7 +631,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const int col = (warp_n * kQTiles + t) * 8 + (lane % 4) * 2;
       if (col < p.head_dim)
         *reinterpret_cast<uint32_t*>(dq_row + col) = ptx::pack2<Element>(
-            dq[t][2 * r] * p.softmax_scale, dq[t][2 * r + 1] * p.softmax_scale);
+            dq[mt][t][2 * r] * p.softmax_scale, dq[mt][t][2 * r + 1] * p.softmax_scale);
     }
   }
 }
