@@ -22,8 +22,9 @@ struct TunedBackward;
 // Against 64 keys (the first version, measured at 0.29-0.45x FA2 on the H200): each Q and dO
 // block loaded and each S/dP A-fragment read from shared memory serves twice the keys, and
 // the dQ atomics per FLOP halve. dK + dV take D registers per thread (128 at 128), S and dP
-// 32 each; ptxas: 247 registers at 64, 255 with a 16-byte spill at 96/128. Shared memory is
-// 174 KiB at 128: one CTA per SM, as the 64-key shape already had (by registers).
+// 32 each; ptxas: 238-255 registers, no spill on sm_90a (docs/ARCHITECTURE.md has the table).
+// Shared memory is 174 KiB at 128: one CTA per SM, as the 64-key shape already had (by
+// registers).
 template <typename E> struct TunedBackward<E, 32> {
   using Configs = Candidates<BackwardConfig<E, 32, 64, 128, 8>>;
 };
@@ -39,7 +40,8 @@ template <typename E> struct TunedBackward<E, 128> {
 };
 // 160..256: 64 query rows x 32 keys per CTA, 8 warps. With 64 keys dK + dV alone would take
 // 128 registers per thread at 256; with 32 keys they take D / 4 (64 at 256) and each warp
-// owns 16 keys x D / 4 columns (5..8 n8 tiles). Shared memory is 176 KiB at 256 (one CTA per
+// owns 16 keys x D / 4 columns (5 or 7 n8 tiles at 160 and 224) or, where D / 8 is a whole
+// number of n8 tiles (192, 256), 32 keys x D / 8 columns. Shared memory is 176 KiB at 256 (one CTA per
 // SM); K and V are re-read from L2 by twice as many CTAs, which the 64-row steps amortise.
 template <typename E> struct TunedBackward<E, 160> {
   using Configs = Candidates<BackwardConfig<E, 160, 64, 32, 8>, BackwardConfig<E, 160, 32, 32, 4>>;
