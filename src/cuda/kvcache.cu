@@ -48,12 +48,18 @@ KvCacheRun run_config(const KvCacheParams& kv) {
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (Cfg::kSharedBytes > 48 * 1024) {
     static const bool attributes_set = [] {
-      cudaFuncSetAttribute(sm80::kvcache_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      cudaFuncSetAttribute(sm80::kvcache_kernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           Cfg::kSharedBytes);
+      cudaFuncSetAttribute(sm80::kvcache_kernel<Cfg, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            Cfg::kSharedBytes);
       return true;  // a failure shows up as a launch error
     }();
     (void)attributes_set;
   }
+  // The plain variant when the call has no append, rotary, ALiBi or softcap (kvcache_kernel).
+  const bool general = kv.k_new != nullptr || kv.rotary_cos != nullptr ||
+                       p.alibi_slopes != nullptr || p.softcap > 0.0f;
+  const auto kernel = general ? sm80::kvcache_kernel<Cfg, true> : sm80::kvcache_kernel<Cfg, false>;
   sm80::KvCacheKernelParams kp;
   kp.kv = kv;
   const int64_t rows = p.seqlen_q * p.group_size();
@@ -65,7 +71,9 @@ KvCacheRun run_config(const KvCacheParams& kv) {
   if (kp.num_splits == 0) {
     static const int ctas_per_sm = [] {
       int n = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, sm80::kvcache_kernel<Cfg>, Cfg::kThreads,
+      // Both variants have the same launch bounds and shared memory; the general one needs
+      // at least as many registers, so its residency is the one both can count on.
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, sm80::kvcache_kernel<Cfg, true>, Cfg::kThreads,
                                                         Cfg::kSharedBytes) != cudaSuccess) {
         cudaGetLastError();
         n = 1;
@@ -91,7 +99,7 @@ KvCacheRun run_config(const KvCacheParams& kv) {
   const dim3 grid(static_cast<unsigned>(kp.num_splits),
                   static_cast<unsigned>(int64_t{p.heads_k} * kp.row_blocks),
                   static_cast<unsigned>(p.batch));
-  sm80::kvcache_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(kp);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(kp);
   throw_if_failed(cudaGetLastError(), "a successful kv-cache kernel launch");
   if (kp.num_splits > 1 && out_rows > 0) {
     // On sm_90 the combine is a programmatic dependent launch: its launch overlaps the split

@@ -149,7 +149,11 @@ __device__ __forceinline__ CacheOffsets cache_offsets(const KvCacheParams& kv, i
           page * p.v_batch_stride + in_page * p.v_row_stride};
 }
 
-template <typename Cfg>
+// kGeneral: an append (k_new/v_new), rotary, ALiBi or softcap may occur. Without them (a
+// plain decoding step) the kernel is compiled without that code: a CTA runs its few key
+// blocks through the body only a handful of times, so the body's size is paid in
+// instruction-cache misses (the profile at batch 1 showed them as the largest stall).
+template <typename Cfg, bool kGeneral>
 __global__ void __launch_bounds__(Cfg::kThreads)
     kvcache_kernel(const __grid_constant__ KvCacheKernelParams kp) {
   using Element = typename Cfg::Element;
@@ -177,21 +181,26 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int hk = static_cast<int>(blockIdx.y) / kp.row_blocks;
   const int b = blockIdx.z;
   const int group = p.group_size();
+  // Packed rows number Sq G < 2^20 (at most 65535 row blocks of 16, checked at launch): their
+  // divisions by G are 32-bit (a 64-bit division is a ~70-instruction subroutine).
+  const uint32_t ugroup = static_cast<uint32_t>(group);
   const KvSequence seq = kv_sequence(kv, b);
   const int64_t seqlen_k = seq.seqlen_k() > 0 ? seq.seqlen_k() : 0;
   const int64_t cached_end = kv.cache_seqlens[b];  // positions below come from the cache
   const int64_t seqlen_q = p.seqlen_q;
 
   // This split's keys (indices relative to seq.begin): equal runs of whole key blocks.
+  // Fewer than 2^26 key blocks (positions are below 2^32): a 32-bit division.
   const int64_t total_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-  const int64_t blocks_per_split = (total_blocks + kp.num_splits - 1) / kp.num_splits;
+  const int64_t blocks_per_split =
+      (static_cast<uint32_t>(total_blocks) + kp.num_splits - 1) / static_cast<uint32_t>(kp.num_splits);
   const int64_t split_begin = split * blocks_per_split * kBlockN;
   const int64_t split_end =
       (split + 1) * blocks_per_split * kBlockN < seqlen_k ? (split + 1) * blocks_per_split * kBlockN
                                                           : seqlen_k;
 
   // The append: new positions of this split, once per (b, kv head).
-  if (kv.k_new != nullptr && row_block == 0) {
+  if (kGeneral && kv.k_new != nullptr && row_block == 0) {
     const int64_t first = seq.begin + split_begin > cached_end ? seq.begin + split_begin : cached_end;
     const int64_t last = seq.begin + split_end;
     const Element* k_new = static_cast<const Element*>(kv.k_new) + b * kv.k_new_batch_stride +
@@ -212,13 +221,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   // This CTA's packed rows and the keys they can see within the split.
   const int64_t rows_total = seqlen_q * group;
-  const int64_t r0 = int64_t{row_block} * kBlockM;
+  const uint32_t r0 = static_cast<uint32_t>(row_block) * kBlockM;
   const int rows_here =
       rows_total - r0 >= kBlockM ? kBlockM : (rows_total - r0 > 0 ? static_cast<int>(rows_total - r0) : 0);
   int64_t lo = split_begin, hi = split_end;
   if (rows_here > 0) {
     const KeyRange visible =
-        visible_keys_of_rows(r0 / group, (r0 + rows_here - 1) / group + 1, seqlen_q, seqlen_k,
+        visible_keys_of_rows(r0 / ugroup, (r0 + rows_here - 1) / ugroup + 1, seqlen_q, seqlen_k,
                              p.window_left, p.window_right);
     lo = visible.begin > lo ? visible.begin : lo;
     hi = visible.end < hi ? visible.end : hi;
@@ -238,24 +247,41 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int load_row = threadIdx.x / kThreadsPerRow, load_chunk = threadIdx.x % kThreadsPerRow;
   const Element* k_cache = static_cast<const Element*>(p.k) + hk * p.k_head_stride;
   const Element* v_cache = static_cast<const Element*>(p.v) + hk * p.v_head_stride;
+  // In a dense cache this thread's rows are a fixed stride apart: their offsets advance by
+  // additions (no per-row 64-bit multiplications); a paged cache looks each row's page up.
+  const bool paged = kv.is_paged();
+  const CacheOffsets dense_row0 = paged ? CacheOffsets{0, 0} : cache_offsets(kv, b, seq, seq.begin + load_row);
+  const int64_t k_pass_stride = int64_t{kRowsPerPass} * p.k_row_stride;
+  const int64_t v_pass_stride = int64_t{kRowsPerPass} * p.v_row_stride;
   const auto load_block = [&](int n, int stage) {
     const int64_t j0 = (first_block + n) * kBlockN;
     const uint32_t k_tile = sK + stage * Cfg::kTileBytes, v_tile = sV + stage * Cfg::kTileBytes;
     // Every row's offsets first: in a paged cache each is a block-table load, and issuing them
     // all before the first copy keeps them to one round trip per block instead of one per row.
+    // Rows outside the keys get any offset: their copies are zero-fills.
     constexpr int kPasses = kBlockN / kRowsPerPass;
     CacheOffsets row_at[kPasses];
+    if (paged) {
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int64_t j = j0 + load_row + pass * kRowsPerPass, pos = seq.begin + j;
-      row_at[pass] = j < hi && pos < cached_end ? cache_offsets(kv, b, seq, pos) : CacheOffsets{0, 0};
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int64_t j = j0 + load_row + pass * kRowsPerPass, pos = seq.begin + j;
+        row_at[pass] = j < hi && pos < cached_end ? cache_offsets(kv, b, seq, pos) : CacheOffsets{0, 0};
+      }
+    } else {
+      CacheOffsets at{dense_row0.k + j0 * p.k_row_stride, dense_row0.v + j0 * p.v_row_stride};
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        row_at[pass] = at;
+        at.k += k_pass_stride;
+        at.v += v_pass_stride;
+      }
     }
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int row = load_row + pass * kRowsPerPass;
       const int64_t j = j0 + row, pos = seq.begin + j;
       const bool in_range = j < hi;
-      if (in_range && pos >= cached_end) continue;  // appended: written below
+      if (kGeneral && in_range && pos >= cached_end) continue;  // appended: written below
       const CacheOffsets at = row_at[pass];
 #pragma unroll
       for (int c = 0; c < kColumnPasses; ++c) {
@@ -267,7 +293,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         ptx::cp_async_16(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
       }
     }
-    if (kv.k_new != nullptr && seq.begin + j0 + kBlockN > cached_end) {
+    if (kGeneral && kv.k_new != nullptr && seq.begin + j0 + kBlockN > cached_end) {
       const int64_t first = cached_end - seq.begin > j0 ? cached_end - seq.begin : j0;
       const int64_t last = j0 + kBlockN < hi ? j0 + kBlockN : hi;
       for (int64_t idx = threadIdx.x; idx < (last - first) * kHeadDim; idx += kThreads) {
@@ -294,7 +320,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   // Prologue: kStages - 1 blocks in flight (one commit group each, empty ones included, so
   // that the wait count below is the same for every iteration).
-#pragma unroll
+#pragma unroll 1  // one copy of load_block's code, not kStages - 1 (instruction cache)
   for (int n = 0; n < kStages - 1; ++n) {
     if (n < n_blocks) load_block(n, n);
     ptx::cp_async_commit();
@@ -314,11 +340,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const int r = idx / Cfg::kChunksPerRow, e0 = (idx % Cfg::kChunksPerRow) * 8;
       chunk_value[i] = make_uint4(0u, 0u, 0u, 0u);
       if (idx < kQChunks && r < rows_here && e0 < p.head_dim) {
-        const int64_t row = r0 + r, t = row / group;
-        const int h = hk * group + static_cast<int>(row % group);
+        const uint32_t row = r0 + r, t = row / ugroup;
+        const int h = hk * group + static_cast<int>(row - t * ugroup);
         const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
                            t * p.q_row_stride + h * p.q_head_stride;
-        chunk_value[i] = rotated_chunk(q, e0, kv, cached_end + (kv.rotary_q_per_row() ? t : 0));
+        chunk_value[i] = kGeneral ? rotated_chunk(q, e0, kv, cached_end + (kv.rotary_q_per_row() ? t : 0))
+                                  : *reinterpret_cast<const uint4*>(q + e0);
       }
     }
 #pragma unroll
@@ -340,8 +367,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = quad_row + 8 * rr;
-    const int64_t row = r0 + r;
-    row_t[rr] = row / group;
+    const uint32_t row = r0 + r, t = row / ugroup;
+    row_t[rr] = t;
     row_lo[rr] = row_hi[rr] = 0;
     row_slope[rr] = 0.0f;
     if (r < rows_here) {
@@ -349,16 +376,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
           visible_keys(row_t[rr], seqlen_q, seqlen_k, p.window_left, p.window_right);
       row_lo[rr] = visible.begin > split_begin ? visible.begin : split_begin;
       row_hi[rr] = visible.end < split_end ? visible.end : split_end;
-      if (p.alibi_slopes != nullptr)
-        row_slope[rr] = p.alibi_slopes[b * p.alibi_batch_stride + hk * group + row % group] * kLog2e;
+      if (kGeneral && p.alibi_slopes != nullptr)
+        row_slope[rr] = p.alibi_slopes[b * p.alibi_batch_stride + hk * group + (row - t * ugroup)] * kLog2e;
     }
   }
   // The keys both of this lane's rows see (rows past the CTA's see none, so they never skip
   // the mask).
   const int64_t lane_lo = row_lo[0] > row_lo[1] ? row_lo[0] : row_lo[1];
   const int64_t lane_hi = row_hi[0] < row_hi[1] ? row_hi[0] : row_hi[1];
-  const bool alibi = p.alibi_slopes != nullptr;
-  const bool softcap = p.softcap > 0.0f;
+  const bool alibi = kGeneral && p.alibi_slopes != nullptr;
+  const bool softcap = kGeneral && p.softcap > 0.0f;
   const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
 
   float o[kOTiles][4] = {};
@@ -511,8 +538,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
     const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
     const float lse = l == 0.0f ? -INFINITY : (base + log2f(l)) * 0.6931471805599453f;
-    const int64_t row = r0 + merge_row, t = row / group;
-    const int h = hk * group + static_cast<int>(row % group);
+    const uint32_t row = r0 + merge_row, t = row / ugroup;
+    const int h = hk * group + static_cast<int>(row - t * ugroup);
     const int64_t split_row = ((int64_t{split} * p.batch + b) * p.heads + h) * seqlen_q + t;
     Element* out = static_cast<Element*>(p.out) + b * p.out_batch_stride + t * p.out_row_stride +
                    h * p.out_head_stride;
