@@ -102,6 +102,37 @@ __device__ __forceinline__ void wait_for_primary_grids() {
 #endif
 }
 
+// Bulk asynchronous reduction (sm_90 and newer; the callers compile it only there): adds
+// `bytes` (a multiple of 16) of fp32 values at shared address `src` to global `dst` (both
+// 16-byte aligned), element by element atomically, through the async proxy. The thread's
+// earlier shared-memory writes must be made visible to that proxy first (fence_proxy_async),
+// and the source may be rewritten only after bulk_wait_read.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until this thread's bulk operations have read their shared-memory source...
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+// ... and until they have completed (before the thread exits).
+__device__ __forceinline__ void bulk_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 // D (16x8, fp32) += A (16x16, row-major) * B (16x8, column-major). Fragments per lane
 // (g = lane / 4, c = 2 (lane % 4)): a0 = A[g][c..c+1], a1 = A[g+8][c..], a2 = A[g][c+8..],
 // a3 = A[g+8][c+8..]; b0 = B[c..c+1][g], b1 = B[c+8..c+9][g]; d0,d1 = D[g][c..c+1],

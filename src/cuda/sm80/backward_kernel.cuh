@@ -37,6 +37,7 @@
 #include "common/params.hpp"
 #include "common/philox.hpp"
 #include "cuda/common/ptx.cuh"
+#include "cuda/devices.hpp"
 #include "cuda/sm80/tile_loader.cuh"
 
 namespace flashattn::detail::cuda::sm80 {
@@ -52,6 +53,9 @@ struct BackwardKernelParams {
   float* delta = nullptr;
   DropoutRng dropout;
   bool has_dropout = false;
+  // sm_90: the key-parallel kernel adds dQ with bulk reductions from Cfg::kDqStagingBytes of
+  // extra shared memory (set at launch where that fits) instead of per-element atomics.
+  bool bulk_dq = false;
 };
 
 // Row i of sequence b, head h in lse-shaped buffers (dense (B, H, Sq); varlen (H, total_q)).
@@ -101,6 +105,19 @@ struct BackwardConfig {
   static constexpr int kDkdvSharedBytes = 4 * kQBytes + 2 * kKBytes + 2 * kPBytes + 4 * kRowStatBytes;
   // dQ kernel: Q, dO, K and V (2 stages each), dS, lse and D.
   static constexpr int kDqSharedBytes = 2 * kQBytes + 4 * kKBytes + kPBytes + 2 * kRowStatBytes;
+  // sm_90's bulk dQ reduction: each warp stages its 16 kMTiles rows x 8 kQTiles columns of dQ
+  // (fp32), rows padded to a stride of 8 or 24 (mod 32) floats so that the fragment stores
+  // (4 rows x 8 columns per half-warp) hit 32 distinct banks; every row is one bulk
+  // reduction of kDqRowBytes (a multiple of 32: 16-byte aligned at both ends).
+  static constexpr int kDqRowBytes = kQTiles * 8 * 4;
+  static constexpr int kDqStagingStride =
+      (kQTiles * 8) % 32 == 8 || (kQTiles * 8) % 32 == 24 ? kQTiles * 8 : kQTiles * 8 + 8;
+  static constexpr int kDqStagingWarpFloats = kMTiles * 16 * kDqStagingStride;
+  static constexpr int kDqStagingBytes = kWarps * kDqStagingWarpFloats * 4;
+  // Compiled only where the whole dQ slice stays within 32 registers (as the atomics path's
+  // chunks do) and the staging can fit next to the rest (227 KiB: the H100/H200 limit).
+  static constexpr bool kBulkDqPossible =
+      kMTiles * kQTiles <= 8 && kDkdvSharedBytes + kDqStagingBytes <= 227 * 1024;
   // What the device must allow for both modes (the dQ kernel runs in deterministic mode).
   static constexpr int kMaxSharedBytes =
       kDkdvSharedBytes > kDqSharedBytes ? kDkdvSharedBytes : kDqSharedBytes;
@@ -330,6 +347,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   Element* sdS = sP + kBlockM * kPStride;
   float* sLse = reinterpret_cast<float*>(sdS + kBlockM * kPStride);  // 2 stages
   float* sD = sLse + 2 * kBlockM;                                     // 2 stages
+  float* sDqStaging = sD + 2 * kBlockM;  // kp.bulk_dq only: Cfg::kDqStagingBytes
 
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const SequenceView seq = sequence_view(p, b);
@@ -446,36 +464,73 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     warp_mma<Element, kKvMTiles, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
         dk, sdS_addr + pt_col + p_lane_t, q_addr + d_col + q_lane);
 
-    // dQ += dS K, added to the fp32 accumulator (default mode), in chunks of at most 8 m16n8
-    // tiles so that the partial sums never hold more than 32 registers.
+    // dQ += dS K, added to the fp32 accumulator (default mode).
     if (!bp.deterministic) {
-      constexpr int kChunks = kMTiles * kQTiles > 8 ? 2 : 1;
-      constexpr int kChunkTiles = kQTiles / kChunks;
-      static_assert(kChunkTiles * kChunks == kQTiles, "dQ chunks");
-#pragma unroll
-      for (int chunk = 0; chunk < kChunks; ++chunk) {
-        float dq[kMTiles][kChunkTiles][4] = {};
-        const int col0 = (warp_n * kQTiles + chunk * kChunkTiles) * 8;
-        warp_mma<Element, kMTiles, kBlockN / 16, kChunkTiles, false, kPStride, true, kRowStride>(
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (Cfg::kBulkDqPossible && kp.bulk_dq) {
+        // Through this warp's staging rows: one bulk reduction per row (lane r issues row r)
+        // instead of 2 kMTiles kQTiles per-element vector atomics per thread, whose source
+        // registers each stall the next reuse until the atomic has read them.
+        float dq[kMTiles][kQTiles][4] = {};
+        const int col0 = warp_n * kQTiles * 8;
+        warp_mma<Element, kMTiles, kBlockN / 16, kQTiles, false, kPStride, true, kRowStride>(
             dq, sdS_addr + warp_m * kMTiles * 16 * kPStride * 2 + p_lane, sK_addr + col0 * 2 + q_lane);
+        float* staging = sDqStaging + warp * Cfg::kDqStagingWarpFloats;
+        ptx::bulk_wait_read();  // this lane's previous row has been read ...
+        __syncwarp();           // ... and every lane's
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int64_t i = m0 + (warp_m * kMTiles + mt) * 16 + lane / 4 + r * 8;
-          if (i >= seq.seqlen_q) continue;
-          // Rows of the accumulator are the whole bucket wide (accum_dim = kHeadDim), so the
-          // padding columns (0 here: K's are zero-filled) need no test.
-          float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0 + (lane % 4) * 2;
+          for (int r = 0; r < 2; ++r)
 #pragma unroll
-          for (int t = 0; t < kChunkTiles; ++t)
-            ptx::atomic_add_f32x2(row + t * 8, dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
+            for (int t = 0; t < kQTiles; ++t)
+              *reinterpret_cast<float2*>(staging + (mt * 16 + lane / 4 + r * 8) * Cfg::kDqStagingStride +
+                                         t * 8 + (lane % 4) * 2) =
+                  make_float2(dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
+        ptx::fence_proxy_async_shared();
+        __syncwarp();
+        const int64_t i = m0 + warp_m * kMTiles * 16 + lane;
+        if (lane < kMTiles * 16 && i < seq.seqlen_q)
+          ptx::bulk_reduce_add_f32(
+              kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0,
+              ptx::shared_address(staging + lane * Cfg::kDqStagingStride), Cfg::kDqRowBytes);
+      } else
+#endif
+      {
+        // In chunks of at most 8 m16n8 tiles so that the partial sums never hold more than
+        // 32 registers.
+        constexpr int kChunks = kMTiles * kQTiles > 8 ? 2 : 1;
+        constexpr int kChunkTiles = kQTiles / kChunks;
+        static_assert(kChunkTiles * kChunks == kQTiles, "dQ chunks");
+#pragma unroll
+        for (int chunk = 0; chunk < kChunks; ++chunk) {
+          float dq[kMTiles][kChunkTiles][4] = {};
+          const int col0 = (warp_n * kQTiles + chunk * kChunkTiles) * 8;
+          warp_mma<Element, kMTiles, kBlockN / 16, kChunkTiles, false, kPStride, true, kRowStride>(
+              dq, sdS_addr + warp_m * kMTiles * 16 * kPStride * 2 + p_lane, sK_addr + col0 * 2 + q_lane);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int64_t i = m0 + (warp_m * kMTiles + mt) * 16 + lane / 4 + r * 8;
+            if (i >= seq.seqlen_q) continue;
+            // Rows of the accumulator are the whole bucket wide (accum_dim = kHeadDim), so
+            // the padding columns (0 here: K's are zero-filled) need no test.
+            float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0 + (lane % 4) * 2;
+#pragma unroll
+            for (int t = 0; t < kChunkTiles; ++t)
+              ptx::atomic_add_f32x2(row + t * 8, dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
+          }
         }
       }
     }
     h = next_h;
     m_index = next_m_index;
   }
+
+  // The bulk dQ reductions complete before the CTA exits (their source is this CTA's shared
+  // memory).
+  if (Cfg::kBulkDqPossible && kp.bulk_dq) ptx::bulk_wait_all();
 
   // dK = softmax_scale dS^T Q and dV, in the storage dtype, for every stored key of the block.
   const int64_t rows_out = stored_k - j0 < kBlockN ? stored_k - j0 : kBlockN;
@@ -652,21 +707,36 @@ template <typename Cfg>
 void launch_backward(const BackwardKernelParams& kp) {
   const ForwardParams& p = kp.bp.fwd;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  static const bool configured = [] {
-    allow_shared_bytes(backward_dkdv_kernel<Cfg, false>, Cfg::kDkdvSharedBytes);
-    allow_shared_bytes(backward_dkdv_kernel<Cfg, true>, Cfg::kDkdvSharedBytes);
+  // Shared-memory opt-in, once per process: the key-parallel kernel with room for sm_90's dQ
+  // staging where the device allows it (staging_allowed), without it otherwise.
+  static const bool staging_allowed = [] {
+    bool allowed = Cfg::kBulkDqPossible;
+    for (const auto kernel : {backward_dkdv_kernel<Cfg, false>, backward_dkdv_kernel<Cfg, true>}) {
+      if (allowed && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          Cfg::kDkdvSharedBytes + Cfg::kDqStagingBytes) != cudaSuccess) {
+        cudaGetLastError();
+        allowed = false;
+      }
+      if (!allowed) allow_shared_bytes(kernel, Cfg::kDkdvSharedBytes);
+    }
+    if (!allowed) allow_shared_bytes(backward_dkdv_kernel<Cfg, false>, Cfg::kDkdvSharedBytes);
     allow_shared_bytes(backward_dq_kernel<Cfg, false>, Cfg::kDqSharedBytes);
     allow_shared_bytes(backward_dq_kernel<Cfg, true>, Cfg::kDqSharedBytes);
-    return true;
+    return allowed;
   }();
-  (void)configured;
+  // dQ by bulk reductions (the key-parallel kernel) on sm_90 where the staging fits the
+  // device's limit as the launchers see it (FLASHATTN_CUDA_SMEM_LIMIT can lower it).
+  BackwardKernelParams run = kp;
+  run.bulk_dq = staging_allowed && !kp.bp.deterministic && compute_capability() >= 90 &&
+                Cfg::kDkdvSharedBytes + Cfg::kDqStagingBytes <= shared_bytes_per_block_limit();
+  const int dkdv_bytes = Cfg::kDkdvSharedBytes + (run.bulk_dq ? Cfg::kDqStagingBytes : 0);
   const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr || kp.has_dropout;
   const auto dkdv_kernel = general ? backward_dkdv_kernel<Cfg, true> : backward_dkdv_kernel<Cfg, false>;
   const auto dq_kernel = general ? backward_dq_kernel<Cfg, true> : backward_dq_kernel<Cfg, false>;
   if (p.seqlen_k > 0) {
     const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
                     static_cast<unsigned>(p.heads_k), static_cast<unsigned>(p.batch));
-    dkdv_kernel<<<grid, Cfg::kThreads, Cfg::kDkdvSharedBytes, stream>>>(kp);
+    dkdv_kernel<<<grid, Cfg::kThreads, dkdv_bytes, stream>>>(run);
   }
   if (kp.bp.deterministic && p.seqlen_q > 0) {
     const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
