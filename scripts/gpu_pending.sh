@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The changes waiting for a GPU (compile-checked only), one stage per GPU call so that each
-# fits the 600-second limit and prints its summary as soon as it is done:
+# The changes waiting for a GPU (compile-checked only; on the gpu-pending branch: the
+# backward's bulk dQ reductions on sm_90, the kv-cache kernel's plain variant and smaller
+# body), one stage per GPU call so that each fits the 600-second limit and prints its
+# summary as soon as it is done:
 #   scripts/gpu_pending.sh backward   GPU tests + sanitizers (gpu_check.sh test) and the
 #                                     backward benchmark against FA2 and cuDNN (~6 min)
 #   scripts/gpu_pending.sh both       backward, then the kv-cache suite, sanitizers and decode
