@@ -42,6 +42,18 @@ int choose_splits(int64_t ctas, int64_t ctas_per_wave, int64_t capacity_blocks) 
   return static_cast<int>(std::min<int64_t>(splits, 128));
 }
 
+// CTAs of `kernel` (one variant of config Cfg) that fit on one SM of the current device.
+template <typename Cfg, typename Kernel>
+int resident_ctas(Kernel kernel) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSharedBytes) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    n = 1;
+  }
+  return std::max(n, 1);
+}
+
 template <typename Cfg>
 KvCacheRun run_config(const KvCacheParams& kv) {
   const ForwardParams& p = kv.attn;
@@ -69,17 +81,10 @@ KvCacheRun run_config(const KvCacheParams& kv) {
                     std::to_string(int64_t{p.heads_k} * kp.row_blocks));
   kp.num_splits = kv.num_splits;
   if (kp.num_splits == 0) {
-    static const int ctas_per_sm = [] {
-      int n = 0;
-      // Both variants have the same launch bounds and shared memory; the general one needs
-      // at least as many registers, so its residency is the one both can count on.
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, sm80::kvcache_kernel<Cfg, true>, Cfg::kThreads,
-                                                        Cfg::kSharedBytes) != cudaSuccess) {
-        cudaGetLastError();
-        n = 1;
-      }
-      return std::max(n, 1);
-    }();
+    // Per variant: the plain one may need fewer registers and so fit more CTAs per SM.
+    static const int plain_ctas_per_sm = resident_ctas<Cfg>(sm80::kvcache_kernel<Cfg, false>);
+    static const int general_ctas_per_sm = resident_ctas<Cfg>(sm80::kvcache_kernel<Cfg, true>);
+    const int ctas_per_sm = general ? general_ctas_per_sm : plain_ctas_per_sm;
     const int64_t ctas = int64_t{p.batch} * p.heads_k * kp.row_blocks;
     kp.num_splits = choose_splits(ctas, int64_t{multiprocessor_count()} * ctas_per_sm,
                                   (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);

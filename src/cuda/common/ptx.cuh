@@ -118,6 +118,8 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, ui
                "r"(src), "r"(bytes)
                : "memory");
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#else
+  __trap();  // no bulk reductions before sm_90: a caller outside an sm_90 path is a bug
 #endif
 }
 // Waits until this thread's bulk operations have read their shared-memory source...

@@ -105,19 +105,15 @@ struct BackwardConfig {
   static constexpr int kDkdvSharedBytes = 4 * kQBytes + 2 * kKBytes + 2 * kPBytes + 4 * kRowStatBytes;
   // dQ kernel: Q, dO, K and V (2 stages each), dS, lse and D.
   static constexpr int kDqSharedBytes = 2 * kQBytes + 4 * kKBytes + kPBytes + 2 * kRowStatBytes;
-  // sm_90's bulk dQ reduction: each warp stages its 16 kMTiles rows x 8 kQTiles columns of dQ
-  // (fp32), rows padded to a stride of 8 or 24 (mod 32) floats so that the fragment stores
-  // (4 rows x 8 columns per half-warp) hit 32 distinct banks; every row is one bulk
-  // reduction of kDqRowBytes (a multiple of 32: 16-byte aligned at both ends).
-  static constexpr int kDqRowBytes = kQTiles * 8 * 4;
-  static constexpr int kDqStagingStride =
-      (kQTiles * 8) % 32 == 8 || (kQTiles * 8) % 32 == 24 ? kQTiles * 8 : kQTiles * 8 + 8;
-  static constexpr int kDqStagingWarpFloats = kMTiles * 16 * kDqStagingStride;
-  static constexpr int kDqStagingBytes = kWarps * kDqStagingWarpFloats * 4;
-  // Compiled only where the whole dQ slice stays within 32 registers (as the atomics path's
-  // chunks do) and the staging can fit next to the rest (227 KiB: the H100/H200 limit).
-  static constexpr bool kBulkDqPossible =
-      kMTiles * kQTiles <= 8 && kDkdvSharedBytes + kDqStagingBytes <= 227 * 1024;
+  // sm_90's bulk dQ reduction: the CTA stages its kBlockM x kHeadDim dQ block (fp32), rows
+  // padded to a stride of 8 (mod 32) floats so that the fragment stores (4 rows x 8 columns
+  // per half-warp) hit 32 distinct banks; each row is one bulk reduction of a whole
+  // accumulator row (kHeadDim floats: 16-byte aligned at both ends).
+  static constexpr int kDqRowBytes = kHeadDim * 4;
+  static constexpr int kDqStagingStride = kHeadDim + 8;
+  static constexpr int kDqStagingBytes = kBlockM * kDqStagingStride * 4;
+  // Where the staging fits next to the rest (227 KiB: the H100/H200 limit).
+  static constexpr bool kBulkDqPossible = kDkdvSharedBytes + kDqStagingBytes <= 227 * 1024;
   // What the device must allow for both modes (the dQ kernel runs in deterministic mode).
   static constexpr int kMaxSharedBytes =
       kDkdvSharedBytes > kDqSharedBytes ? kDkdvSharedBytes : kDqSharedBytes;
@@ -347,7 +343,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   Element* sdS = sP + kBlockM * kPStride;
   float* sLse = reinterpret_cast<float*>(sdS + kBlockM * kPStride);  // 2 stages
   float* sD = sLse + 2 * kBlockM;                                     // 2 stages
-  float* sDqStaging = sD + 2 * kBlockM;  // kp.bulk_dq only: Cfg::kDqStagingBytes
+  float* sDqStaging = sD + 2 * kBlockM;  // kp.bulk_dq only: Cfg::kDqStagingBytes (see below)
 
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const SequenceView seq = sequence_view(p, b);
@@ -420,6 +416,18 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint32_t sP_addr = ptx::shared_address(sP), sdS_addr = ptx::shared_address(sdS);
   constexpr uint32_t kStageBytes = Cfg::kQBytes;
 
+  // sm_90 bulk dQ (kp.bulk_dq): at step it every warp writes its dQ fragments into the
+  // staging block; at the top of step it + 1, after its barrier, thread r < kBlockM adds row
+  // r of it to the accumulator with one bulk reduction (a warp issues them one lane at a
+  // time, so 8 rows per warp, not 16 kMTiles kQTiles atomics per thread), which then overlaps
+  // the step; before the step's second barrier the issuing threads wait until their row has
+  // been read, so that the staging may be rewritten after it. (ptxas waits for bulk and
+  // cp.async groups on one counter: reductions issued just before the loop's cp.async wait
+  // would be waited for there.)
+  float* staged_dq_row = nullptr;  // thread r: the destination of staged row r, or null
+  const uint32_t staged_dq_src =
+      ptx::shared_address(sDqStaging + (threadIdx.x % kBlockM) * Cfg::kDqStagingStride);
+
   int h = hk * group, m_index = 0;  // step it's query head and block
   for (int it = 0; it < steps; ++it) {
     const int stage = it & 1;
@@ -430,6 +438,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     __syncthreads();  // step it has landed, and every warp is done with step it - 1
     if (it + 1 < steps) load_step(next_h, next_m_index, stage ^ 1);
     ptx::cp_async_commit();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (Cfg::kBulkDqPossible && staged_dq_row != nullptr)
+      ptx::bulk_reduce_add_f32(staged_dq_row, staged_dq_src, Cfg::kDqRowBytes);
+#endif
 
     const uint32_t q_addr = sQ_addr + stage * kStageBytes, do_addr = sdO_addr + stage * kStageBytes;
     // S = Q K^T and dP = dO V^T for this warp's 16 kMTiles rows x kSTiles * 8 keys.
@@ -454,7 +466,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     tc.slope = p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
     probabilities_and_ds<Cfg, true, kGeneral>(kp, tc, s, dpv, sLse + stage * kBlockM, sD + stage * kBlockM,
                                     sP, sdS, warp_m * kMTiles * 16, warp_n * kSTiles * 8, lane);
-    __syncthreads();  // P and dS are in shared memory
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (Cfg::kBulkDqPossible && staged_dq_row != nullptr) {
+      ptx::bulk_wait_read();  // staged row read: the barrier below releases the staging
+      staged_dq_row = nullptr;
+    }
+#endif
+    __syncthreads();  // P and dS are in shared memory (and the dQ staging is free)
 
     // dV += (P o M)^T dO and dK += dS^T Q: 16 kKvMTiles keys x kKTiles * 8 columns per warp.
     const uint32_t pt_col = warp_key * kKvMTiles * 16 * 2;
@@ -464,73 +482,66 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     warp_mma<Element, kKvMTiles, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
         dk, sdS_addr + pt_col + p_lane_t, q_addr + d_col + q_lane);
 
-    // dQ += dS K, added to the fp32 accumulator (default mode).
+    // dQ += dS K, added to the fp32 accumulator (default mode), in chunks of at most 8 m16n8
+    // tiles so that the partial sums never hold more than 32 registers: by per-element vector
+    // atomics, or on sm_90 (kp.bulk_dq) through the staging block (see above), which spares
+    // the atomics' register stalls (each atomic's source registers stall their next reuse
+    // until it has read them: the profile's long-scoreboard gap to FA2).
     if (!bp.deterministic) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      if (Cfg::kBulkDqPossible && kp.bulk_dq) {
-        // Through this warp's staging rows: one bulk reduction per row (lane r issues row r)
-        // instead of 2 kMTiles kQTiles per-element vector atomics per thread, whose source
-        // registers each stall the next reuse until the atomic has read them.
-        float dq[kMTiles][kQTiles][4] = {};
-        const int col0 = warp_n * kQTiles * 8;
-        warp_mma<Element, kMTiles, kBlockN / 16, kQTiles, false, kPStride, true, kRowStride>(
+      const bool bulk = Cfg::kBulkDqPossible && kp.bulk_dq;
+#else
+      constexpr bool bulk = false;  // no bulk reductions before sm_90
+#endif
+      constexpr int kChunks = kMTiles * kQTiles > 8 ? 2 : 1;
+      constexpr int kChunkTiles = kQTiles / kChunks;
+      static_assert(kChunkTiles * kChunks == kQTiles, "dQ chunks");
+#pragma unroll
+      for (int chunk = 0; chunk < kChunks; ++chunk) {
+        float dq[kMTiles][kChunkTiles][4] = {};
+        const int col0 = (warp_n * kQTiles + chunk * kChunkTiles) * 8;
+        warp_mma<Element, kMTiles, kBlockN / 16, kChunkTiles, false, kPStride, true, kRowStride>(
             dq, sdS_addr + warp_m * kMTiles * 16 * kPStride * 2 + p_lane, sK_addr + col0 * 2 + q_lane);
-        float* staging = sDqStaging + warp * Cfg::kDqStagingWarpFloats;
-        ptx::bulk_wait_read();  // this lane's previous row has been read ...
-        __syncwarp();           // ... and every lane's
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int t = 0; t < kQTiles; ++t)
-              *reinterpret_cast<float2*>(staging + (mt * 16 + lane / 4 + r * 8) * Cfg::kDqStagingStride +
-                                         t * 8 + (lane % 4) * 2) =
-                  make_float2(dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
-        ptx::fence_proxy_async_shared();
-        __syncwarp();
-        const int64_t i = m0 + warp_m * kMTiles * 16 + lane;
-        if (lane < kMTiles * 16 && i < seq.seqlen_q)
-          ptx::bulk_reduce_add_f32(
-              kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0,
-              ptx::shared_address(staging + lane * Cfg::kDqStagingStride), Cfg::kDqRowBytes);
-      } else
-#endif
-      {
-        // In chunks of at most 8 m16n8 tiles so that the partial sums never hold more than
-        // 32 registers.
-        constexpr int kChunks = kMTiles * kQTiles > 8 ? 2 : 1;
-        constexpr int kChunkTiles = kQTiles / kChunks;
-        static_assert(kChunkTiles * kChunks == kQTiles, "dQ chunks");
-#pragma unroll
-        for (int chunk = 0; chunk < kChunks; ++chunk) {
-          float dq[kMTiles][kChunkTiles][4] = {};
-          const int col0 = (warp_n * kQTiles + chunk * kChunkTiles) * 8;
-          warp_mma<Element, kMTiles, kBlockN / 16, kChunkTiles, false, kPStride, true, kRowStride>(
-              dq, sdS_addr + warp_m * kMTiles * 16 * kPStride * 2 + p_lane, sK_addr + col0 * 2 + q_lane);
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int64_t i = m0 + (warp_m * kMTiles + mt) * 16 + lane / 4 + r * 8;
-            if (i >= seq.seqlen_q) continue;
-            // Rows of the accumulator are the whole bucket wide (accum_dim = kHeadDim), so
-            // the padding columns (0 here: K's are zero-filled) need no test.
-            float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0 + (lane % 4) * 2;
+        for (int r = 0; r < 2; ++r) {
+          const int row_in_block = (warp_m * kMTiles + mt) * 16 + lane / 4 + r * 8;
+          if (bulk) {
+            float* staged = sDqStaging + row_in_block * Cfg::kDqStagingStride + col0 + (lane % 4) * 2;
 #pragma unroll
             for (int t = 0; t < kChunkTiles; ++t)
-              ptx::atomic_add_f32x2(row + t * 8, dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
+              *reinterpret_cast<float2*>(staged + t * 8) = make_float2(dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
+            continue;
           }
+          const int64_t i = m0 + row_in_block;
+          if (i >= seq.seqlen_q) continue;
+          // Rows of the accumulator are the whole bucket wide (accum_dim = kHeadDim), so the
+          // padding columns (0 here: K's are zero-filled) need no test.
+          float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0 + (lane % 4) * 2;
+#pragma unroll
+          for (int t = 0; t < kChunkTiles; ++t)
+            ptx::atomic_add_f32x2(row + t * 8, dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
         }
+      }
+      if (bulk) {
+        ptx::fence_proxy_async_shared();  // the stores, to the async proxy that reads them
+        const int64_t i = m0 + threadIdx.x;
+        if (threadIdx.x < kBlockM && i < seq.seqlen_q)
+          staged_dq_row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim;
       }
     }
     h = next_h;
     m_index = next_m_index;
   }
 
-  // The bulk dQ reductions complete before the CTA exits (their source is this CTA's shared
-  // memory).
-  if (Cfg::kBulkDqPossible && kp.bulk_dq) ptx::bulk_wait_all();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The last step's rows, once every warp has staged (and fenced) its part.
+  if (Cfg::kBulkDqPossible && kp.bulk_dq) {
+    __syncthreads();
+    if (staged_dq_row != nullptr) ptx::bulk_reduce_add_f32(staged_dq_row, staged_dq_src, Cfg::kDqRowBytes);
+  }
+#endif
 
   // dK = softmax_scale dS^T Q and dV, in the storage dtype, for every stored key of the block.
   const int64_t rows_out = stored_k - j0 < kBlockN ? stored_k - j0 : kBlockN;
@@ -556,6 +567,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
             ptx::pack2<Element>(dv[mt][t][2 * r], dv[mt][t][2 * r + 1]);
     }
   }
+  // The bulk dQ reductions complete before the CTA exits (their source is this CTA's shared
+  // memory); waiting here lets the last ones overlap the dK/dV stores.
+  if (Cfg::kBulkDqPossible && kp.bulk_dq) ptx::bulk_wait_all();
 }
 
 template <typename Cfg, bool kGeneral>
