@@ -417,16 +417,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   constexpr uint32_t kStageBytes = Cfg::kQBytes;
 
   // sm_90 bulk dQ (kp.bulk_dq): at step it every warp writes its dQ fragments into the
-  // staging block; at the top of step it + 1, after its barrier, thread r < kBlockM adds row
+  // staging block; at the top of step it + 1, after its barrier, thread kRowIssuer r adds row
   // r of it to the accumulator with one bulk reduction (a warp issues them one lane at a
-  // time, so 8 rows per warp, not 16 kMTiles kQTiles atomics per thread), which then overlaps
-  // the step; before the step's second barrier the issuing threads wait until their row has
-  // been read, so that the staging may be rewritten after it. (ptxas waits for bulk and
-  // cp.async groups on one counter: reductions issued just before the loop's cp.async wait
-  // would be waited for there.)
-  float* staged_dq_row = nullptr;  // thread r: the destination of staged row r, or null
-  const uint32_t staged_dq_src =
-      ptx::shared_address(sDqStaging + (threadIdx.x % kBlockM) * Cfg::kDqStagingStride);
+  // time: kBlockM / kWarps rows per warp, instead of 16 kMTiles kQTiles atomics per thread),
+  // which then overlaps the step; before the step's second barrier the issuing threads wait
+  // until their row has been read, so that the staging may be rewritten after it.
+  constexpr int kRowIssuer = Cfg::kThreads / kBlockM;  // row r's issuing thread: kRowIssuer r
+  static_assert(Cfg::kThreads % kBlockM == 0, "bulk dQ rows spread over the warps");
+  // Only the destination stays live across the loop (the general variant has no registers to
+  // spare); the row and its staging address are recomputed from threadIdx where used.
+  float* staged_dq_row = nullptr;  // the destination of the staged row this thread issues, or null
 
   int h = hk * group, m_index = 0;  // step it's query head and block
   for (int it = 0; it < steps; ++it) {
@@ -440,7 +440,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     ptx::cp_async_commit();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (Cfg::kBulkDqPossible && staged_dq_row != nullptr)
-      ptx::bulk_reduce_add_f32(staged_dq_row, staged_dq_src, Cfg::kDqRowBytes);
+      ptx::bulk_reduce_add_f32(staged_dq_row,
+                               ptx::shared_address(sDqStaging + threadIdx.x / kRowIssuer * Cfg::kDqStagingStride),
+                               Cfg::kDqRowBytes);
 #endif
 
     const uint32_t q_addr = sQ_addr + stage * kStageBytes, do_addr = sdO_addr + stage * kStageBytes;
@@ -467,6 +469,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     probabilities_and_ds<Cfg, true, kGeneral>(kp, tc, s, dpv, sLse + stage * kBlockM, sD + stage * kBlockM,
                                     sP, sdS, warp_m * kMTiles * 16, warp_n * kSTiles * 8, lane);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // (ptxas waits for bulk and cp.async groups on one counter, so this also waits for the
+    // prefetch issued at the top: by now it has had the S/dP products to land. Moving the
+    // prefetch below the barrier instead made the general variant spill.)
     if (Cfg::kBulkDqPossible && staged_dq_row != nullptr) {
       ptx::bulk_wait_read();  // staged row read: the barrier below releases the staging
       staged_dq_row = nullptr;
@@ -526,8 +531,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       }
       if (bulk) {
         ptx::fence_proxy_async_shared();  // the stores, to the async proxy that reads them
-        const int64_t i = m0 + threadIdx.x;
-        if (threadIdx.x < kBlockM && i < seq.seqlen_q)
+        const int64_t i = m0 + threadIdx.x / kRowIssuer;
+        if (threadIdx.x % kRowIssuer == 0 && i < seq.seqlen_q)
           staged_dq_row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim;
       }
     }
@@ -539,7 +544,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // The last step's rows, once every warp has staged (and fenced) its part.
   if (Cfg::kBulkDqPossible && kp.bulk_dq) {
     __syncthreads();
-    if (staged_dq_row != nullptr) ptx::bulk_reduce_add_f32(staged_dq_row, staged_dq_src, Cfg::kDqRowBytes);
+    if (staged_dq_row != nullptr)
+      ptx::bulk_reduce_add_f32(staged_dq_row,
+                               ptx::shared_address(sDqStaging + threadIdx.x / kRowIssuer * Cfg::kDqStagingStride),
+                               Cfg::kDqRowBytes);
   }
 #endif
 
