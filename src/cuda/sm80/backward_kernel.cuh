@@ -31,6 +31,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "common/mask.hpp"
@@ -748,9 +750,13 @@ void launch_backward(const BackwardKernelParams& kp) {
   }();
   // dQ by bulk reductions (the key-parallel kernel) on sm_90 where the staging fits the
   // device's limit as the launchers see it (FLASHATTN_CUDA_SMEM_LIMIT can lower it).
+  // FLASHATTN_CUDA_DQ_ATOMICS=1 keeps the atomics, so that an sm_90 test run covers the path
+  // older GPUs take.
+  const char* atomics_forced = std::getenv("FLASHATTN_CUDA_DQ_ATOMICS");
   BackwardKernelParams run = kp;
   run.bulk_dq = staging_allowed && !kp.bp.deterministic && compute_capability() >= 90 &&
-                Cfg::kDkdvSharedBytes + Cfg::kDqStagingBytes <= shared_bytes_per_block_limit();
+                Cfg::kDkdvSharedBytes + Cfg::kDqStagingBytes <= shared_bytes_per_block_limit() &&
+                !(atomics_forced != nullptr && std::strcmp(atomics_forced, "1") == 0);
   const int dkdv_bytes = Cfg::kDkdvSharedBytes + (run.bulk_dq ? Cfg::kDqStagingBytes : 0);
   const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr || kp.has_dropout;
   const auto dkdv_kernel = general ? backward_dkdv_kernel<Cfg, true> : backward_dkdv_kernel<Cfg, false>;
