@@ -26,10 +26,10 @@ case "$stage" in
   backward)
     bash scripts/gpu_try_backward.sh 2>&1 | tee "$OUT/pending.txt" | tail -45 ;;
   both)
-    bash scripts/gpu_try_backward.sh >"$OUT/pending.txt" 2>&1
+    BWD_HDIMS=256,128,64 bash scripts/gpu_try_backward.sh >"$OUT/pending.txt" 2>&1
     bash scripts/gpu_kvcache.sh kernel >"$OUT/pending_kv.txt" 2>&1
     grep -E "status|passed|min ours" "$OUT/pending.txt" | head -20
-    grep -A16 "^| hdim | causal | seqlen | ours |" "$OUT/pending.txt" | head -16
+    grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/pending.txt" | head -20
     tail -9 "$OUT/pending_kv.txt"; grep -B1 -A6 "^| batch | cache len | ours TB/s" "$OUT/pending_kv.txt" | tail -7 ;;
   kvcache)
     bash scripts/gpu_kvcache.sh kernel >"$OUT/pending.txt" 2>&1
