@@ -250,6 +250,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // In a dense cache this thread's rows are a fixed stride apart: their offsets advance by
   // additions (no per-row 64-bit multiplications); a paged cache looks each row's page up.
   const bool paged = kv.is_paged();
+  // Pages whose size is a multiple of kBlockN, in a sequence that starts on a block boundary
+  // (no cache_leftpad, or a multiple of kBlockN): each key block lies in one page, found by
+  // one (CTA-uniform) block-table lookup per block instead of one per row.
+  const bool page_per_block = paged && kv.page_size % kBlockN == 0 && seq.begin % kBlockN == 0;
   const CacheOffsets dense_row0 = paged ? CacheOffsets{0, 0} : cache_offsets(kv, b, seq, seq.begin + load_row);
   const int64_t k_pass_stride = int64_t{kRowsPerPass} * p.k_row_stride;
   const int64_t v_pass_stride = int64_t{kRowsPerPass} * p.v_row_stride;
@@ -261,7 +265,22 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     // Rows outside the keys get any offset: their copies are zero-fills.
     constexpr int kPasses = kBlockN / kRowsPerPass;
     CacheOffsets row_at[kPasses];
-    if (paged) {
+    if (page_per_block) {
+      // The block's first position is a key of the sequence (j0 < hi), so its page exists;
+      // rows past the keys get offsets past it, never used (their copies are zero-fills).
+      const uint32_t pos0 = static_cast<uint32_t>(seq.begin + j0);
+      const uint32_t page_index = pos0 / static_cast<uint32_t>(kv.page_size);
+      const int64_t page = kv.block_table[b * kv.block_table_batch_stride + page_index];
+      const int64_t in_page = pos0 - page_index * static_cast<uint32_t>(kv.page_size) + load_row;
+      CacheOffsets at{page * p.k_batch_stride + in_page * p.k_row_stride,
+                      page * p.v_batch_stride + in_page * p.v_row_stride};
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        row_at[pass] = at;
+        at.k += k_pass_stride;
+        at.v += v_pass_stride;
+      }
+    } else if (paged) {
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
         const int64_t j = j0 + load_row + pass * kRowsPerPass, pos = seq.begin + j;
