@@ -10,6 +10,9 @@
 #   scripts/gpu_pending.sh kvcache    the CUDA kv-cache suite, sanitizers, decode benchmark,
 #                                     then a split-count sweep at batch 1 (~3 min)
 #   scripts/gpu_pending.sh kvtune     kv-cache shapes at head dim 128 (gpu_tune_kvcache.sh)
+#   scripts/gpu_pending.sh profiles   Nsight Compute with stall reasons: the backward's dK/dV
+#                                     kernel against FA2's (hdim 128, 4k) and the decode
+#                                     kernel against cuDNN's at 1 x 8k (~3.5 min)
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
 #   scripts/gpu_pending.sh fwd256     the forward at head dim 256, short sequences: the
@@ -18,7 +21,7 @@
 # Logs go to $OUT/<stage>/ and are packed into $OUT/<stage>.tgz (the device returns few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, kvprofile or fwd256}
+stage=${1:?stage: backward, both, profiles, kvcache, kvtune, kvprofile or fwd256}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
@@ -45,6 +48,10 @@ case "$stage" in
   fwd256)
     TUNE_RELEASE_HDIMS=256 TUNE_SEQLENS=512,1k,2k bash scripts/gpu_tune.sh 256,32,4,1,0 256,64,4,1,0 \
       2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
+  profiles)
+    { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } \
+      2>&1 | tee "$OUT/pending.txt" | tail -70
+    rm -f "$OUT"/*/*.ncu-rep ;;  # the reports are large; the details and stalls are kept
   kvprofile)
     { bash scripts/gpu_profile.sh 8 32768 no dec; OUT="$OUT/b1" bash scripts/gpu_profile.sh 1 8192 no dec; } \
       2>&1 | tee "$OUT/pending.txt" | tail -60 ;;
