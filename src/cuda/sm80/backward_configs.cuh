@@ -14,8 +14,8 @@ struct TunedBackward;
 // BackwardConfig<Element, head dim, query rows per step, keys per CTA, warps>.
 // Candidates: the tuned shape first (H200, 227 KiB of shared memory per block), then smaller
 // ones for an A100 (163 KiB) and sm_86/sm_89 GPUs (99 KiB): 64 keys per CTA, then 32 query
-// rows per step (up to 128), or 32 x 32 tiles with 4 warps (160..256; at 256 that still
-// needs 107 KiB, so the 99 KiB GPUs have no backward at head dims above 224).
+// rows per step (up to 128), or 64 x 32 and then 32 x 32 tiles with 4 warps (160..256; at
+// 256 that still needs 107 KiB, so the 99 KiB GPUs have no backward at head dims above 224).
 // The key-parallel kernel keeps dK and dV of kBlockN keys x the head dim in fp32 registers
 // for its whole walk: 2 kBlockN D / (32 warps) per thread, so that product sets the shapes.
 // Up to 128: 64 query rows x 128 keys per CTA, 8 warps (FA2's shape for these head dims).
@@ -38,22 +38,27 @@ template <typename E> struct TunedBackward<E, 128> {
   using Configs = Candidates<BackwardConfig<E, 128, 64, 128, 8>, BackwardConfig<E, 128, 64, 64, 8>,
                                  BackwardConfig<E, 128, 32, 64, 8>>;
 };
-// 160..256: 64 query rows x 32 keys per CTA, 8 warps. With 64 keys dK + dV alone would take
-// 128 registers per thread at 256; with 32 keys they take D / 4 (64 at 256) and each warp
-// owns 16 keys x D / 4 columns (5 or 7 n8 tiles at 160 and 224) or, where D / 8 is a whole
-// number of n8 tiles (192, 256), 32 keys x D / 8 columns. Shared memory is 176 KiB at 256 (one CTA per
-// SM); K and V are re-read from L2 by twice as many CTAs, which the 64-row steps amortise.
+// 160..256: 64 query rows x 64 keys per CTA, 8 warps (FA2's shape for these head dims; not
+// yet measured here): dK + dV take D / 2 registers per thread (128 at 256), and with two m16
+// tiles per warp ptxas still fits everything in 212-247 registers without spilling on sm_90a.
+// Against 32 keys, each Q/dO block loaded serves twice the keys and S/dP get two m16 tiles
+// per warp (half the shared-memory reads per MMA). Shared memory is 222 KiB at 256. Then
+// 64 x 32 (176 KiB at 256; what the previous release ran) and 32 x 32 with 4 warps.
 template <typename E> struct TunedBackward<E, 160> {
-  using Configs = Candidates<BackwardConfig<E, 160, 64, 32, 8>, BackwardConfig<E, 160, 32, 32, 4>>;
+  using Configs = Candidates<BackwardConfig<E, 160, 64, 64, 8>, BackwardConfig<E, 160, 64, 32, 8>,
+                             BackwardConfig<E, 160, 32, 32, 4>>;
 };
 template <typename E> struct TunedBackward<E, 192> {
-  using Configs = Candidates<BackwardConfig<E, 192, 64, 32, 8>, BackwardConfig<E, 192, 32, 32, 4>>;
+  using Configs = Candidates<BackwardConfig<E, 192, 64, 64, 8>, BackwardConfig<E, 192, 64, 32, 8>,
+                             BackwardConfig<E, 192, 32, 32, 4>>;
 };
 template <typename E> struct TunedBackward<E, 224> {
-  using Configs = Candidates<BackwardConfig<E, 224, 64, 32, 8>, BackwardConfig<E, 224, 32, 32, 4>>;
+  using Configs = Candidates<BackwardConfig<E, 224, 64, 64, 8>, BackwardConfig<E, 224, 64, 32, 8>,
+                             BackwardConfig<E, 224, 32, 32, 4>>;
 };
 template <typename E> struct TunedBackward<E, 256> {
-  using Configs = Candidates<BackwardConfig<E, 256, 64, 32, 8>, BackwardConfig<E, 256, 32, 32, 4>>;
+  using Configs = Candidates<BackwardConfig<E, 256, 64, 64, 8>, BackwardConfig<E, 256, 64, 32, 8>,
+                             BackwardConfig<E, 256, 32, 32, 4>>;
 };
 
 // Defined once per (dtype, bucket) in its own generated file, so the kernels compile in parallel.

@@ -500,14 +500,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #else
       constexpr bool bulk = false;  // no bulk reductions before sm_90
 #endif
-      constexpr int kChunks = kMTiles * kQTiles > 8 ? 2 : 1;
-      constexpr int kChunkTiles = kQTiles / kChunks;
-      static_assert(kChunkTiles * kChunks == kQTiles, "dQ chunks");
-#pragma unroll
-      for (int chunk = 0; chunk < kChunks; ++chunk) {
-        float dq[kMTiles][kChunkTiles][4] = {};
-        const int col0 = (warp_n * kQTiles + chunk * kChunkTiles) * 8;
-        warp_mma<Element, kMTiles, kBlockN / 16, kChunkTiles, false, kPStride, true, kRowStride>(
+      // Chunks of kChunkTiles n8 tiles (halves where they divide evenly, else at most 8 / kMTiles
+      // tiles and a smaller last chunk: head dims 160 and 224 with two m16 tiles).
+      constexpr int kHalves = kMTiles * kQTiles > 8 ? 2 : 1;
+      constexpr bool kEven = kQTiles % kHalves == 0 && kMTiles * (kQTiles / kHalves) <= 8;
+      constexpr int kChunkTiles = kEven ? kQTiles / kHalves : 8 / kMTiles;
+      constexpr int kFullChunks = kQTiles / kChunkTiles, kRestTiles = kQTiles % kChunkTiles;
+      const auto dq_chunk = [&](auto tile_count, int col0) {
+        constexpr int kTiles = decltype(tile_count)::value;
+        float dq[kMTiles][kTiles][4] = {};
+        warp_mma<Element, kMTiles, kBlockN / 16, kTiles, false, kPStride, true, kRowStride>(
             dq, sdS_addr + warp_m * kMTiles * 16 * kPStride * 2 + p_lane, sK_addr + col0 * 2 + q_lane);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
@@ -517,7 +519,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
           if (bulk) {
             float* staged = sDqStaging + row_in_block * Cfg::kDqStagingStride + col0 + (lane % 4) * 2;
 #pragma unroll
-            for (int t = 0; t < kChunkTiles; ++t)
+            for (int t = 0; t < kTiles; ++t)
               *reinterpret_cast<float2*>(staged + t * 8) = make_float2(dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
             continue;
           }
@@ -527,10 +529,15 @@ __global__ void __launch_bounds__(Cfg::kThreads)
           // padding columns (0 here: K's are zero-filled) need no test.
           float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0 + (lane % 4) * 2;
 #pragma unroll
-          for (int t = 0; t < kChunkTiles; ++t)
+          for (int t = 0; t < kTiles; ++t)
             ptx::atomic_add_f32x2(row + t * 8, dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
         }
-      }
+      };
+#pragma unroll
+      for (int chunk = 0; chunk < kFullChunks; ++chunk)
+        dq_chunk(std::integral_constant<int, kChunkTiles>{}, (warp_n * kQTiles + chunk * kChunkTiles) * 8);
+      if constexpr (kRestTiles > 0)
+        dq_chunk(std::integral_constant<int, kRestTiles>{}, (warp_n * kQTiles + kFullChunks * kChunkTiles) * 8);
       if (bulk) {
         ptx::fence_proxy_async_shared();  // the stores, to the async proxy that reads them
         const int64_t i = m0 + threadIdx.x / kRowIssuer;
