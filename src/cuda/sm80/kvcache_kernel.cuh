@@ -413,12 +413,23 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint32_t k_lane = ((warp * 16 + lane % 8 + (lane / 16) * 8) * kRowStride + ((lane / 8) % 2) * 8) * kElementBytes;
   const uint32_t v_lane = ((warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRowStride + (lane / 16) * 8) * kElementBytes;
 
+  // Up to head dim 128 the Q fragments stay in registers for the whole loop (4 kKSteps of
+  // them), loaded once after the first barrier; above, they are re-read from shared memory
+  // every block (the registers are needed elsewhere there).
+  constexpr bool kQInRegisters = kHeadDim <= 128;
+  uint32_t q_frag[kQInRegisters ? kKSteps : 1][4];
+
   for (int n = 0; n < n_blocks; ++n) {
     const int stage = n % kStages;
     ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // block n has landed; every warp is done with block n - 1's stage
     if (n + kStages - 1 < n_blocks) load_block(n + kStages - 1, (n + kStages - 1) % kStages);
     ptx::cp_async_commit();
+    if (kQInRegisters && n == 0) {
+#pragma unroll
+      for (int kk = 0; kk < (kQInRegisters ? kKSteps : 1); ++kk)
+        ptx::ldmatrix_x4(q_frag[kk], q_base + kk * 16 * kElementBytes);
+    }
 
     // S = Q K^T over this warp's 16 keys of the block.
     const int64_t j0 = (first_block + n) * kBlockN + warp * 16;
@@ -427,7 +438,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       uint32_t qf[4], kf[4];
-      ptx::ldmatrix_x4(qf, q_base + kk * 16 * kElementBytes);
+      if constexpr (kQInRegisters) {
+        qf[0] = q_frag[kk][0];
+        qf[1] = q_frag[kk][1];
+        qf[2] = q_frag[kk][2];
+        qf[3] = q_frag[kk][3];
+      } else {
+        ptx::ldmatrix_x4(qf, q_base + kk * 16 * kElementBytes);
+      }
       ptx::ldmatrix_x4(kf, k_base + kk * 16 * kElementBytes);
       ptx::mma_16816<Element>(s[0], qf, kf[0], kf[1]);
       ptx::mma_16816<Element>(s[1], qf, kf[2], kf[3]);
@@ -493,16 +511,19 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     pf[2] = ptx::pack2<Element>(s[1][0], s[1][1]);
     pf[3] = ptx::pack2<Element>(s[1][2], s[1][3]);
     const uint32_t v_base = sV + stage * Cfg::kTileBytes + v_lane;
+    // Rescale O only when some row's running max moved (after the first blocks it rarely
+    // does): one warp vote instead of 4 kOTiles multiplications per block.
+    if (__any_sync(0xffffffffu, scale_o[0] != 1.0f || scale_o[1] != 1.0f)) {
+#pragma unroll
+      for (int t = 0; t < kOTiles; ++t) {
+        o[t][0] *= scale_o[0];
+        o[t][1] *= scale_o[0];
+        o[t][2] *= scale_o[1];
+        o[t][3] *= scale_o[1];
+      }
+    }
 #pragma unroll
     for (int t = 0; t < kOTiles; t += 2) {
-      o[t][0] *= scale_o[0];
-      o[t][1] *= scale_o[0];
-      o[t][2] *= scale_o[1];
-      o[t][3] *= scale_o[1];
-      o[t + 1][0] *= scale_o[0];
-      o[t + 1][1] *= scale_o[0];
-      o[t + 1][2] *= scale_o[1];
-      o[t + 1][3] *= scale_o[1];
       uint32_t vf[4];
       ptx::ldmatrix_x4_trans(vf, v_base + t * 8 * kElementBytes);
       ptx::mma_16816<Element>(o[t], pf, vf[0], vf[1]);
