@@ -42,7 +42,7 @@ template <typename E> struct TunedBackward<E, 128> {
 // yet measured here): dK + dV take D / 2 registers per thread (128 at 256), and with two m16
 // tiles per warp ptxas still fits everything in 212-247 registers without spilling on sm_90a.
 // Against 32 keys, each Q/dO block loaded serves twice the keys and S/dP get two m16 tiles
-// per warp (half the shared-memory reads per MMA). Shared memory is 222 KiB at 256. Then
+// per warp (half the shared-memory reads per MMA). Shared memory is 217 KiB at 256. Then
 // 64 x 32 (176 KiB at 256; what the previous release ran) and 32 x 32 with 4 warps.
 template <typename E> struct TunedBackward<E, 160> {
   using Configs = Candidates<BackwardConfig<E, 160, 64, 64, 8>, BackwardConfig<E, 160, 64, 32, 8>,

@@ -17,7 +17,8 @@
 //   running max, sum and O; the warps' results are merged through shared memory at the end.
 // - K and V stream through kStages shared-memory stages with cp.async, kStages - 1 blocks in
 //   flight, addressed row by row so that a paged cache of any page size costs one block-table
-//   lookup per row.
+//   lookup per row (per block where a block lies in one page: page sizes that are multiples
+//   of kBlockN, sequences starting on a block boundary).
 // - Append: positions cache_seqlens[b] .. + S_new - 1 are read from k_new/v_new (k_new
 //   rotated and rounded to the cache dtype, exactly what is stored) instead of the cache, and
 //   written into the cache by the CTAs of row block 0 whose split covers them, so every new
@@ -413,9 +414,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint32_t k_lane = ((warp * 16 + lane % 8 + (lane / 16) * 8) * kRowStride + ((lane / 8) % 2) * 8) * kElementBytes;
   const uint32_t v_lane = ((warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRowStride + (lane / 16) * 8) * kElementBytes;
 
-  // Up to head dim 128 the Q fragments stay in registers for the whole loop (4 kKSteps of
-  // them), loaded once after the first barrier; above, they are re-read from shared memory
-  // every block (the registers are needed elsewhere there).
+  // Up to head dim 128 the Q fragments stay in registers for the whole loop (4 kKSteps
+  // registers: 32 at 128), loaded once after the first barrier; above, they are re-read from
+  // shared memory every block (the registers are needed elsewhere there).
   constexpr bool kQInRegisters = kHeadDim <= 128;
   uint32_t q_frag[kQInRegisters ? kKSteps : 1][4];
 
@@ -490,7 +491,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       const float new_max = fmaxf(row_max[rr], block_max);
       const float base = new_max == -INFINITY ? 0.0f : new_max;
-      scale_o[rr] = ptx::exp2_approx(row_max[rr] - base);
+      // Exactly 1 when the max did not move, also for a row that has seen nothing yet (-inf
+      // both; its O and sum are 0), so that the rescale below can be skipped.
+      scale_o[rr] = row_max[rr] == new_max ? 1.0f : ptx::exp2_approx(row_max[rr] - base);
       row_max[rr] = new_max;
       float sum = 0.0f;
 #pragma unroll
