@@ -9,11 +9,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 export PATH="/usr/local/cuda/bin:$PATH"
-cmake -S . -B build-tune -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-  -DFLASHATTN_SM80_TUNING=ON -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF \
-  -DFLASHATTN_BUILD_TOOLS=OFF >/dev/null &&
-  cmake --build build-tune -j "$(nproc)" --target flashattn_c >"$out/tune_build.log" 2>&1 ||
-  { tail -30 "$out/tune_build.log"; exit 1; }
+bash scripts/build_tuning.sh "$out/tune_build.log" || exit 1
 for candidate in release "$@"; do
   hdim=${candidate%%,*}
   [ "$candidate" = release ] && hdim=${TUNE_RELEASE_HDIMS:-64,128,256}

@@ -10,11 +10,7 @@ mkdir -p "$out"
 export PATH="/usr/local/cuda/bin:$PATH"
 candidates=("$@")
 [ ${#candidates[@]} -eq 0 ] && candidates=(4,2 4,3 4,4 8,2 8,3 2,4 2,6)
-cmake -S . -B build-tune -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-  -DFLASHATTN_SM80_TUNING=ON -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_BENCH=OFF \
-  -DFLASHATTN_BUILD_TOOLS=OFF >/dev/null &&
-  cmake --build build-tune -j "$(nproc)" --target flashattn_c >"$out/kvtune_build.log" 2>&1 ||
-  { tail -30 "$out/kvtune_build.log"; exit 1; }
+bash scripts/build_tuning.sh "$out/kvtune_build.log" || exit 1
 for candidate in release "${candidates[@]}"; do
   if [ "$candidate" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$candidate; fi
   PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpu_decode.py --lib build-tune/src/libflashattn_c.so \

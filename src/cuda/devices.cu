@@ -83,33 +83,6 @@ PointerLocation locate(const void* pointer) {
   return where;
 }
 
-int64_t shared_bytes_per_block_limit() {
-  // The device attribute once per device (it cannot change); the override on every call, so
-  // that a test can set it for one case.
-  static std::array<std::atomic<int64_t>, 64> cached{};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  int64_t limit = device >= 0 && device < 64 ? cached[size_t(device)].load() : 0;
-  if (limit == 0) {
-    int bytes = 0;
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-        cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    limit = bytes;
-    if (device >= 0 && device < 64) cached[size_t(device)].store(limit);
-  }
-  if (const char* forced = std::getenv("FLASHATTN_CUDA_SMEM_LIMIT")) {
-    const long long value = std::atoll(forced);
-    if (value > 0 && value < limit) limit = value;
-  }
-  return limit;
-}
-
 namespace {
 // One attribute of the current device, read once per device (0 when it cannot be read). The
 // cache holds value + 1, so that an attribute whose value is 0 is cached too.
@@ -132,6 +105,17 @@ int32_t current_device_attribute() {
   return value;
 }
 }  // namespace
+
+int64_t shared_bytes_per_block_limit() {
+  // The device attribute once per device (it cannot change); the override on every call, so
+  // that a test can set it for one case.
+  int64_t limit = current_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
+  if (const char* forced = std::getenv("FLASHATTN_CUDA_SMEM_LIMIT")) {
+    const long long value = std::atoll(forced);
+    if (value > 0 && value < limit) limit = value;
+  }
+  return limit;
+}
 
 int32_t multiprocessor_count() { return current_device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
