@@ -13,6 +13,9 @@
 #   scripts/gpu_pending.sh profiles   Nsight Compute with stall reasons: the backward's dK/dV
 #                                     kernel against FA2's (hdim 128, 4k) and the decode
 #                                     kernel against cuDNN's at 1 x 8k (~3.5 min)
+#   scripts/gpu_pending.sh dqcompare  build, then the backward (ours only, hdim 64 and 128) with
+#                                     bulk dQ reductions against atomics (FLASHATTN_CUDA_DQ_ATOMICS),
+#                                     then the profiles stage on the same build (~8 min)
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
 #   scripts/gpu_pending.sh fwd256     the forward at head dim 256, short sequences: the
@@ -54,6 +57,20 @@ case "$stage" in
   fwd256)
     TUNE_RELEASE_HDIMS=256 TUNE_SEQLENS=512,1k,2k bash scripts/gpu_tune.sh 256,32,4,1,0 256,64,4,1,0 \
       2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
+  dqcompare)
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+      -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_TESTS=OFF >"$OUT/build.log" 2>&1 &&
+      cmake --build build-gpu -j "$(nproc)" --target flashattn_c >>"$OUT/build.log" 2>&1 || exit 1
+    for mode in bulk atomics; do
+      env $([ $mode = atomics ] && echo FLASHATTN_CUDA_DQ_ATOMICS=1) PYTHONUNBUFFERED=1 timeout 100 \
+        python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so --out "$OUT/dq_$mode" \
+        --hdims 128,64 --seqlens 1k,4k,16k --skip-peers --time-budget-s 30 >"$OUT/dq_$mode.log" 2>&1
+      echo "== dQ by $mode (ours only)"; grep -E "^\| (64|128) \|" "$OUT/dq_$mode/results.md" | head -12
+    done
+    { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } \
+      >"$OUT/profiles.txt" 2>&1
+    grep -iE "duration|stall|instructions" "$OUT/profiles.txt" | head -60
+    rm -f "$OUT"/*/*.ncu-rep ;;
   profiles)
     { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } \
       2>&1 | tee "$OUT/pending.txt" | tail -70
