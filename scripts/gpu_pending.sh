@@ -16,6 +16,8 @@
 #   scripts/gpu_pending.sh dqcompare  build, then the backward (ours only, hdim 64 and 128) with
 #                                     bulk dQ reductions against atomics (FLASHATTN_CUDA_DQ_ATOMICS),
 #                                     then the profiles stage on the same build (~8 min)
+#   scripts/gpu_pending.sh fwd256dq   the tuning build once, the backward at head dim 256 with bulk
+#                                     dQ against atomics (ours only), then the fwd256 stage
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
 #   scripts/gpu_pending.sh fwd256     the forward at head dim 256, short sequences: the
@@ -54,6 +56,16 @@ case "$stage" in
     done ;;
   kvtune)
     bash scripts/gpu_tune_kvcache.sh 2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
+  fwd256dq)
+    bash scripts/build_tuning.sh "$OUT/tune_build.log" || exit 1
+    for mode in bulk atomics; do
+      env $([ $mode = atomics ] && echo FLASHATTN_CUDA_DQ_ATOMICS=1) PYTHONUNBUFFERED=1 timeout 90 \
+        python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so --out "$OUT/dq_$mode" \
+        --hdims 256 --seqlens 1k,4k,16k --skip-peers --time-budget-s 25 >"$OUT/dq_$mode.log" 2>&1
+      echo "== dQ by $mode (ours only)"; grep -E "^\| 256 \|" "$OUT/dq_$mode/results.md" | head -6
+    done
+    TUNE_RELEASE_HDIMS=256 TUNE_SEQLENS=512,1k,2k bash scripts/gpu_tune.sh 256,32,4,1,0 256,64,4,1,0 \
+      2>&1 | tee "$OUT/fwd256.txt" | tail -40 ;;
   fwd256)
     TUNE_RELEASE_HDIMS=256 TUNE_SEQLENS=512,1k,2k bash scripts/gpu_tune.sh 256,32,4,1,0 256,64,4,1,0 \
       2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
