@@ -114,8 +114,12 @@ struct BackwardConfig {
   static constexpr int kDqRowBytes = kHeadDim * 4;
   static constexpr int kDqStagingStride = kHeadDim + 8;
   static constexpr int kDqStagingBytes = kBlockM * kDqStagingStride * 4;
-  // Where the staging fits next to the rest (227 KiB: the H100/H200 limit).
-  static constexpr bool kBulkDqPossible = kDkdvSharedBytes + kDqStagingBytes <= 227 * 1024;
+  // Where the staging fits next to the rest (227 KiB: the H100/H200 limit), and only from
+  // head dim 128 on: measured on the H200 (2026-11-30, docs/PERFORMANCE.md) bulk reductions
+  // gain 1-3 % at head dim 128 but lose 5-6 % at 64, where a row is only 256 bytes and the
+  // staging round trip and its barrier cost more than the atomics they replace.
+  static constexpr bool kBulkDqPossible =
+      kHeadDim >= 128 && kDkdvSharedBytes + kDqStagingBytes <= 227 * 1024;
   // What the device must allow for both modes (the dQ kernel runs in deterministic mode).
   static constexpr int kMaxSharedBytes =
       kDkdvSharedBytes > kDqSharedBytes ? kDkdvSharedBytes : kDqSharedBytes;
