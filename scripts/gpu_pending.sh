@@ -18,6 +18,11 @@
 #                                     then the profiles stage on the same build (~8 min)
 #   scripts/gpu_pending.sh fwd256dq   the tuning build once, the backward at head dim 256 with bulk
 #                                     dQ against atomics (ours only), then the fwd256 stage
+#   scripts/gpu_pending.sh prefetch   L2 prefetch hints on the K/V copies: the tuning build with
+#                                     the CUDA kv-cache suite (its release kernel now asks for
+#                                     256-byte prefetches), memcheck, the decode benchmark with
+#                                     the peers, then ours only with 0/128/256 bytes and the
+#                                     forward at hdim 64/128 with 128/256 against none (~7 min)
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
 #   scripts/gpu_pending.sh fwd256     the forward at head dim 256, short sequences: the
@@ -66,6 +71,20 @@ case "$stage" in
     done
     TUNE_RELEASE_HDIMS=256 TUNE_SEQLENS=512,1k,2k bash scripts/gpu_tune.sh 256,32,4,1,0 256,64,4,1,0 \
       2>&1 | tee "$OUT/fwd256.txt" | tail -40 ;;
+  prefetch)
+    bash scripts/build_tuning.sh "$OUT/tune_build.log" test_kvcache_cuda || exit 1
+    timeout 200 build-tune/tests/test_kvcache_cuda >"$OUT/kv_tests.log" 2>&1
+    echo "test_kvcache_cuda: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/kv_tests.log" | tr '\n' ' '))"
+    grep -E '^\[  FAILED  \]' "$OUT/kv_tests.log" | head -10
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 build-tune/tests/test_kvcache_cuda \
+      --gtest_filter='KvCache.*:*KvCacheGrid*/2?' >"$OUT/kv_memcheck.log" 2>&1
+    echo "memcheck: status $? ($(grep -E 'ERROR SUMMARY' "$OUT/kv_memcheck.log" | tail -1))"
+    PYTHONUNBUFFERED=1 timeout 90 python3 bench/gpu_decode.py --lib build-tune/src/libflashattn_c.so \
+      --page-size 256 --out "$OUT/decode" >"$OUT/decode.log" 2>&1
+    echo "== decode with the peers (release: 256-byte prefetch)"; grep -A6 "^| batch | cache len | ours TB/s" "$OUT/decode.log" | head -7
+    OUT="$OUT" bash scripts/gpu_tune_kvcache.sh 4,3,0 4,3,128 4,2,256 8,3,256 2>&1 | tee "$OUT/kvtune.txt"
+    TUNE_RELEASE_HDIMS=64,128 TUNE_SEQLENS=1k,4k,16k OUT="$OUT" bash scripts/gpu_tune.sh 128,64,4,2,0,256 \
+      64,128,4,2,0,256 128,64,4,2,0,128 64,128,4,2,0,128 2>&1 | tee "$OUT/fwdtune.txt" ;;
   fwd256)
     TUNE_RELEASE_HDIMS=256 TUNE_SEQLENS=512,1k,2k bash scripts/gpu_tune.sh 256,32,4,1,0 256,64,4,1,0 \
       2>&1 | tee "$OUT/pending.txt" | tail -40 ;;

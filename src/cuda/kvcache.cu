@@ -21,14 +21,20 @@ namespace {
 
 using sm80::KvCacheConfig;
 
-// KvCacheConfig<Element, head dim, warps, stages>: 4 warps take 64 keys per block. Shared
-// memory per CTA: 40 KiB at 64 (4 stages), 109 KiB at 128 (3 stages: two CTAs per SM on
-// the H200, 2 blocks = 64 KiB of K and V in flight per CTA), 144 KiB at 256 (2 stages). Then
-// smaller shapes for GPUs with less shared memory per block (fit.cuh).
+// KvCacheConfig<Element, head dim, warps, stages, L2 prefetch bytes>: 4 warps take 64 keys
+// per block. Shared memory per CTA: 40 KiB at 64 (4 stages), 109 KiB at 128 (3 stages: two
+// CTAs per SM on the H200, 2 blocks = 64 KiB of K and V in flight per CTA), 144 KiB at 256
+// (2 stages). Then smaller shapes for GPUs with less shared memory per block (fit.cuh).
+// The copies ask L2 to fetch the whole aligned 256 or 128 bytes around each miss
+// (ptx::cp_async_16), no more than a cache row holds (2 x the head-dim bucket bytes), since
+// the kernel reads every row whole; past that the neighbours belong to another kv head.
 template <typename E, int kHeadDim>
 struct TunedKvCache {
-  using Configs = Candidates<KvCacheConfig<E, kHeadDim, 4, (kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2)>,
-                             KvCacheConfig<E, kHeadDim, 4, 2>, KvCacheConfig<E, kHeadDim, 2, 2>>;
+  static constexpr int kRowBytes = kHeadDim * static_cast<int>(sizeof(E));
+  static constexpr int kL2Prefetch = kRowBytes >= 256 ? 256 : kRowBytes >= 128 ? 128 : 0;
+  using Configs =
+      Candidates<KvCacheConfig<E, kHeadDim, 4, (kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2), kL2Prefetch>,
+                 KvCacheConfig<E, kHeadDim, 4, 2, kL2Prefetch>, KvCacheConfig<E, kHeadDim, 2, 2, kL2Prefetch>>;
 };
 
 // Splits for num_splits = 0: as many as fit in one wave of CTAs over the SMs (rounded down:
@@ -126,14 +132,14 @@ KvCacheRun run_config(const KvCacheParams& kv) {
 }
 
 #ifdef FLASHATTN_SM80_TUNING
-// Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages" replaces the head-dim-128
-// shape, so that one GPU session can time several against the decode benchmark.
-template <typename Element, int kWarps, int kStages>
+// Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages,L2 prefetch bytes" replaces the
+// head-dim-128 shape, so that one GPU session can time several against the decode benchmark.
+template <typename Element, int kWarps, int kStages, int kL2Prefetch>
 bool try_tuning_candidate(const char* wanted, const KvCacheParams& kv, KvCacheRun& result) {
   char name[32];
-  std::snprintf(name, sizeof name, "%d,%d", kWarps, kStages);
+  std::snprintf(name, sizeof name, "%d,%d,%d", kWarps, kStages, kL2Prefetch);
   if (std::strcmp(name, wanted) != 0) return false;
-  result = run_config<KvCacheConfig<Element, 128, kWarps, kStages>>(kv);
+  result = run_config<KvCacheConfig<Element, 128, kWarps, kStages, kL2Prefetch>>(kv);
   return true;
 }
 
@@ -141,17 +147,15 @@ template <typename Element>
 bool run_tuning_candidate(const KvCacheParams& kv, KvCacheRun& result) {
   const char* wanted = std::getenv("FLASHATTN_KVCACHE_CONFIG");
   if (wanted == nullptr || head_dim_bucket(kv.attn.head_dim) != 128) return false;
-  if (try_tuning_candidate<Element, 4, 2>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 4, 3>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 4, 4>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 8, 2>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 8, 3>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 2, 4>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 2, 6>(wanted, kv, result))
+  if (try_tuning_candidate<Element, 4, 3, 0>(wanted, kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 128>(wanted, kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 256>(wanted, kv, result) ||
+      try_tuning_candidate<Element, 4, 2, 256>(wanted, kv, result) ||
+      try_tuning_candidate<Element, 8, 3, 256>(wanted, kv, result))
     return true;
   // A name that matches nothing must not time the release shape under its label.
   throw Error(ErrorCode::InvalidArgument, "FLASHATTN_KVCACHE_CONFIG",
-              "one of 4,2 4,3 4,4 8,2 8,3 2,4 2,6", wanted);
+              "one of 4,3,0 4,3,128 4,3,256 4,2,256 8,3,256", wanted);
 }
 #endif
 

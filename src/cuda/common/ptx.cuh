@@ -16,11 +16,23 @@ __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
 
 // Copies 16 bytes global -> shared asynchronously; with `valid` false it writes 16 zero bytes
 // instead (the source is not read), which is how tile padding and ragged edges are zeroed.
+// kL2PrefetchBytes (0, 128 or 256) asks L2 to fetch that much around the chunk on a miss: a
+// hint only (no effect on the result), for rows that are read whole right after.
+template <int kL2PrefetchBytes = 0>
 __device__ __forceinline__ void cp_async_16(uint32_t shared_dst, const void* global_src,
                                             bool valid) {
+  static_assert(kL2PrefetchBytes == 0 || kL2PrefetchBytes == 128 || kL2PrefetchBytes == 256,
+                "L2 prefetch sizes: 0, 128 or 256 bytes");
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
-               "l"(global_src), "r"(src_bytes));
+  if constexpr (kL2PrefetchBytes == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
+                 "l"(global_src), "r"(src_bytes));
+  else if constexpr (kL2PrefetchBytes == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
+                 "l"(global_src), "r"(src_bytes));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
+                 "l"(global_src), "r"(src_bytes));
 }
 // The same for 4 bytes (4-byte aligned), through L1: per-row scalars such as lse.
 __device__ __forceinline__ void cp_async_4(uint32_t shared_dst, const void* global_src, bool valid) {

@@ -32,7 +32,7 @@
 namespace flashattn::detail::cuda::sm80 {
 
 template <typename Element_, int kHeadDim_, int kBlockN_, int kWarps_, int kMTiles_,
-          bool kQInRegisters_>
+          bool kQInRegisters_, int kL2Prefetch_ = 0>
 struct ForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;  // the bucket: a multiple of 32
@@ -40,6 +40,7 @@ struct ForwardConfig {
   static constexpr int kWarps = kWarps_;
   static constexpr int kMTiles = kMTiles_;    // m16 tiles per warp
   static constexpr bool kQInRegisters = kQInRegisters_;  // else re-read at every k-step
+  static constexpr int kL2Prefetch = kL2Prefetch_;  // L2 prefetch hint of the K/V loads (bytes)
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kMTiles * kWarps;
   static constexpr int kRowStride = kHeadDim + 8;  // shared-memory row, in elements
@@ -95,7 +96,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + kBlockN - 1) / kBlockN);
 
   // Prologue: Q and the first K/V block.
-  const TileLoader<Cfg, kBlockN> k_loader(p.head_dim), v_loader(p.head_dim_v);
+  const TileLoader<Cfg, kBlockN, Cfg::kL2Prefetch> k_loader(p.head_dim), v_loader(p.head_dim_v);
   TileLoader<Cfg, kBlockM>(p.head_dim).load(sQ_address, q, p.q_row_stride, rows_here);
   if (n_blocks > 0) {
     k_loader.load(sK_address, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin);

@@ -36,12 +36,13 @@
 
 namespace flashattn::detail::cuda::sm80 {
 
-template <typename Element_, int kHeadDim_, int kWarps_, int kStages_>
+template <typename Element_, int kHeadDim_, int kWarps_, int kStages_, int kL2Prefetch_>
 struct KvCacheConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;  // the bucket: a multiple of 32
   static constexpr int kWarps = kWarps_;
   static constexpr int kStages = kStages_;    // shared-memory stages of K and V
+  static constexpr int kL2Prefetch = kL2Prefetch_;  // L2 prefetch hint of the K/V loads (bytes)
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16;          // packed query rows per CTA
   static constexpr int kWarpKeys = 16;        // keys per warp per block
@@ -309,8 +310,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
         const bool valid = in_range && chunk * 8 < p.head_dim;
         const uint32_t offset = (row * kRowStride + chunk * 8) * kElementBytes;
-        ptx::cp_async_16(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
-        ptx::cp_async_16(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
+        ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
+        ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
       }
     }
     if (kGeneral && kv.k_new != nullptr && seq.begin + j0 + kBlockN > cached_end) {

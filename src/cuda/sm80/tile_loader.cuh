@@ -17,7 +17,8 @@ namespace flashattn::detail::cuda::sm80 {
 // thread (its row, its columns, whether they lie inside head_dim) is computed once, so a
 // full tile costs one cp.async and one 64-bit add per chunk; only tiles at the end of a
 // sequence test rows. Rows from `valid_rows` on and columns from `head_dim` on are zero-filled.
-template <typename Cfg, int kRows>
+// kL2PrefetchBytes: the L2 prefetch hint of the copies (ptx::cp_async_16).
+template <typename Cfg, int kRows, int kL2PrefetchBytes = 0>
 struct TileLoader {
   static constexpr int kThreadsPerRow = Cfg::kChunksPerRow < 8 ? Cfg::kChunksPerRow : 8;
   static constexpr int kColumnPasses = (Cfg::kChunksPerRow + kThreadsPerRow - 1) / kThreadsPerRow;
@@ -56,7 +57,7 @@ struct TileLoader {
             chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
           continue;
         const bool valid = row_ok && ((column_valid >> c) & 1u);
-        ptx::cp_async_16(
+        ptx::cp_async_16<kL2PrefetchBytes>(
             thread_tile + (r * kRowsPerPass * Cfg::kRowStride + c * kThreadsPerRow * 8) * kElementBytes,
             valid ? thread_src + c * kThreadsPerRow * 8 : src, valid);
       }
