@@ -21,8 +21,8 @@
 #   scripts/gpu_pending.sh prefetch   L2 prefetch hints on the K/V copies: the tuning build with
 #                                     the CUDA kv-cache suite (its release kernel now asks for
 #                                     256-byte prefetches), memcheck, the decode benchmark with
-#                                     the peers, then ours only with 0/128/256 bytes and the
-#                                     forward at hdim 64/128 with 128/256 against none (~7 min)
+#                                     the peers, then ours only with 0/128 bytes and the
+#                                     forward at hdim 64/128 with 256 against none (~6 min)
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
 #   scripts/gpu_pending.sh fwd256     the forward at head dim 256, short sequences: the
@@ -82,9 +82,9 @@ case "$stage" in
     PYTHONUNBUFFERED=1 timeout 90 python3 bench/gpu_decode.py --lib build-tune/src/libflashattn_c.so \
       --page-size 256 --out "$OUT/decode" >"$OUT/decode.log" 2>&1
     echo "== decode with the peers (release: 256-byte prefetch)"; grep -A6 "^| batch | cache len | ours TB/s" "$OUT/decode.log" | head -7
-    OUT="$OUT" bash scripts/gpu_tune_kvcache.sh 4,3,0 4,3,128 4,2,256 8,3,256 2>&1 | tee "$OUT/kvtune.txt"
+    OUT="$OUT" bash scripts/gpu_tune_kvcache.sh 4,3,0 4,3,128 2>&1 | tee "$OUT/kvtune.txt"
     TUNE_RELEASE_HDIMS=64,128 TUNE_SEQLENS=1k,4k,16k OUT="$OUT" bash scripts/gpu_tune.sh 128,64,4,2,0,256 \
-      64,128,4,2,0,256 128,64,4,2,0,128 64,128,4,2,0,128 2>&1 | tee "$OUT/fwdtune.txt" ;;
+      64,128,4,2,0,256 2>&1 | tee "$OUT/fwdtune.txt" ;;
   fwd256)
     TUNE_RELEASE_HDIMS=256 TUNE_SEQLENS=512,1k,2k bash scripts/gpu_tune.sh 256,32,4,1,0 256,64,4,1,0 \
       2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
