@@ -23,6 +23,11 @@
 #                                     256-byte prefetches), memcheck, the decode benchmark with
 #                                     the peers, then ours only with 0/128 bytes and the
 #                                     forward at hdim 64/128 with 256 against none (~6 min)
+#   scripts/gpu_pending.sh bwd64      the backward at head dim 64 with FA2's shape (128 query rows
+#                                     per step; FLASHATTN_SM80_BWD_CONFIG=64,128,128,8 in the
+#                                     tuning build): the CUDA backward suite with it, memcheck and
+#                                     racecheck, then ours (release and candidate) against the
+#                                     peers at hdim 64 (~6 min)
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
 #   scripts/gpu_pending.sh fwd256     the forward at head dim 256, short sequences: the
@@ -71,6 +76,24 @@ case "$stage" in
     done
     TUNE_RELEASE_HDIMS=256 TUNE_SEQLENS=512,1k,2k bash scripts/gpu_tune.sh 256,32,4,1,0 256,64,4,1,0 \
       2>&1 | tee "$OUT/fwd256.txt" | tail -40 ;;
+  bwd64)
+    bash scripts/build_tuning.sh "$OUT/tune_build.log" test_backward_cuda || exit 1
+    export FLASHATTN_SM80_BWD_CONFIG=64,128,128,8
+    timeout 240 build-tune/tests/test_backward_cuda >"$OUT/bwd_tests.log" 2>&1
+    echo "test_backward_cuda with $FLASHATTN_SM80_BWD_CONFIG: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/bwd_tests.log" | tr '\n' ' '))"
+    grep -E '^\[  FAILED  \]' "$OUT/bwd_tests.log" | head -10
+    for tool in memcheck racecheck; do
+      timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 build-tune/tests/test_backward_cuda \
+        --gtest_filter='BackwardLong.*:*BackwardGrid*causal*' >"$OUT/bwd_$tool.log" 2>&1
+      echo "$tool: status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/bwd_$tool.log" | tail -1))"
+    done
+    PYTHONUNBUFFERED=1 timeout 150 python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so \
+      --out "$OUT/candidate" --hdims 64 --seqlens 1k,4k,16k --time-budget-s 120 >"$OUT/candidate.log" 2>&1
+    unset FLASHATTN_SM80_BWD_CONFIG
+    PYTHONUNBUFFERED=1 timeout 60 python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so \
+      --out "$OUT/release" --hdims 64 --seqlens 1k,4k,16k --skip-peers --time-budget-s 40 >"$OUT/release.log" 2>&1
+    echo "== hdim 64, 128 x 128 tiles, with the peers"; grep -E "^\| (hdim|64) \|" "$OUT/candidate/results.md" | head -7
+    echo "== hdim 64, release 64 x 128 tiles (ours only)"; grep -E "^\| 64 \|" "$OUT/release/results.md" | head -6 ;;
   prefetch)
     bash scripts/build_tuning.sh "$OUT/tune_build.log" test_kvcache_cuda || exit 1
     timeout 200 build-tune/tests/test_kvcache_cuda >"$OUT/kv_tests.log" 2>&1

@@ -22,6 +22,11 @@
 #include "cuda/sm80/backward_configs.cuh"
 
 namespace flashattn::detail::cuda {
+#ifdef FLASHATTN_SM80_TUNING
+namespace sm80 {
+bool run_backward_tuning_candidate(const BackwardKernelParams& kp);  // backward_tuning.cu
+}
+#endif
 namespace {
 
 constexpr int kRowsPerCta = 16;   // preprocess / convert: 8 threads per row, 16-byte chunks
@@ -120,7 +125,10 @@ void run_all(const sm80::BackwardKernelParams& kp) {
   constexpr int kThreads = kRowsPerCta * kThreadsPerRow;
   if (p.seqlen_q > 0)
     backward_preprocess_kernel<Element><<<rows_grid, kThreads, 0, stream>>>(kp);
-  run_bucket<Element>(kp);
+#ifdef FLASHATTN_SM80_TUNING
+  if (!sm80::run_backward_tuning_candidate(kp))
+#endif
+    run_bucket<Element>(kp);
   if (kp.dq_accum != nullptr && p.seqlen_q > 0)
     backward_convert_dq_kernel<Element><<<rows_grid, kThreads, 0, stream>>>(kp);
 }
