@@ -659,6 +659,38 @@ TEST(KvCache, OddHeadDims) {
   }
 }
 
+// A plain decoding step (no append, rotary, softcap or ALiBi: the CUDA kernel's plain
+// variant) over sequences of many key blocks, so that every shared-memory stage is reused
+// several times, in each row addressing: dense with left padding, pages of 16
+// (a lookup per row), pages of 64 and 256 without left padding (a lookup per 64-key block).
+TEST(KvCachePlain, LongSequencesInEveryLayout) {
+  struct PlainLayout {
+    const char* name;
+    int64_t page_size;
+    bool leftpad;
+  };
+  for (const PlainLayout layout : {PlainLayout{"dense", 0, true}, PlainLayout{"page 16", 16, true},
+                                   PlainLayout{"page 64", 64, false}, PlainLayout{"page 256", 256, false}}) {
+    for (int64_t d : {40, 128, 256}) {
+      for (int32_t splits : {1, 3}) {
+        KvCase c;
+        c.name = std::string("plain ") + layout.name;
+        c.seqlens = {700, 1000, 63};
+        c.seqlen_new = 0;
+        c.heads = 8;
+        c.heads_k = 2;
+        c.head_dim = d;
+        c.dtype = d == 128 ? DType::Float16 : DType::BFloat16;
+        c.page_size = layout.page_size;
+        c.leftpad = layout.leftpad;
+        c.mask = kMasks[splits == 1 ? 0 : 2];  // none, sliding
+        c.num_splits = splits;
+        run_and_check(c);
+      }
+    }
+  }
+}
+
 // A cache read (no append) may share rows between sequences: cache_batch_idx repeats, pages
 // of a common prefix appear in several block-table rows.
 TEST(KvCache, SharedRowsAndPagesWithoutAppend) {
