@@ -2,7 +2,7 @@
 # Writes a clean copy of a commit (HEAD, or the branch/commit given) plus the carried build
 # dependencies to .snap/ of this checkout, for device runs: the device copies the working
 # tree, which may hold unfinished edits, and only the main checkout's (so a branch is
-# snapshotted from here: `scripts/device_snapshot.sh gpu-pending`).
+# snapshotted from here: `scripts/device_snapshot.sh some-branch`).
 # Then: run with carry [".snap"] and a command starting `cd .snap && ...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
