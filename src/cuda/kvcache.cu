@@ -1,8 +1,8 @@
-// The KV-cache forward on CUDA (host side): tile shapes per head-dim bucket, the number of
-// key splits, the partial-result workspace, and the two launches (sm80/kvcache_kernel.cuh).
+// The KV-cache forward on CUDA (host side): the dispatch to the (dtype, head-dim bucket)
+// instantiations (sm80/kvcache_configs.cuh, one generated file each) and, in tuning builds,
+// the candidate shapes that FLASHATTN_KVCACHE_CONFIG selects.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,128 +10,15 @@
 
 #include "cuda/common/buckets.hpp"
 #include "cuda/common/grid.hpp"
-#include "cuda/common/fit.cuh"
-#include "cuda/common/stream_allocation.hpp"
-#include "cuda/devices.hpp"
 #include "cuda/kvcache.hpp"
-#include "cuda/sm80/kvcache_kernel.cuh"
+#include "cuda/sm80/kvcache_configs.cuh"
 
 namespace flashattn::detail::cuda {
 namespace {
 
+#ifdef FLASHATTN_SM80_TUNING
 using sm80::KvCacheConfig;
 
-// KvCacheConfig<Element, head dim, warps, stages, L2 prefetch bytes>: 4 warps take 64 keys
-// per block. Shared memory per CTA: 40 KiB at 64 (4 stages), 109 KiB at 128 (3 stages: two
-// CTAs per SM on the H200, 2 blocks = 64 KiB of K and V in flight per CTA), 144 KiB at 256
-// (2 stages). Then smaller shapes for GPUs with less shared memory per block (fit.cuh).
-// The copies ask L2 to fetch the whole aligned 256 or 128 bytes around each miss
-// (ptx::cp_async_16), no more than a cache row holds (2 x the head-dim bucket bytes), since
-// the kernel reads every row whole; past that the neighbours belong to another kv head.
-template <typename E, int kHeadDim>
-struct TunedKvCache {
-  static constexpr int kRowBytes = kHeadDim * static_cast<int>(sizeof(E));
-  static constexpr int kL2Prefetch = kRowBytes >= 256 ? 256 : kRowBytes >= 128 ? 128 : 0;
-  using Configs =
-      Candidates<KvCacheConfig<E, kHeadDim, 4, (kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2), kL2Prefetch>,
-                 KvCacheConfig<E, kHeadDim, 4, 2, kL2Prefetch>, KvCacheConfig<E, kHeadDim, 2, 2, kL2Prefetch>>;
-};
-
-// Splits for num_splits = 0: as many as fit in one wave of CTAs over the SMs (rounded down:
-// a second, partial wave would double the time of the last CTAs), each split keeping at
-// least four key blocks of the largest sequence the cache can hold (fewer blocks per split
-// would spend more on the combine than the extra parallelism gives back).
-int choose_splits(int64_t ctas, int64_t ctas_per_wave, int64_t capacity_blocks) {
-  if (ctas <= 0 || ctas_per_wave <= 0 || ctas * 5 >= ctas_per_wave * 4) return 1;
-  int64_t splits = std::max<int64_t>(1, ctas_per_wave / ctas);
-  splits = std::min<int64_t>(splits, std::max<int64_t>(1, capacity_blocks / 4));
-  return static_cast<int>(std::min<int64_t>(splits, 128));
-}
-
-// CTAs of `kernel` (one variant of config Cfg) that fit on one SM of the current device.
-template <typename Cfg, typename Kernel>
-int resident_ctas(Kernel kernel) {
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSharedBytes) !=
-      cudaSuccess) {
-    cudaGetLastError();
-    n = 1;
-  }
-  return std::max(n, 1);
-}
-
-template <typename Cfg>
-KvCacheRun run_config(const KvCacheParams& kv) {
-  const ForwardParams& p = kv.attn;
-  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  if (Cfg::kSharedBytes > 48 * 1024) {
-    static const bool attributes_set = [] {
-      cudaFuncSetAttribute(sm80::kvcache_kernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           Cfg::kSharedBytes);
-      cudaFuncSetAttribute(sm80::kvcache_kernel<Cfg, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           Cfg::kSharedBytes);
-      return true;  // a failure shows up as a launch error
-    }();
-    (void)attributes_set;
-  }
-  // The plain variant when the call has no append, rotary, ALiBi or softcap (kvcache_kernel).
-  const bool general = kv.k_new != nullptr || kv.rotary_cos != nullptr ||
-                       p.alibi_slopes != nullptr || p.softcap > 0.0f;
-  const auto kernel = general ? sm80::kvcache_kernel<Cfg, true> : sm80::kvcache_kernel<Cfg, false>;
-  sm80::KvCacheKernelParams kp;
-  kp.kv = kv;
-  const int64_t rows = p.seqlen_q * p.group_size();
-  kp.row_blocks = static_cast<int32_t>(std::max<int64_t>(1, (rows + Cfg::kBlockM - 1) / Cfg::kBlockM));
-  check_grid_extent(int64_t{p.heads_k} * kp.row_blocks,
-                    "at most 65535 (kv heads x blocks of 16 packed query rows)",
-                    std::to_string(int64_t{p.heads_k} * kp.row_blocks));
-  kp.num_splits = kv.num_splits;
-  if (kp.num_splits == 0) {
-    // Per variant: the plain one may need fewer registers and so fit more CTAs per SM.
-    static const int plain_ctas_per_sm = resident_ctas<Cfg>(sm80::kvcache_kernel<Cfg, false>);
-    static const int general_ctas_per_sm = resident_ctas<Cfg>(sm80::kvcache_kernel<Cfg, true>);
-    const int ctas_per_sm = general ? general_ctas_per_sm : plain_ctas_per_sm;
-    const int64_t ctas = int64_t{p.batch} * p.heads_k * kp.row_blocks;
-    kp.num_splits = choose_splits(ctas, int64_t{multiprocessor_count()} * ctas_per_sm,
-                                  (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
-  }
-  // An explicit count is honoured as given (splits past the last key block only merge an
-  // empty partial: out 0 with weight 0).
-
-  const int64_t out_rows = int64_t{p.batch} * p.heads * p.seqlen_q;
-  const size_t partial_bytes =
-      kp.num_splits > 1 ? static_cast<size_t>(kp.num_splits) * out_rows * (p.head_dim + 1) * sizeof(float)
-                        : 0;
-  StreamAllocation workspace(partial_bytes, stream, "kv-cache split workspace");
-  if (partial_bytes > 0) {
-    kp.partial_out = static_cast<float*>(workspace.data());
-    kp.partial_lse = kp.partial_out + static_cast<int64_t>(kp.num_splits) * out_rows * p.head_dim;
-  }
-  const dim3 grid(static_cast<unsigned>(kp.num_splits),
-                  static_cast<unsigned>(int64_t{p.heads_k} * kp.row_blocks),
-                  static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(kp);
-  throw_if_failed(cudaGetLastError(), "a successful kv-cache kernel launch");
-  if (kp.num_splits > 1 && out_rows > 0) {
-    // On sm_90 the combine is a programmatic dependent launch: its launch overlaps the split
-    // kernel's tail instead of following its end (a few microseconds of a decoding step that
-    // takes tens).
-    cudaLaunchConfig_t combine = {};
-    combine.gridDim = dim3(static_cast<unsigned>(out_rows));
-    combine.blockDim = dim3(32 * sm80::kCombineWarps);
-    combine.stream = stream;
-    cudaLaunchAttribute overlap[1];
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    combine.attrs = overlap;
-    combine.numAttrs = compute_capability() >= 90 ? 1 : 0;
-    throw_if_failed(cudaLaunchKernelEx(&combine, sm80::kvcache_combine_kernel<typename Cfg::Element>, kp),
-                    "a successful kv-cache combine launch");
-  }
-  return KvCacheRun{partial_bytes, kp.num_splits};
-}
-
-#ifdef FLASHATTN_SM80_TUNING
 // Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages,L2 prefetch bytes" replaces the
 // head-dim-128 shape, so that one GPU session can time several against the decode benchmark.
 template <typename Element, int kWarps, int kStages, int kL2Prefetch>
@@ -139,7 +26,7 @@ bool try_tuning_candidate(const char* wanted, const KvCacheParams& kv, KvCacheRu
   char name[32];
   std::snprintf(name, sizeof name, "%d,%d,%d", kWarps, kStages, kL2Prefetch);
   if (std::strcmp(name, wanted) != 0) return false;
-  result = run_config<KvCacheConfig<Element, 128, kWarps, kStages, kL2Prefetch>>(kv);
+  result = sm80::launch_kvcache<KvCacheConfig<Element, 128, kWarps, kStages, kL2Prefetch>>(kv);
   return true;
 }
 
@@ -166,9 +53,7 @@ KvCacheRun run_dtype(const KvCacheParams& kv) {
   if (run_tuning_candidate<Element>(kv, result)) return result;
 #endif
   with_head_dim_bucket(kv.attn.head_dim, [&](auto bucket) {
-    launch_first_fitting(typename TunedKvCache<Element, decltype(bucket)::value>::Configs{},
-                         kv.attn.head_dim, "kv-cache",
-                         [&](auto config) { result = run_config<decltype(config)>(kv); });
+    result = sm80::run_kvcache<Element, decltype(bucket)::value>(kv);
   });
   return result;
 }
