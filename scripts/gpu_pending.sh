@@ -19,10 +19,15 @@
 #                                     tuning build): the CUDA backward suite with it, memcheck and
 #                                     racecheck, then ours (release and candidate) against the
 #                                     peers at hdim 64 (~6 min)
+#   scripts/gpu_pending.sh fwd1stage  the forward with single-buffered K and V (FA2's schedule:
+#                                     two CTAs per SM at hdim 256 with 64 x 64 tiles): the CUDA
+#                                     forward suite and sanitizers forced onto the hdim-256
+#                                     candidate (it serves every head dim), then ours against
+#                                     the release shapes at hdim 256 and 128 (~7 min)
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile or bwd64}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, bwd64 or fwd1stage}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
@@ -64,6 +69,21 @@ case "$stage" in
       --out "$OUT/release" --hdims 64 --seqlens 1k,4k,16k --skip-peers --time-budget-s 40 >"$OUT/release.log" 2>&1
     echo "== hdim 64, 128 x 128 tiles, with the peers"; grep -E "^\| (hdim|64) \|" "$OUT/candidate/results.md" | head -7
     echo "== hdim 64, release 64 x 128 tiles (ours only)"; grep -E "^\| 64 \|" "$OUT/release/results.md" | head -6 ;;
+  fwd1stage)
+    bash scripts/build_tuning.sh "$OUT/tune_build.log" test_forward_cuda || exit 1
+    export FLASHATTN_SM80_CONFIG=256,64,4,1,0,s1
+    timeout 200 build-tune/tests/test_forward_cuda >"$OUT/fwd_tests.log" 2>&1
+    echo "test_forward_cuda with $FLASHATTN_SM80_CONFIG: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/fwd_tests.log" | tr '\n' ' '))"
+    grep -E '^\[  FAILED  \]' "$OUT/fwd_tests.log" | head -10
+    filter='*FeatureGrid*sliding_softcap*:*FeatureGrid*band_alibi*:EdgeCases.*:Varlen.EmptySequencesAndEveryFeature:*HeadDims*/40:*HeadDims*/256'
+    for tool in memcheck racecheck; do
+      timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 build-tune/tests/test_forward_cuda \
+        --gtest_filter="$filter" >"$OUT/fwd_$tool.log" 2>&1
+      echo "$tool: status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/fwd_$tool.log" | tail -1))"
+    done
+    unset FLASHATTN_SM80_CONFIG
+    TUNE_RELEASE_HDIMS=256,128 TUNE_SEQLENS=512,1k,2k,4k,16k timeout 200 bash scripts/gpu_tune.sh \
+      256,64,4,1,0,s1 256,32,4,1,0,s1 128,64,4,2,0,s1 ;;
   profiles)
     { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } \
       2>&1 | tee "$OUT/pending.txt" | tail -70

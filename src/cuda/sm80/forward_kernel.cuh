@@ -4,7 +4,7 @@
 // kMTiles m16 tiles of them for the whole kernel, so the softmax statistics of a row never
 // leave the four lanes that hold it. The CTA walks the key blocks its rows can see, kBlockN
 // keys at a time, with K and V double-buffered in shared memory (cp.async prefetches block
-// n+1 while block n is computed):
+// n+1 while block n is computed; or single-buffered, Cfg::kKvStages):
 //
 //   S = Q K^T          mma.sync; each K fragment read from shared memory feeds kMTiles MMAs
 //   softcap / ALiBi / mask (the mask only on blocks that are not fully visible)
@@ -32,7 +32,7 @@
 namespace flashattn::detail::cuda::sm80 {
 
 template <typename Element_, int kHeadDim_, int kBlockN_, int kWarps_, int kMTiles_,
-          bool kQInRegisters_, int kL2Prefetch_ = 0>
+          bool kQInRegisters_, int kL2Prefetch_ = 0, int kKvStages_ = 2>
 struct ForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;  // the bucket: a multiple of 32
@@ -41,14 +41,19 @@ struct ForwardConfig {
   static constexpr int kMTiles = kMTiles_;    // m16 tiles per warp
   static constexpr bool kQInRegisters = kQInRegisters_;  // else re-read at every k-step
   static constexpr int kL2Prefetch = kL2Prefetch_;  // L2 prefetch hint of the K/V loads (bytes)
+  // 2: K and V of block n + 1 load while block n is computed (double-buffered).
+  // 1: one buffer each, FA2's schedule: V(n) loads during S = Q K(n)^T, K(n + 1) during the
+  //    softmax and P V(n). Half the K/V shared memory, so that two CTAs fit per SM.
+  static constexpr int kKvStages = kKvStages_;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kMTiles * kWarps;
   static constexpr int kRowStride = kHeadDim + 8;  // shared-memory row, in elements
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
   static constexpr int kSharedBytes =
-      (kBlockM + 2 * 2 * kBlockN) * kRowStride * static_cast<int>(sizeof(Element));
+      (kBlockM + kKvStages * 2 * kBlockN) * kRowStride * static_cast<int>(sizeof(Element));
   static constexpr int kMaxSharedBytes = kSharedBytes;  // what the device must allow
   static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shapes");
+  static_assert(kKvStages == 1 || kKvStages == 2, "K/V stages");
 };
 
 // kGeneral: softcap, ALiBi, a non-positive scale or dropout may occur. Without them (the
@@ -66,13 +71,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   constexpr int kOTiles = kHeadDim / 8;    // n8 tiles of O per m-tile
   constexpr float kLog2e = 1.4426950408889634f;
 
-  // Shared memory: Q (kBlockM rows), then K and V (kBlockN rows each, two stages each).
+  // Shared memory: Q (kBlockM rows), then K and V (kBlockN rows each, kKvStages stages each).
   extern __shared__ __align__(16) unsigned char shared_raw[];
   constexpr uint32_t kElementBytes = sizeof(Element);
   constexpr uint32_t kStageBytes = kBlockN * kRowStride * kElementBytes;
   const uint32_t sQ_address = ptx::shared_address(shared_raw);
   const uint32_t sK_address = sQ_address + kBlockM * kRowStride * kElementBytes;
-  const uint32_t sV_address = sK_address + 2 * kStageBytes;
+  const uint32_t sV_address = sK_address + Cfg::kKvStages * kStageBytes;
+  constexpr bool kDoubleBuffered = Cfg::kKvStages == 2;
 
   // Heavier (later, under causal masks) query blocks first, for a better tail.
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -95,12 +101,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int n_blocks =
       keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + kBlockN - 1) / kBlockN);
 
-  // Prologue: Q and the first K/V block.
+  // Prologue: Q and the first K block (and V block, double-buffered).
   const TileLoader<Cfg, kBlockN, Cfg::kL2Prefetch> k_loader(p.head_dim), v_loader(p.head_dim_v);
   TileLoader<Cfg, kBlockM>(p.head_dim).load(sQ_address, q, p.q_row_stride, rows_here);
   if (n_blocks > 0) {
     k_loader.load(sK_address, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin);
-    v_loader.load(sV_address, v + keys.begin * p.v_row_stride, p.v_row_stride, keys.end - keys.begin);
+    if (kDoubleBuffered)
+      v_loader.load(sV_address, v + keys.begin * p.v_row_stride, p.v_row_stride, keys.end - keys.begin);
   }
   ptx::cp_async_commit();
 
@@ -153,11 +160,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   };
 
   for (int n = 0; n < n_blocks; ++n) {
-    const int stage = n & 1;
+    const int stage = kDoubleBuffered ? n & 1 : 0;
     const int64_t j0 = keys.begin + int64_t{n} * kBlockN;
     ptx::cp_async_wait<0>();
-    __syncthreads();  // block n has landed, and every warp is done with block n - 1
-    if (n + 1 < n_blocks) {  // prefetch block n + 1 into the other stage
+    __syncthreads();  // K(n) (and V(n)) have landed, and every warp is done with block n - 1
+    if (!kDoubleBuffered) {
+      v_loader.load(sV_address, v + j0 * p.v_row_stride, p.v_row_stride, keys.end - j0);
+    } else if (n + 1 < n_blocks) {  // prefetch block n + 1 into the other stage
       const int64_t j1 = j0 + kBlockN;
       k_loader.load(sK_address + (stage ^ 1) * kStageBytes, k + j1 * p.k_row_stride,
                     p.k_row_stride, keys.end - j1);
@@ -236,6 +245,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
               if (c < lo || c >= hi) s[mt][t][2 * r + e] = -INFINITY;
             }
         }
+    }
+
+    if (!kDoubleBuffered) {
+      ptx::cp_async_wait<0>();
+      __syncthreads();  // V(n) has landed, and every warp is done with K(n)
+      if (n + 1 < n_blocks) {
+        const int64_t j1 = j0 + kBlockN;
+        k_loader.load(sK_address, k + j1 * p.k_row_stride, p.k_row_stride, keys.end - j1);
+      }
+      ptx::cp_async_commit();
     }
 
     // Online softmax: new running max per row (across the lane quad), rescale, exponentiate.

@@ -1,8 +1,10 @@
 // Tuning builds only (-DFLASHATTN_SM80_TUNING=ON): extra tile configurations of the sm80
 // forward kernel, selected at run time by FLASHATTN_SM80_CONFIG="headdim,keys,warps,mtiles,qregs"
 // (for example "128,64,8,1,1"; with ",128" or ",256" appended, an L2 prefetch hint of that
-// many bytes on the K and V loads), so that one GPU session can time several candidates on the
-// whole benchmark grid. Release builds never compile or consult this.
+// many bytes on the K and V loads; with ",s1" appended, one K/V buffer each instead of two),
+// so that one GPU session can time several candidates on the whole benchmark grid. A
+// candidate serves every call, so it is meaningful for head dims up to its own: one built for
+// 256 runs (and so can be tested on) every head dim. Release builds never compile or consult this.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,17 +14,19 @@
 namespace flashattn::detail::cuda::sm80 {
 namespace {
 
-// The name: "D,N,W,M,Q", and ",P" after it for an L2 prefetch hint of P bytes on K and V.
-template <int D, int N, int W, int M, bool Q, int P = 0>
+// The name: "D,N,W,M,Q", then ",P" for an L2 prefetch hint of P bytes on K and V, then ",s1"
+// for single-buffered K and V.
+template <int D, int N, int W, int M, bool Q, int P = 0, int S = 2>
 bool try_candidate(const char* wanted, const ForwardParams& p) {
   char name[64];
   std::snprintf(name, sizeof name, "%d,%d,%d,%d,%d", D, N, W, M, Q ? 1 : 0);
   if (P != 0) std::snprintf(name + std::strlen(name), sizeof name - std::strlen(name), ",%d", P);
+  if (S != 2) std::snprintf(name + std::strlen(name), sizeof name - std::strlen(name), ",s%d", S);
   if (std::strcmp(name, wanted) != 0) return false;
   if (p.dtype == DType::Float16)
-    launch_forward<ForwardConfig<__half, D, N, W, M, Q, P>>(p);
+    launch_forward<ForwardConfig<__half, D, N, W, M, Q, P, S>>(p);
   else
-    launch_forward<ForwardConfig<__nv_bfloat16, D, N, W, M, Q, P>>(p);
+    launch_forward<ForwardConfig<__nv_bfloat16, D, N, W, M, Q, P, S>>(p);
   return true;
 }
 
@@ -31,7 +35,10 @@ bool try_candidate(const char* wanted, const ForwardParams& p) {
 bool run_tuning_candidate(const ForwardParams& p) {
   const char* wanted = std::getenv("FLASHATTN_SM80_CONFIG");
   if (wanted == nullptr) return false;
-  return try_candidate<64, 128, 4, 2, false, 128>(wanted, p) ||
+  return try_candidate<256, 64, 4, 1, false, 0, 1>(wanted, p) ||
+         try_candidate<256, 32, 4, 1, false, 0, 1>(wanted, p) ||
+         try_candidate<128, 64, 4, 2, false, 0, 1>(wanted, p) ||
+         try_candidate<64, 128, 4, 2, false, 128>(wanted, p) ||
          try_candidate<64, 128, 4, 2, false, 256>(wanted, p) ||
          try_candidate<128, 64, 4, 2, false, 128>(wanted, p) ||
          try_candidate<128, 64, 4, 2, false, 256>(wanted, p) ||
