@@ -24,10 +24,13 @@
 #                                     forward suite and sanitizers forced onto the hdim-256
 #                                     candidate (it serves every head dim), then ours against
 #                                     the release shapes at hdim 256 and 128 (~7 min)
+#   scripts/gpu_pending.sh order      what `both` runs for the backward (GPU tests, sanitizers,
+#                                     backward benchmark at hdim 256, 128, 64), then the forward
+#                                     benchmark with the peers (512..16k without 8k; ~9 min)
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, bwd64 or fwd1stage}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, bwd64, fwd1stage or order}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
@@ -69,6 +72,15 @@ case "$stage" in
       --out "$OUT/release" --hdims 64 --seqlens 1k,4k,16k --skip-peers --time-budget-s 40 >"$OUT/release.log" 2>&1
     echo "== hdim 64, 128 x 128 tiles, with the peers"; grep -E "^\| (hdim|64) \|" "$OUT/candidate/results.md" | head -7
     echo "== hdim 64, release 64 x 128 tiles (ours only)"; grep -E "^\| 64 \|" "$OUT/release/results.md" | head -6 ;;
+  order)
+    BWD_HDIMS=256,128,64 bash scripts/gpu_try_backward.sh >"$OUT/pending.txt" 2>&1
+    PYTHONUNBUFFERED=1 timeout 230 python3 bench/gpu_forward.py --lib build-gpu/src/libflashattn_c.so \
+      --out "$OUT/forward" --seqlens 512,1k,2k,4k,16k --time-budget-s 180 >"$OUT/bench_forward.log" 2>&1
+    echo "bench forward: status $?"
+    grep -E "status|passed|min ours" "$OUT/pending.txt" | head -20
+    grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/pending.txt" | head -20
+    grep -A32 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -32
+    grep "min ours" "$OUT/forward/results.md" ;;
   fwd1stage)
     bash scripts/build_tuning.sh "$OUT/tune_build.log" test_forward_cuda || exit 1
     export FLASHATTN_SM80_CONFIG=256,64,4,1,0,s1

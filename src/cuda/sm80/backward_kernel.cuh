@@ -39,6 +39,7 @@
 #include "common/params.hpp"
 #include "common/philox.hpp"
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/tile_order.cuh"
 #include "cuda/devices.hpp"
 #include "cuda/sm80/tile_loader.cuh"
 
@@ -351,7 +352,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   float* sD = sLse + 2 * kBlockM;                                     // 2 stages
   float* sDqStaging = sD + 2 * kBlockM;  // kp.bulk_dq only: Cfg::kDqStagingBytes (see below)
 
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  // Heavier (earlier, under causal masks) key blocks first, across the key/value heads
+  // (cuda/common/tile_order.cuh), for a shorter tail.
+  const int n_block = tile_rank(), hk = tile_head(), b = tile_batch();
   const SequenceView seq = sequence_view(p, b);
   // Keys past seqused_k take no part but are still this CTA's to write (with zeros).
   const int64_t stored_k =
@@ -612,9 +615,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   float* sLse = reinterpret_cast<float*>(sdS + kBlockM * kPStride);
   float* sD = sLse + kBlockM;
 
-  // Heavier (later, under causal masks) query blocks first, for a better tail.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
+  // Heavier (later, under causal masks) query blocks first, across the heads
+  // (cuda/common/tile_order.cuh), for a shorter tail.
+  const int m_block = tile_blocks() - 1 - tile_rank();
+  const int h = tile_head(), b = tile_batch();
   const SequenceView seq = sequence_view(p, b);
   const int64_t m0 = int64_t{m_block} * kBlockM;
   if (m0 >= seq.seqlen_q) return;
@@ -773,13 +777,11 @@ void launch_backward(const BackwardKernelParams& kp) {
   const auto dkdv_kernel = general ? backward_dkdv_kernel<Cfg, true> : backward_dkdv_kernel<Cfg, false>;
   const auto dq_kernel = general ? backward_dq_kernel<Cfg, true> : backward_dq_kernel<Cfg, false>;
   if (p.seqlen_k > 0) {
-    const dim3 grid(static_cast<unsigned>((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN),
-                    static_cast<unsigned>(p.heads_k), static_cast<unsigned>(p.batch));
+    const dim3 grid = attention_grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_k, p.batch);
     dkdv_kernel<<<grid, Cfg::kThreads, dkdv_bytes, stream>>>(run);
   }
   if (kp.bp.deterministic && p.seqlen_q > 0) {
-    const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
-                    static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+    const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch);
     dq_kernel<<<grid, Cfg::kThreads, Cfg::kDqSharedBytes, stream>>>(kp);
   }
 }

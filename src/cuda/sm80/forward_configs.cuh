@@ -37,10 +37,15 @@ template <typename E> struct TunedForward<E, 96> {
 template <typename E> struct TunedForward<E, 128> {
   using Configs = Candidates<ForwardConfig<E, 128, 64, 4, 2, false>, ForwardConfig<E, 128, 32, 4, 2, false>>;
 };
-// 160..256: O alone would exceed the register file with two m-tiles, so one m-tile per warp
+// 160..224: O alone would exceed the register file with two m-tiles, so one m-tile per warp
 // and 8 warps keep the 128-row CTA (K/V read from L2 once per 128 query rows). 64-key steps
-// halve the syncs and O rescales of 32-key steps; at 256, Q + 2 stages of K and V take
-// 203 KiB of shared memory: one CTA (8 warps) per SM.
+// halve the syncs and O rescales of 32-key steps.
+// 256: FA2's H100 shape and schedule: 64-row CTAs of 4 warps, 64-key steps, one K and one V
+// buffer (V(n) loads during Q K(n)^T, K(n+1) during the softmax and P V(n)): 99 KiB of
+// shared memory, so two CTAs share an SM and one's softmax overlaps the other's MMAs.
+// Measured on the H200 (2026-11-30, gpu_pending.sh fwd1stage) against the 128-row shape with
+// double-buffered K/V (one CTA of 8 warps per SM): +4 to +12 % non-causal, +8 to +12 %
+// causal up to 4k, -6 % causal at 16k (docs/PERFORMANCE.md); no spill (ptxas, sm_90a).
 template <typename E> struct TunedForward<E, 160> {
   using Configs = Candidates<ForwardConfig<E, 160, 64, 8, 1, false>, ForwardConfig<E, 160, 32, 8, 1, false>>;
 };
@@ -52,7 +57,7 @@ template <typename E> struct TunedForward<E, 224> {
                                          ForwardConfig<E, 224, 32, 4, 1, false>>;
 };
 template <typename E> struct TunedForward<E, 256> {
-  using Configs = Candidates<ForwardConfig<E, 256, 64, 8, 1, false>, ForwardConfig<E, 256, 32, 8, 1, false>,
+  using Configs = Candidates<ForwardConfig<E, 256, 64, 4, 1, false, 0, 1>, ForwardConfig<E, 256, 32, 8, 1, false>,
                                          ForwardConfig<E, 256, 32, 4, 1, false>>;
 };
 

@@ -27,6 +27,7 @@
 #include "common/params.hpp"
 #include "common/philox.hpp"
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/tile_order.cuh"
 #include "cuda/sm80/tile_loader.cuh"
 
 namespace flashattn::detail::cuda::sm80 {
@@ -80,9 +81,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint32_t sV_address = sK_address + Cfg::kKvStages * kStageBytes;
   constexpr bool kDoubleBuffered = Cfg::kKvStages == 2;
 
-  // Heavier (later, under causal masks) query blocks first, for a better tail.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
+  // Heavier (later, under causal masks) query blocks first, across the heads
+  // (cuda/common/tile_order.cuh), for a shorter tail.
+  const int m_block = tile_blocks() - 1 - tile_rank();
+  const int h = tile_head(), b = tile_batch();
   const SequenceView seq = sequence_view(p, b);
   const int64_t m0 = int64_t{m_block} * kBlockM;
   if (m0 >= seq.seqlen_q) return;
@@ -396,8 +398,7 @@ void launch_forward(const ForwardParams& p) {
     }();
     (void)attributes_set;
   }
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
-                  static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+  const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(p);
 }
 

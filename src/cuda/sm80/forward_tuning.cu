@@ -53,6 +53,7 @@ bool run_tuning_candidate(const ForwardParams& p) {
          try_candidate<256, 32, 8, 1, false>(wanted, p) ||
          try_candidate<256, 64, 4, 1, false>(wanted, p) ||
          try_candidate<192, 32, 4, 1, false>(wanted, p) ||
+         try_candidate<256, 64, 8, 1, false>(wanted, p) ||
          try_candidate<256, 64, 8, 1, true>(wanted, p) ||
          try_candidate<256, 32, 8, 1, true>(wanted, p) ||
          try_candidate<192, 64, 8, 1, true>(wanted, p);
