@@ -27,10 +27,12 @@
 #   scripts/gpu_pending.sh order      what `both` runs for the backward (GPU tests, sanitizers,
 #                                     backward benchmark at hdim 256, 128, 64), then the forward
 #                                     benchmark with the peers (512..16k without 8k; ~9 min)
+#   scripts/gpu_pending.sh verify     the tests of more blocks than a grid's y extent (8.4 M
+#                                     query rows, 8.4 M keys), then what bwd64 runs (~8 min)
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, bwd64, fwd1stage or order}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, bwd64, fwd1stage, order or verify}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
@@ -54,10 +56,19 @@ case "$stage" in
     done ;;
   kvtune)
     bash scripts/gpu_tune_kvcache.sh 2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
+  verify)
+    bash scripts/build_tuning.sh "$OUT/tune_build.log" test_forward_cuda test_backward_cuda || exit 1
+    start=$(date +%s)
+    timeout 120 build-tune/tests/test_forward_cuda --gtest_filter='EdgeCases.MoreQueryBlocks*' >"$OUT/big_forward.log" 2>&1
+    echo "forward, more query blocks than grid y: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/big_forward.log" | tr '\n' ' ')) $(( $(date +%s) - start )) s"
+    start=$(date +%s)
+    timeout 150 build-tune/tests/test_backward_cuda --gtest_filter='CudaBackward.MoreBlocks*' >"$OUT/big_backward.log" 2>&1
+    echo "backward, more blocks than grid y: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/big_backward.log" | tr '\n' ' ')) $(( $(date +%s) - start )) s"
+    ;&
   bwd64)
     bash scripts/build_tuning.sh "$OUT/tune_build.log" test_backward_cuda || exit 1
     export FLASHATTN_SM80_BWD_CONFIG=64,128,128,8
-    timeout 240 build-tune/tests/test_backward_cuda >"$OUT/bwd_tests.log" 2>&1
+    timeout 200 build-tune/tests/test_backward_cuda --gtest_filter='-*MoreBlocks*' >"$OUT/bwd_tests.log" 2>&1
     echo "test_backward_cuda with $FLASHATTN_SM80_BWD_CONFIG: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/bwd_tests.log" | tr '\n' ' '))"
     grep -E '^\[  FAILED  \]' "$OUT/bwd_tests.log" | head -10
     for tool in memcheck racecheck; do
@@ -66,7 +77,7 @@ case "$stage" in
       echo "$tool: status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/bwd_$tool.log" | tail -1))"
     done
     PYTHONUNBUFFERED=1 timeout 150 python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so \
-      --out "$OUT/candidate" --hdims 64 --seqlens 1k,4k,16k --time-budget-s 120 >"$OUT/candidate.log" 2>&1
+      --out "$OUT/candidate" --hdims 64 --seqlens 1k,4k,16k --time-budget-s 100 >"$OUT/candidate.log" 2>&1
     unset FLASHATTN_SM80_BWD_CONFIG
     PYTHONUNBUFFERED=1 timeout 60 python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so \
       --out "$OUT/release" --hdims 64 --seqlens 1k,4k,16k --skip-peers --time-budget-s 40 >"$OUT/release.log" 2>&1

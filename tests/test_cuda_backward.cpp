@@ -165,6 +165,30 @@ TEST(CudaBackward, DefaultModeAgreesWithDeterministicMode) {
   EXPECT_LE(worst, std::ldexp(largest, -6)) << "largest |dq| " << largest;
 }
 
+// More blocks than a CUDA grid's y extent (65535): the kernels then take the blocks from x
+// and the heads from y (cuda/common/tile_order.cuh). Query blocks in the deterministic mode
+// (its dQ kernel; 65536 64-row blocks and a partial one) and key blocks in the default mode
+// (the dK/dV kernel; 65536 128-key blocks and a partial one), GQA 2/1. Head dim 8 keeps the
+// reference, which runs over every row, to seconds.
+TEST(CudaBackward, MoreBlocksThanTheGridsYExtent) {
+  for (const bool long_keys : {false, true}) {
+    Case c;
+    c.seqlen_q = long_keys ? 5 : 65536LL * 64 + 77;
+    c.seqlen_k = long_keys ? 65536LL * 128 + 77 : 24;
+    c.heads = 2;
+    c.heads_k = 1;
+    c.head_dim = 8;
+    c.dtype = DType::BFloat16;
+    SCOPED_TRACE(c.describe());
+    Options o;
+    o.deterministic = !long_keys;
+    GpuProblem p(c, o);
+    DeviceTensors d(p);
+    EXPECT_EQ(d.backward(p.o).deterministic, o.deterministic);
+    expect_gradients_match_reference(p, o.deterministic ? "deterministic" : "default");
+  }
+}
+
 // With v_j = e_j and dout_i = e_i (see test_dropout.cpp's OneHot), dv_j[i] = (P o M)_ij: the
 // zeros of dv are exactly the dropped (or masked) elements. The CUDA backward's zeros must be
 // the CPU backward's, element for element, in both modes, over several (b, h) counters and a

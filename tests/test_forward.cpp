@@ -115,6 +115,22 @@ TEST(EdgeCases, NoKeysGiveZeroOutputAndMinusInfinityLse) {
   }
 }
 
+#ifdef FLASHATTN_TEST_CUDA
+// More query blocks than a CUDA grid's y extent (65535): the kernels then take the blocks
+// from x and the heads from y (cuda/common/tile_order.cuh). 65536 128-row blocks and a
+// partial one, so every row-block size up to 128 overflows y; GQA 2/1 checks the head mapping.
+TEST(EdgeCases, MoreQueryBlocksThanTheGridsYExtent) {
+  Case c;
+  c.seqlen_q = 65536LL * 128 + 77;
+  c.seqlen_k = 24;
+  c.heads = 2;
+  c.heads_k = 1;
+  c.head_dim = 8;  // the reference's cost: it runs over all 8.4 M rows
+  c.dtype = DType::BFloat16;
+  run_dense_case(c);
+}
+#endif
+
 TEST(EdgeCases, FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse) {
   // Sq = 5, Sk = 2, causal: rows 0..2 see no key (SPEC.md's example).
   Case c;
