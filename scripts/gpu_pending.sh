@@ -14,25 +14,13 @@
 #                                     kernel against cuDNN's at 1 x 8k (~3.5 min)
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
-#   scripts/gpu_pending.sh bwd64      the backward at head dim 64 with FA2's shape (128 query rows
-#                                     per step; FLASHATTN_SM80_BWD_CONFIG=64,128,128,8 in the
-#                                     tuning build): the CUDA backward suite with it, memcheck and
-#                                     racecheck, then ours (release and candidate) against the
-#                                     peers at hdim 64 (~6 min)
-#   scripts/gpu_pending.sh fwd1stage  the forward with single-buffered K and V (FA2's schedule:
-#                                     two CTAs per SM at hdim 256 with 64 x 64 tiles): the CUDA
-#                                     forward suite and sanitizers forced onto the hdim-256
-#                                     candidate (it serves every head dim), then ours against
-#                                     the release shapes at hdim 256 and 128 (~7 min)
 #   scripts/gpu_pending.sh order      what `both` runs for the backward (GPU tests, sanitizers,
 #                                     backward benchmark at hdim 256, 128, 64), then the forward
 #                                     benchmark with the peers (512..16k without 8k; ~9 min)
-#   scripts/gpu_pending.sh verify     the tests of more blocks than a grid's y extent (8.4 M
-#                                     query rows, 8.4 M keys), then what bwd64 runs (~8 min)
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, bwd64, fwd1stage, order or verify}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile or order}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
@@ -56,33 +44,6 @@ case "$stage" in
     done ;;
   kvtune)
     bash scripts/gpu_tune_kvcache.sh 2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
-  verify)
-    bash scripts/build_tuning.sh "$OUT/tune_build.log" test_forward_cuda test_backward_cuda || exit 1
-    start=$(date +%s)
-    timeout 120 build-tune/tests/test_forward_cuda --gtest_filter='EdgeCases.MoreQueryBlocks*' >"$OUT/big_forward.log" 2>&1
-    echo "forward, more query blocks than grid y: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/big_forward.log" | tr '\n' ' ')) $(( $(date +%s) - start )) s"
-    start=$(date +%s)
-    timeout 150 build-tune/tests/test_backward_cuda --gtest_filter='CudaBackward.MoreBlocks*' >"$OUT/big_backward.log" 2>&1
-    echo "backward, more blocks than grid y: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/big_backward.log" | tr '\n' ' ')) $(( $(date +%s) - start )) s"
-    ;&
-  bwd64)
-    bash scripts/build_tuning.sh "$OUT/tune_build.log" test_backward_cuda || exit 1
-    export FLASHATTN_SM80_BWD_CONFIG=64,128,128,8
-    timeout 200 build-tune/tests/test_backward_cuda --gtest_filter='-*MoreBlocks*' >"$OUT/bwd_tests.log" 2>&1
-    echo "test_backward_cuda with $FLASHATTN_SM80_BWD_CONFIG: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/bwd_tests.log" | tr '\n' ' '))"
-    grep -E '^\[  FAILED  \]' "$OUT/bwd_tests.log" | head -10
-    for tool in memcheck racecheck; do
-      timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 build-tune/tests/test_backward_cuda \
-        --gtest_filter='BackwardLong.*:*BackwardGrid*causal*' >"$OUT/bwd_$tool.log" 2>&1
-      echo "$tool: status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/bwd_$tool.log" | tail -1))"
-    done
-    PYTHONUNBUFFERED=1 timeout 150 python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so \
-      --out "$OUT/candidate" --hdims 64 --seqlens 1k,4k,16k --time-budget-s 100 >"$OUT/candidate.log" 2>&1
-    unset FLASHATTN_SM80_BWD_CONFIG
-    PYTHONUNBUFFERED=1 timeout 60 python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so \
-      --out "$OUT/release" --hdims 64 --seqlens 1k,4k,16k --skip-peers --time-budget-s 40 >"$OUT/release.log" 2>&1
-    echo "== hdim 64, 128 x 128 tiles, with the peers"; grep -E "^\| (hdim|64) \|" "$OUT/candidate/results.md" | head -7
-    echo "== hdim 64, release 64 x 128 tiles (ours only)"; grep -E "^\| 64 \|" "$OUT/release/results.md" | head -6 ;;
   order)
     BWD_HDIMS=256,128,64 bash scripts/gpu_try_backward.sh >"$OUT/pending.txt" 2>&1
     PYTHONUNBUFFERED=1 timeout 230 python3 bench/gpu_forward.py --lib build-gpu/src/libflashattn_c.so \
@@ -92,21 +53,6 @@ case "$stage" in
     grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/pending.txt" | head -20
     grep -A32 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -32
     grep "min ours" "$OUT/forward/results.md" ;;
-  fwd1stage)
-    bash scripts/build_tuning.sh "$OUT/tune_build.log" test_forward_cuda || exit 1
-    export FLASHATTN_SM80_CONFIG=256,64,4,1,0,s1
-    timeout 200 build-tune/tests/test_forward_cuda >"$OUT/fwd_tests.log" 2>&1
-    echo "test_forward_cuda with $FLASHATTN_SM80_CONFIG: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/fwd_tests.log" | tr '\n' ' '))"
-    grep -E '^\[  FAILED  \]' "$OUT/fwd_tests.log" | head -10
-    filter='*FeatureGrid*sliding_softcap*:*FeatureGrid*band_alibi*:EdgeCases.*:Varlen.EmptySequencesAndEveryFeature:*HeadDims*/40:*HeadDims*/256'
-    for tool in memcheck racecheck; do
-      timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 build-tune/tests/test_forward_cuda \
-        --gtest_filter="$filter" >"$OUT/fwd_$tool.log" 2>&1
-      echo "$tool: status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/fwd_$tool.log" | tail -1))"
-    done
-    unset FLASHATTN_SM80_CONFIG
-    TUNE_RELEASE_HDIMS=256,128 TUNE_SEQLENS=512,1k,2k,4k,16k timeout 200 bash scripts/gpu_tune.sh \
-      256,64,4,1,0,s1 256,32,4,1,0,s1 128,64,4,2,0,s1 ;;
   profiles)
     { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } \
       2>&1 | tee "$OUT/pending.txt" | tail -70

@@ -27,7 +27,7 @@ void run_bucket(const ForwardParams& p) {
 }  // namespace
 
 size_t forward(const ForwardParams& p) {
-  check_heads_and_batch(p.heads, p.batch);  // the grid is (query blocks, H, B)
+  check_heads_and_batch(p.heads, p.batch);  // the grid holds H and B (cuda/common/tile_order.cuh)
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
 #ifdef FLASHATTN_SM80_TUNING
   if (!sm80::run_tuning_candidate(p))

@@ -1,5 +1,5 @@
-// CUDA grids' y and z extents are limited to 65535: the kernels put heads and the batch there,
-// so a call that would need more is refused up front, naming what is too large.
+// CUDA grids' y and z extents are limited to 65535: the kernels may put heads and the batch
+// there, so a call that would need more is refused up front, naming what is too large.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,9 @@ inline void check_grid_extent(int64_t value, const std::string& expected, const 
     throw Error(ErrorCode::Unsupported, "q", expected + " on the cuda backend", given);
 }
 
-// Both grids of the attention kernels have the batch in z and (query or key/value) heads in y.
+// The attention kernels' grids have the batch in z and the (query or key/value) heads in x,
+// or in y when the blocks along the sequence exceed y's limit (cuda/common/tile_order.cuh,
+// which tells the layouts apart by heads never exceeding 65535).
 inline void check_heads_and_batch(int64_t heads, int64_t batch) {
   check_grid_extent(heads, "at most 65535 heads", "H = " + std::to_string(heads));
   check_grid_extent(batch, "a batch of at most 65535", "B = " + std::to_string(batch));
