@@ -2,7 +2,7 @@
 # Profiles one benchmark shape (default: hdim 128, seqlen 4k, non-causal, bf16) with Nsight
 # Compute, our kernel and PyTorch's FlashAttention-2 kernel on the same inputs, so the two can
 # be compared metric by metric: instructions, stall reasons, pipe utilisation, bank
-# conflicts, spills. Forward by default; `bwd` profiles the backward's main kernels (ours:
+# conflicts, spills, and the executed instructions per SASS opcode. Forward by default; `bwd` profiles the backward's main kernels (ours:
 # the key-parallel dK/dV kernel; FA2: its dq_dk_dv kernel); `dec` the decode kernel against
 # cuDNN's (then the first two arguments are the batch and the cache length). Reports in $OUT
 # (./gpu-results).
@@ -20,7 +20,7 @@ if [ ! -f build-gpu/src/libflashattn_c.so ]; then
 fi
 sections="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
   --section InstructionStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-  --section MemoryWorkloadAnalysis_Tables"
+  --section MemoryWorkloadAnalysis_Tables --section SourceCounters"
 bench=bench/gpu_forward.py
 [ "$pass" = bwd ] && bench=bench/gpu_backward.py
 peer=flash
@@ -54,8 +54,13 @@ for who in ours $peer; do
   ncu --import "$out/profile_${pass}_$who.ncu-rep" --page raw --print-units base 2>&1 |
     grep -E "smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active.ratio" |
     awk '{print $NF, $1}' | sort -gr | head -12 >"$out/stalls_${pass}_$who.txt"
+  # Executed instructions per SASS opcode (scripts/sass_mix.py), from the source counters.
+  ncu --import "$out/profile_${pass}_$who.ncu-rep" --page source --csv --print-source sass \
+    >"$out/sass_${pass}_$who.csv" 2>&1
+  python3 scripts/sass_mix.py "$out/sass_${pass}_$who.csv" 25 >"$out/sass_mix_${pass}_$who.txt" 2>&1
   echo "== $pass $who ($regex)"
   grep -E "Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Local|Bank" \
     "$out/details_${pass}_$who.txt" | head -24
   echo "   stalls per issued instruction:"; sed 's/^/     /' "$out/stalls_${pass}_$who.txt" | head -8
+  echo "   instruction mix:"; sed 's/^/     /' "$out/sass_mix_${pass}_$who.txt" | head -14
 done
