@@ -9,9 +9,10 @@
 #   scripts/gpu_pending.sh kvcache    the CUDA kv-cache suite, sanitizers, decode benchmark,
 #                                     then a split-count sweep at batch 1 (~3 min)
 #   scripts/gpu_pending.sh kvtune     kv-cache shapes at head dim 128 (gpu_tune_kvcache.sh)
-#   scripts/gpu_pending.sh profiles   Nsight Compute with stall reasons: the backward's dK/dV
-#                                     kernel against FA2's (hdim 128, 4k) and the decode
-#                                     kernel against cuDNN's at 1 x 8k (~3.5 min)
+#   scripts/gpu_pending.sh profiles   Nsight Compute with stall reasons and instruction mix:
+#                                     the backward's dK/dV kernel against FA2's (hdim 128, 4k),
+#                                     the forward against FA2's (hdim 256, 4k) and the decode
+#                                     kernel against cuDNN's at 1 x 8k (~5 min)
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
 #   scripts/gpu_pending.sh order      what `both` runs for the backward (GPU tests, sanitizers,
@@ -54,8 +55,8 @@ case "$stage" in
     grep -A32 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -32
     grep "min ours" "$OUT/forward/results.md" ;;
   profiles)
-    { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } \
-      2>&1 | tee "$OUT/pending.txt" | tail -70
+    { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/fwd256" bash scripts/gpu_profile.sh 256 4096 no fwd;
+      OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } 2>&1 | tee "$OUT/pending.txt" | tail -120
     rm -f "$OUT"/*/*.ncu-rep ;;  # the reports are large; the details and stalls are kept
   kvprofile)
     { bash scripts/gpu_profile.sh 8 32768 no dec; OUT="$OUT/b1" bash scripts/gpu_profile.sh 1 8192 no dec; } \
