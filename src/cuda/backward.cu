@@ -137,7 +137,8 @@ void run_all(const sm80::BackwardKernelParams& kp) {
 
 size_t backward(const BackwardParams& bp) {
   const ForwardParams& p = bp.fwd;
-  // The key-parallel grid is (key blocks, Hk, B), the others (row blocks, H, B).
+  // The grids hold the heads (H, or Hk <= H) and the batch: the attention kernels' as
+  // cuda/common/tile_order.cuh lays them out, the preprocess and conversion (row blocks, H, B).
   check_heads_and_batch(p.heads, p.batch);
   if (p.batch == 0) return 0;
 

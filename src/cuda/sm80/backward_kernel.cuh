@@ -8,14 +8,14 @@
 //   dS = P o (dP - D) [o (1 - tanh^2) with a softcap],   D_i = rowsum(dO_i o O_i)
 //   dV += P^T dO     dK += dS^T Q     dQ += dS K         (dK, dQ scaled by softmax_scale last)
 //
-// backward_dkdv_kernel: grid (key blocks, Hk, B). A CTA owns kBlockN keys of one key/value
-//   head and walks every query head of its GQA group and every block of kBlockM query rows
-//   that can see those keys (rows_seeing_keys: block skipping under causal/window masks),
-//   with Q and dO double-buffered by cp.async. dK and dV stay in fp32 registers for the whole
+// backward_dkdv_kernel: grid (Hk, key blocks, B) (cuda/common/tile_order.cuh). A CTA owns
+//   kBlockN keys of one key/value head and walks every query head of its GQA group and every
+//   block of kBlockM query rows that can see those keys (rows_seeing_keys: block skipping
+//   under causal/window masks), with Q and dO double-buffered by cp.async. dK and dV stay in fp32 registers for the whole
 //   walk and are written once, so GQA's sum over the group needs no atomics and no expanded
 //   copy. In the default mode each step also adds its dS K to an fp32 dQ accumulator in
 //   global memory with atomicAdd (converted to dq's dtype by a last kernel).
-// backward_dq_kernel (deterministic mode): grid (query blocks, H, B). A CTA owns kBlockM
+// backward_dq_kernel (deterministic mode): grid (H, query blocks, B). A CTA owns kBlockM
 //   query rows and walks the key blocks they see in a fixed order, recomputing S, P, dP and
 //   dS, accumulating dQ in registers and writing it once: no atomics, bitwise reproducible.
 //   The key-parallel kernel then skips its dQ step.
