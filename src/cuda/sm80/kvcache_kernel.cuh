@@ -266,17 +266,24 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const bool dense_cursor = !kGeneral && !paged;
   const Element* k_next = k_cache + dense_row0.k + first_block * kBlockN * p.k_row_stride + load_chunk * 8;
   const Element* v_next = v_cache + dense_row0.v + first_block * kBlockN * p.v_row_stride + load_chunk * 8;
-  uint32_t column_valid = 0;
+  // Bit c: this thread's chunk of column pass c lies inside head_dim. all_columns: every
+  // chunk it has lies inside (the same for every thread when the head dim fills its bucket,
+  // so that whole blocks take one path per warp).
+  uint32_t column_valid = 0, column_exists = 0;
 #pragma unroll
-  for (int c = 0; c < kColumnPasses; ++c)
-    if ((load_chunk + c * kThreadsPerRow) * 8 < p.head_dim) column_valid |= 1u << c;
+  for (int c = 0; c < kColumnPasses; ++c) {
+    const int chunk = load_chunk + c * kThreadsPerRow;
+    if (chunk < Cfg::kChunksPerRow) column_exists |= 1u << c;
+    if (chunk * 8 < p.head_dim) column_valid |= 1u << c;
+  }
+  const bool all_columns = column_valid == column_exists;
   const auto load_block = [&](int n, int stage) {
     const int64_t j0 = (first_block + n) * kBlockN;
     const uint32_t k_tile = sK + stage * Cfg::kTileBytes, v_tile = sV + stage * Cfg::kTileBytes;
     if (dense_cursor) {
-      // A full block whose chunks all lie inside head_dim (the head dim fills its bucket):
-      // no tests at all; else each chunk tests its row and column.
-      const bool whole = j0 + kBlockN <= hi && column_valid == (1u << kColumnPasses) - 1u;
+      // A full block whose chunks all lie inside head_dim: no tests at all; else each chunk
+      // tests its row and column.
+      const bool whole = j0 + kBlockN <= hi && all_columns;
       const auto copy_rows = [&](auto whole_tag) {
         constexpr bool kWhole = decltype(whole_tag)::value;
         const Element* k_row = k_next;
