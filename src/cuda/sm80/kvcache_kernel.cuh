@@ -259,9 +259,60 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const CacheOffsets dense_row0 = paged ? CacheOffsets{0, 0} : cache_offsets(kv, b, seq, seq.begin + load_row);
   const int64_t k_pass_stride = int64_t{kRowsPerPass} * p.k_row_stride;
   const int64_t v_pass_stride = int64_t{kRowsPerPass} * p.v_row_stride;
+  // Plain decoding from a dense cache (the common case): this thread's first chunk of the next
+  // block to load, advanced by kBlockN rows per block (blocks load in order), and which of its
+  // column passes lie inside head_dim; full blocks then cost a pointer add per pass and one
+  // cp.async per chunk, with no per-row offsets or range tests.
+  const bool dense_cursor = !kGeneral && !paged;
+  const Element* k_next = k_cache + dense_row0.k + first_block * kBlockN * p.k_row_stride + load_chunk * 8;
+  const Element* v_next = v_cache + dense_row0.v + first_block * kBlockN * p.v_row_stride + load_chunk * 8;
+  // Bit c: this thread's chunk of column pass c lies inside head_dim. all_columns: every
+  // chunk it has lies inside (the same for every thread when the head dim fills its bucket,
+  // so that whole blocks take one path per warp).
+  uint32_t column_valid = 0, column_exists = 0;
+#pragma unroll
+  for (int c = 0; c < kColumnPasses; ++c) {
+    const int chunk = load_chunk + c * kThreadsPerRow;
+    if (chunk < Cfg::kChunksPerRow) column_exists |= 1u << c;
+    if (chunk * 8 < p.head_dim) column_valid |= 1u << c;
+  }
+  const bool all_columns = column_valid == column_exists;
   const auto load_block = [&](int n, int stage) {
     const int64_t j0 = (first_block + n) * kBlockN;
     const uint32_t k_tile = sK + stage * Cfg::kTileBytes, v_tile = sV + stage * Cfg::kTileBytes;
+    if (dense_cursor) {
+      // A full block whose chunks all lie inside head_dim: no tests at all; else each chunk
+      // tests its row and column.
+      const bool whole = j0 + kBlockN <= hi && all_columns;
+      const auto copy_rows = [&](auto whole_tag) {
+        constexpr bool kWhole = decltype(whole_tag)::value;
+        const Element* k_row = k_next;
+        const Element* v_row = v_next;
+#pragma unroll
+        for (int pass = 0; pass < Cfg::kBlockN / kRowsPerPass; ++pass) {
+          const int row = load_row + pass * kRowsPerPass;
+          const bool in_range = kWhole || j0 + row < hi;
+#pragma unroll
+          for (int c = 0; c < kColumnPasses; ++c) {
+            const int chunk = load_chunk + c * kThreadsPerRow;
+            if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
+            const bool valid = kWhole || (in_range && ((column_valid >> c) & 1u));
+            const uint32_t offset = (row * kRowStride + chunk * 8) * kElementBytes;
+            ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_row + c * kThreadsPerRow * 8 : k_cache, valid);
+            ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_row + c * kThreadsPerRow * 8 : v_cache, valid);
+          }
+          k_row += k_pass_stride;
+          v_row += v_pass_stride;
+        }
+      };
+      if (whole)
+        copy_rows(std::true_type{});
+      else
+        copy_rows(std::false_type{});
+      k_next += kBlockN * p.k_row_stride;
+      v_next += kBlockN * p.v_row_stride;
+      return;
+    }
     // Every row's offsets first: in a paged cache each is a block-table load, and issuing them
     // all before the first copy keeps them to one round trip per block instead of one per row.
     // Rows outside the keys get any offset: their copies are zero-fills.

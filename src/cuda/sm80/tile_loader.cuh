@@ -42,9 +42,23 @@ struct TileLoader {
   // `src` points at the tile's row 0; rows from `valid_rows` on are zero-filled.
   __device__ __forceinline__ void load(uint32_t tile, const typename Cfg::Element* src,
                                        int64_t row_stride, int64_t valid_rows) const {
+    load_thread(tile, thread_source(src, row_stride), src, row_stride, valid_rows);
+  }
+
+  // This thread's first chunk of a tile whose row 0 is at `src`: kernels that walk tiles at
+  // fixed strides keep it and advance it, rather than recompute it per tile.
+  __device__ __forceinline__ const typename Cfg::Element* thread_source(
+      const typename Cfg::Element* src, int64_t row_stride) const {
+    return src + row * row_stride + chunk * 8;
+  }
+
+  // load() from this thread's first chunk (thread_source); `any_valid` is any readable
+  // address, read (with zero fill) in place of rows and columns outside the tile.
+  __device__ __forceinline__ void load_thread(uint32_t tile, const typename Cfg::Element* thread_src,
+                                              const typename Cfg::Element* any_valid,
+                                              int64_t row_stride, int64_t valid_rows) const {
     constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
     const bool full = valid_rows >= kRows;
-    const typename Cfg::Element* thread_src = src + row * row_stride + chunk * 8;
     const uint32_t thread_tile = tile + (row * Cfg::kRowStride + chunk * 8) * kElementBytes;
 #pragma unroll
     for (int r = 0; r < kRowPasses; ++r) {
@@ -59,7 +73,7 @@ struct TileLoader {
         const bool valid = row_ok && ((column_valid >> c) & 1u);
         ptx::cp_async_16<kL2PrefetchBytes>(
             thread_tile + (r * kRowsPerPass * Cfg::kRowStride + c * kThreadsPerRow * 8) * kElementBytes,
-            valid ? thread_src + c * kThreadsPerRow * 8 : src, valid);
+            valid ? thread_src + c * kThreadsPerRow * 8 : any_valid, valid);
       }
       thread_src += kRowsPerPass * row_stride;
     }
