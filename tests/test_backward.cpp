@@ -129,6 +129,25 @@ TEST(BackwardLong, CausalBf16AcrossTiles) {
   run_backward_case(c, 0.0f);
 }
 
+// As many key blocks (128 keys at head dim 128 on CUDA) as key/value heads, and as many
+// query blocks (64 rows) as query heads, 3 each: the CUDA grids then have the same shape
+// whichever layout the launch asked for, and the kernels must still cover every (head, block)
+// once (cuda/common/tile_order.cuh). Masked and not, both modes.
+TEST(BackwardEdgeCases, AsManyBlocksAsHeads) {
+  for (const bool causal : {false, true}) {
+    Case c;
+    c.seqlen_q = 3 * 64 - 5;
+    c.seqlen_k = 3 * 128 - 5;
+    c.heads = 3;
+    c.heads_k = 3;
+    c.head_dim = 128;
+    c.dtype = DType::BFloat16;
+    c.causal = causal;
+    run_backward_case(c, 0.0f, false);
+    run_backward_case(c, 0.0f, true);
+  }
+}
+
 TEST(BackwardEdgeCases, NoKeysGiveZeroQueryGradients) {
   for (DType dt : kDtypes) {
     Case c;

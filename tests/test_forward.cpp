@@ -131,6 +131,24 @@ TEST(EdgeCases, MoreQueryBlocksThanTheGridsYExtent) {
 }
 #endif
 
+// As many query blocks as heads (3 x 3 at head dim 64, 128-row blocks on CUDA): the CUDA
+// grid then has the same shape whichever layout the launch asked for, and the kernel must
+// still cover every (head, block) once (cuda/common/tile_order.cuh). Masked and not.
+TEST(EdgeCases, AsManyQueryBlocksAsHeads) {
+  for (const bool causal : {false, true}) {
+    Case c;
+    c.batch = 2;
+    c.seqlen_q = 3 * 128 - 5;
+    c.seqlen_k = 3 * 128 - 5;
+    c.heads = 3;
+    c.heads_k = 3;
+    c.head_dim = 64;
+    c.dtype = DType::BFloat16;
+    c.causal = causal;
+    run_dense_case(c);
+  }
+}
+
 TEST(EdgeCases, FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse) {
   // Sq = 5, Sk = 2, causal: rows 0..2 see no key (SPEC.md's example).
   Case c;

@@ -17,9 +17,8 @@ inline void check_grid_extent(int64_t value, const std::string& expected, const 
     throw Error(ErrorCode::Unsupported, "q", expected + " on the cuda backend", given);
 }
 
-// The attention kernels' grids have the batch in z and the (query or key/value) heads in x,
-// or in y when the blocks along the sequence exceed y's limit (cuda/common/tile_order.cuh,
-// which tells the layouts apart by heads never exceeding 65535).
+// The attention kernels' grids have the batch in z and the (query or key/value) heads in x or
+// y (cuda/common/tile_order.cuh).
 inline void check_heads_and_batch(int64_t heads, int64_t batch) {
   check_grid_extent(heads, "at most 65535 heads", "H = " + std::to_string(heads));
   check_grid_extent(batch, "a batch of at most 65535", "B = " + std::to_string(batch));

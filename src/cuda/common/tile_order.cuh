@@ -8,37 +8,53 @@
 // benchmark grid (one CTA per SM) put that tail at 6-13 % of a causal forward from 512 to 8k
 // keys (docs/PERFORMANCE.md).
 //
-// So the heads go in x and the blocks in y: the heaviest block of every head of a batch
-// element starts first, then the next heaviest, longest job first across the heads. The
-// heads of one batch element are also what shares the L2 best (GQA groups read the same K
-// and V), and the blocks of different heads at the same rank walk their keys in step.
-// y is limited to 65535 blocks; beyond that (sequences of millions of rows) the blocks go
-// in x and the heads in y as before, and the kernels tell the layouts apart by gridDim.x
-// above 65535, which heads never reach (check_heads_and_batch). The coordinates come from
-// the special registers alone, so the compiler may reread them instead of keeping them live.
+// So where the blocks' work differs (a causal or windowed mask), the heads go in x and the
+// blocks in y: the heaviest block of every head of a batch element starts first, then the
+// next heaviest, longest job first across the heads. Where every block does the same work
+// (no mask), the blocks go in x: the CTAs running at once then share one or two heads' K and
+// V in L2 rather than reading every head's. y is limited to 65535 blocks, so beyond that
+// (sequences of millions of rows) the blocks go in x whatever the mask.
+// The kernels read the layout off the grid: heads in x exactly when gridDim.x equals the
+// head count. Where blocks and heads are equal in number the two layouts give the same grid,
+// which the kernels read as heads in x; every (head, block) is still covered once. The
+// coordinates come from special registers and kernel parameters alone, so the compiler may
+// reread them instead of keeping them live.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda/common/grid.hpp"
 
 namespace flashattn::detail::cuda {
 
-inline dim3 attention_grid(int64_t blocks, int64_t heads, int64_t batch) {
-  if (blocks > kMaxGridYZ)
+// Whether the blocks along the sequence do different amounts of work: under a causal or
+// windowed mask (window_right >= 0 after causal is folded in, or window_left >= 0).
+inline bool blocks_work_differs(int32_t window_left, int32_t window_right) {
+#ifdef FLASHATTN_SM80_TUNING
+  // Tuning builds: FLASHATTN_CUDA_GRID=heads (or blocks) forces one layout, for A/B timing.
+  if (const char* forced = std::getenv("FLASHATTN_CUDA_GRID")) return std::strcmp(forced, "heads") == 0;
+#endif
+  return window_left >= 0 || window_right >= 0;
+}
+
+inline dim3 attention_grid(int64_t blocks, int64_t heads, int64_t batch, bool heads_first) {
+  if (!heads_first || blocks > kMaxGridYZ)
     return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(heads), static_cast<unsigned>(batch));
   return dim3(static_cast<unsigned>(heads), static_cast<unsigned>(blocks), static_cast<unsigned>(batch));
 }
 
-__device__ __forceinline__ bool blocks_in_x() { return gridDim.x > kMaxGridYZ; }
-// This CTA's head (query head, or key/value head for key-parallel kernels) and batch element.
-__device__ __forceinline__ int tile_head() { return blocks_in_x() ? blockIdx.y : blockIdx.x; }
+// `heads`: the grid's head count (query heads, or key/value heads for key-parallel kernels).
+__device__ __forceinline__ bool heads_in_x(int heads) { return gridDim.x == static_cast<unsigned>(heads); }
+// This CTA's head and batch element.
+__device__ __forceinline__ int tile_head(int heads) { return heads_in_x(heads) ? blockIdx.x : blockIdx.y; }
 __device__ __forceinline__ int tile_batch() { return blockIdx.z; }
-// This CTA's rank among its pair's blocks: 0 starts first. A kernel maps it to the heaviest
+// This CTA's rank among its head's blocks: 0 starts first. A kernel maps it to the heaviest
 // block: the last query block under a causal mask, the first key block in the backward.
-__device__ __forceinline__ int tile_rank() { return blocks_in_x() ? blockIdx.x : blockIdx.y; }
-__device__ __forceinline__ int tile_blocks() { return blocks_in_x() ? gridDim.x : gridDim.y; }
+__device__ __forceinline__ int tile_rank(int heads) { return heads_in_x(heads) ? blockIdx.y : blockIdx.x; }
+__device__ __forceinline__ int tile_blocks(int heads) { return heads_in_x(heads) ? gridDim.y : gridDim.x; }
 
 }  // namespace flashattn::detail::cuda

@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   // Heavier (earlier, under causal masks) key blocks first, across the key/value heads
   // (cuda/common/tile_order.cuh), for a shorter tail.
-  const int n_block = tile_rank(), hk = tile_head(), b = tile_batch();
+  const int n_block = tile_rank(p.heads_k), hk = tile_head(p.heads_k), b = tile_batch();
   const SequenceView seq = sequence_view(p, b);
   // Keys past seqused_k take no part but are still this CTA's to write (with zeros).
   const int64_t stored_k =
@@ -646,8 +646,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   // Heavier (later, under causal masks) query blocks first, across the heads
   // (cuda/common/tile_order.cuh), for a shorter tail.
-  const int m_block = tile_blocks() - 1 - tile_rank();
-  const int h = tile_head(), b = tile_batch();
+  const int m_block = tile_blocks(p.heads) - 1 - tile_rank(p.heads);
+  const int h = tile_head(p.heads), b = tile_batch();
   const SequenceView seq = sequence_view(p, b);
   const int64_t m0 = int64_t{m_block} * kBlockM;
   if (m0 >= seq.seqlen_q) return;
@@ -805,12 +805,15 @@ void launch_backward(const BackwardKernelParams& kp) {
   const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr || kp.has_dropout;
   const auto dkdv_kernel = general ? backward_dkdv_kernel<Cfg, true> : backward_dkdv_kernel<Cfg, false>;
   const auto dq_kernel = general ? backward_dq_kernel<Cfg, true> : backward_dq_kernel<Cfg, false>;
+  const bool heads_first = blocks_work_differs(p.window_left, p.window_right);
   if (p.seqlen_k > 0) {
-    const dim3 grid = attention_grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_k, p.batch);
+    const dim3 grid = attention_grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_k, p.batch,
+                                     heads_first);
     dkdv_kernel<<<grid, Cfg::kThreads, dkdv_bytes, stream>>>(run);
   }
   if (kp.bp.deterministic && p.seqlen_q > 0) {
-    const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch);
+    const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch,
+                                     heads_first);
     dq_kernel<<<grid, Cfg::kThreads, Cfg::kDqSharedBytes, stream>>>(kp);
   }
 }

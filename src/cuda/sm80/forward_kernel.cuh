@@ -81,10 +81,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint32_t sV_address = sK_address + Cfg::kKvStages * kStageBytes;
   constexpr bool kDoubleBuffered = Cfg::kKvStages == 2;
 
-  // Heavier (later, under causal masks) query blocks first, across the heads
-  // (cuda/common/tile_order.cuh), for a shorter tail.
-  const int m_block = tile_blocks() - 1 - tile_rank();
-  const int h = tile_head(), b = tile_batch();
+  // Heavier (later, under causal masks) query blocks first, across the heads where the
+  // blocks' work differs (cuda/common/tile_order.cuh), for a shorter tail.
+  const int m_block = tile_blocks(p.heads) - 1 - tile_rank(p.heads);
+  const int h = tile_head(p.heads), b = tile_batch();
   const SequenceView seq = sequence_view(p, b);
   const int64_t m0 = int64_t{m_block} * kBlockM;
   if (m0 >= seq.seqlen_q) return;
@@ -398,7 +398,8 @@ void launch_forward(const ForwardParams& p) {
     }();
     (void)attributes_set;
   }
-  const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch);
+  const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch,
+                                   blocks_work_differs(p.window_left, p.window_right));
   kernel<<<grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(p);
 }
 
