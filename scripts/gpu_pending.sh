@@ -77,6 +77,26 @@ case "$stage" in
       grep -E "^\| [0-9]+ \| no" "$OUT/bwd_$grid/results.md" | head -9 | awk -F'|' '{printf "  bwd hdim %s seqlen %s: %s\n", $2, $4, $5}'
     done
     unset FLASHATTN_CUDA_GRID ;;
+  gridprof)
+    # gridorder's A/B without its tests (the release of the same commit passed them), then
+    # the head-dim-256 backward and forward profiles against FA2's on the tuning build.
+    bash scripts/build_tuning.sh "$OUT/tune_build.log" || exit 1
+    for grid in blocks heads; do
+      export FLASHATTN_CUDA_GRID=$grid
+      PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_forward.py --lib build-tune/src/libflashattn_c.so \
+        --out "$OUT/fwd_$grid" --skip-peers --causal no --seqlens 1k,4k,16k --target-s 0.2 >"$OUT/fwd_$grid.log" 2>&1
+      PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so \
+        --out "$OUT/bwd_$grid" --skip-peers --hdims 64,128,256 --causal no --seqlens 1k,4k,16k --time-budget-s 60 >"$OUT/bwd_$grid.log" 2>&1
+      echo "== non-causal, FLASHATTN_CUDA_GRID=$grid: forward, then backward TFLOP/s"
+      grep -E "^\| [0-9]+ \| no" "$OUT/fwd_$grid/results.md" | awk -F'|' '{printf "  fwd hdim %s seqlen %s: %s\n", $2, $4, $5}'
+      grep -E "^\| [0-9]+ \| no" "$OUT/bwd_$grid/results.md" | head -9 | awk -F'|' '{printf "  bwd hdim %s seqlen %s: %s\n", $2, $4, $5}'
+    done
+    unset FLASHATTN_CUDA_GRID
+    export PROFILE_LIB=build-tune/src/libflashattn_c.so
+    { OUT="$OUT/bwd256" bash scripts/gpu_profile.sh 256 4096 no bwd; OUT="$OUT/fwd256" bash scripts/gpu_profile.sh 256 4096 no fwd; } \
+      >"$OUT/profiles.txt" 2>&1
+    tail -60 "$OUT/profiles.txt"
+    rm -f "$OUT"/*/*.ncu-rep ;;
   profiles)
     { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/fwd256" bash scripts/gpu_profile.sh 256 4096 no fwd;
       OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } 2>&1 | tee "$OUT/pending.txt" | tail -120

@@ -13,7 +13,10 @@ hdim=${1:-128}; seqlen=${2:-4096}; causal=${3:-no}; pass=${4:-fwd}
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 export PATH="/usr/local/cuda/bin:$PATH"
-if [ ! -f build-gpu/src/libflashattn_c.so ]; then
+# PROFILE_LIB: profile another build of the library (the tuning build, say) instead of
+# building the release one.
+lib=${PROFILE_LIB:-build-gpu/src/libflashattn_c.so}
+if [ ! -f "$lib" ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
     -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_TESTS=OFF >/dev/null &&
     cmake --build build-gpu -j "$(nproc)" --target flashattn_c >"$out/build.log" 2>&1 || exit 1
@@ -45,7 +48,7 @@ for who in ours $peer; do
   fi
   ncu --kernel-name "regex:$regex" --launch-skip 3 --launch-count 1 $sections --import-source no \
     -o "$out/profile_${pass}_$who" \
-    python3 "$bench" --lib build-gpu/src/libflashattn_c.so --out "/tmp/profile-$pass-$who" \
+    python3 "$bench" --lib "$lib" --out "/tmp/profile-$pass-$who" \
     "${args[@]}" >"$out/ncu_${pass}_$who.log" 2>&1
   ncu --import "$out/profile_${pass}_$who.ncu-rep" --page details --print-units base \
     >"$out/details_${pass}_$who.txt" 2>&1
