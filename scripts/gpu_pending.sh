@@ -23,10 +23,14 @@
 #                                     with the blocks in x (the branch's choice there) against
 #                                     the heads in x (FLASHATTN_CUDA_GRID=heads, main's), forward
 #                                     and backward, hdim 64/128/256 (~7 min)
+#   scripts/gpu_pending.sh gridprof   the grid-layout A/B (FLASHATTN_CUDA_GRID, tuning build) and
+#                                     the hdim-256 backward and forward profiles against FA2's
+#   scripts/gpu_pending.sh final      a session's last call: GPU suite, sanitizers, backward and
+#                                     forward benchmarks against flash and cuDNN (~8 min)
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, order or gridorder}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, order, gridorder, gridprof or final}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
@@ -104,6 +108,43 @@ case "$stage" in
   kvprofile)
     { bash scripts/gpu_profile.sh 8 32768 no dec; OUT="$OUT/b1" bash scripts/gpu_profile.sh 1 8192 no dec; } \
       2>&1 | tee "$OUT/pending.txt" | tail -60 ;;
+  final)
+    # A session's last call, within one 600-second call: the GPU suite, memcheck on the
+    # forward and backward filters and racecheck on the backward's (gpu_check.sh's filters),
+    # the backward and forward benchmarks against flash and cuDNN (1k, 4k, 16k), then the
+    # forward racecheck if the time is left. The CPU tests are left to CI.
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
+      && cmake --build build-gpu -j "$(nproc)"; } >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    ctest --test-dir build-gpu -L gpu -j 8 --output-on-failure --timeout 300 >"$OUT/tests_gpu.log" 2>&1
+    echo "gpu tests: $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -E '\*\*\*Failed' "$OUT/tests_gpu.log" | head -10
+    fwd_filter=$(sed -n "s/^  filter='\(\*FeatureGrid[^']*\)'.*/\1/p" scripts/gpu_check.sh)
+    bwd_filter=$(sed -n "s/^  filter='\(\*BackwardGrid[^']*\)'.*/\1/p" scripts/gpu_check.sh)
+    sanitize() {  # tool test filter
+      compute-sanitizer --tool "$1" --error-exitcode 99 "build-gpu/tests/$2" --gtest_filter="$3" >"$OUT/sanitizer_$2_$1.log" 2>&1
+      echo "compute-sanitizer $1 $2: status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$2_$1.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    }
+    sanitize memcheck test_forward_cuda "$fwd_filter"
+    sanitize memcheck test_backward_cuda "$bwd_filter"
+    sanitize racecheck test_backward_cuda "$bwd_filter"
+    PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
+      --out "$OUT/backward" --peers flash,cudnn --seqlens 1k,4k,16k --time-budget-s 90 >"$OUT/bench_backward.log" 2>&1
+    echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    PYTHONUNBUFFERED=1 timeout 130 python3 bench/gpu_forward.py --lib build-gpu/src/libflashattn_c.so \
+      --out "$OUT/forward" --peers flash,cudnn --seqlens 1k,4k,16k --time-budget-s 100 >"$OUT/bench_forward.log" 2>&1
+    echo "bench forward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    left=$(( 560 - ($(date +%s) - t0) ))
+    if [ $left -gt 60 ]; then
+      timeout $left compute-sanitizer --tool racecheck --error-exitcode 99 build-gpu/tests/test_forward_cuda \
+        --gtest_filter="$fwd_filter" >"$OUT/sanitizer_forward_racecheck.log" 2>&1
+      echo "compute-sanitizer racecheck test_forward_cuda: status $? ($(grep -E 'RACECHECK SUMMARY' "$OUT/sanitizer_forward_racecheck.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    fi
+    grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -20
+    grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -20
+    grep -h "min ours" "$OUT/backward/results.md" "$OUT/forward/results.md" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "$top/$stage.tgz" -C "$top" "$stage" 2>/dev/null

@@ -522,15 +522,21 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const uint32_t d_col = warp_kd * kKTiles * 8 * 2;
     warp_mma<Element, kKvMTiles, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
         dv, sP_addr + pt_col + p_lane_t, do_addr + d_col + q_lane);
-    warp_mma<Element, kKvMTiles, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
-        dk, sdS_addr + pt_col + p_lane_t, q_addr + d_col + q_lane);
+    // dK's product runs between the first dQ chunk and the rest (below), so that the first
+    // chunk's atomics have it to drain before the next chunk's fragments reuse their registers.
+    const auto dk_product = [&] {
+      warp_mma<Element, kKvMTiles, kBlockM / 16, kKTiles, true, kPStride, true, kRowStride>(
+          dk, sdS_addr + pt_col + p_lane_t, q_addr + d_col + q_lane);
+    };
 
     // dQ += dS K, added to the fp32 accumulator (default mode), in chunks of at most 8 m16n8
     // tiles so that the partial sums never hold more than 32 registers: by per-element vector
     // atomics, or on sm_90 (kp.bulk_dq) through the staging block (see above), which spares
     // the atomics' register stalls (each atomic's source registers stall their next reuse
-    // until it has read them: the profile's long-scoreboard gap to FA2).
-    if (!bp.deterministic) {
+    // until it has read them: the profile's long-scoreboard gap to FA2). Deterministic mode
+    // (the dQ kernel's) runs only dK's product here.
+    {
+      const bool accumulate_dq = !bp.deterministic;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       const bool bulk = Cfg::kBulkDqPossible && kp.bulk_dq;
 #else
@@ -542,8 +548,21 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       constexpr bool kEven = kQTiles % kHalves == 0 && kMTiles * (kQTiles / kHalves) <= 8;
       constexpr int kChunkTiles = kEven ? kQTiles / kHalves : 8 / kMTiles;
       constexpr int kFullChunks = kQTiles / kChunkTiles, kRestTiles = kQTiles % kChunkTiles;
-      const auto dq_chunk = [&](auto tile_count, int col0) {
+      // The atomics of this lane all address one base (its first row and first column pair)
+      // plus compile-time offsets: accumulator rows of one (b, h) are consecutive, so row
+      // + 8 is kHeadDim floats further. One base register pair for all of them, where a
+      // pointer per row would be recomputed into the registers the previous row's atomics
+      // still read (an atomic holds its source registers until the memory pipe takes it:
+      // the long-scoreboard stalls of the profile at hdim 256, where no staging fits).
+      const int warp_row0 = warp_m * kMTiles * 16 + lane / 4;
+      const int64_t rows_left = seq.seqlen_q - (m0 + warp_row0);  // rows from this lane's first
+      float* const dq_lane = bulk || !accumulate_dq ? nullptr
+                                  : kp.dq_accum + row_index(p, b, h, seq.q_row0, m0 + warp_row0) * kHeadDim +
+                                        warp_n * kQTiles * 8 + (lane % 4) * 2;
+      // chunk_col: the chunk's first column within this warp's kQTiles * 8.
+      const auto dq_chunk = [&](auto tile_count, int chunk_col) {
         constexpr int kTiles = decltype(tile_count)::value;
+        const int col0 = warp_n * kQTiles * 8 + chunk_col;
         float dq[kMTiles][kTiles][4] = {};
         warp_mma<Element, kMTiles, kBlockN / 16, kTiles, false, kPStride, true, kRowStride>(
             dq, sdS_addr + warp_m * kMTiles * 16 * kPStride * 2 + p_lane, sK_addr + col0 * 2 + q_lane);
@@ -559,22 +578,24 @@ __global__ void __launch_bounds__(Cfg::kThreads)
               *reinterpret_cast<float2*>(staged + t * 8) = make_float2(dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
             continue;
           }
-          const int64_t i = m0 + row_in_block;
-          if (i >= seq.seqlen_q) continue;
           // Rows of the accumulator are the whole bucket wide (accum_dim = kHeadDim), so the
           // padding columns (0 here: K's are zero-filled) need no test.
-          float* row = kp.dq_accum + row_index(p, b, h, seq.q_row0, i) * kHeadDim + col0 + (lane % 4) * 2;
+          const int row_offset = mt * 16 + r * 8;
+          if (row_offset >= rows_left) continue;
+          float* row = dq_lane + row_offset * kHeadDim + chunk_col;
 #pragma unroll
           for (int t = 0; t < kTiles; ++t)
             ptx::atomic_add_f32x2(row + t * 8, dq[mt][t][2 * r], dq[mt][t][2 * r + 1]);
         }
       };
 #pragma unroll
-      for (int chunk = 0; chunk < kFullChunks; ++chunk)
-        dq_chunk(std::integral_constant<int, kChunkTiles>{}, (warp_n * kQTiles + chunk * kChunkTiles) * 8);
+      for (int chunk = 0; chunk < kFullChunks; ++chunk) {
+        if (accumulate_dq) dq_chunk(std::integral_constant<int, kChunkTiles>{}, chunk * kChunkTiles * 8);
+        if (chunk == 0) dk_product();
+      }
       if constexpr (kRestTiles > 0)
-        dq_chunk(std::integral_constant<int, kRestTiles>{}, (warp_n * kQTiles + kFullChunks * kChunkTiles) * 8);
-      if (bulk) {
+        if (accumulate_dq) dq_chunk(std::integral_constant<int, kRestTiles>{}, kFullChunks * kChunkTiles * 8);
+      if (accumulate_dq && bulk) {
         ptx::fence_proxy_async_shared();  // the stores, to the async proxy that reads them
         const int64_t i = m0 + threadIdx.x / kRowIssuer;
         if (threadIdx.x % kRowIssuer == 0 && i < seq.seqlen_q)
