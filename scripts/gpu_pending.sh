@@ -145,6 +145,15 @@ case "$stage" in
     grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -20
     grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -20
     grep -h "min ours" "$OUT/backward/results.md" "$OUT/forward/results.md" ;;
+  quickbwd)
+    # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.
+    export PATH="/usr/local/cuda/bin:$PATH"
+    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
+      -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_TOOLS=OFF && cmake --build build-gpu -j "$(nproc)" --target flashattn_c; } \
+      >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    PYTHONUNBUFFERED=1 timeout 60 python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
+      --out "$OUT/backward" --skip-peers --hdims 64,128,256 --seqlens 4k --time-budget-s 40 >"$OUT/bench_backward.log" 2>&1
+    grep -A8 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -8 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "$top/$stage.tgz" -C "$top" "$stage" 2>/dev/null

@@ -29,19 +29,14 @@ struct TileLoader {
   int row;                 // this thread's first row in the tile
   int chunk;               // this thread's first 16-byte chunk in a row
   uint32_t column_valid;   // bit c: the chunk of column pass c lies inside head_dim
-  bool all_columns_valid;  // every chunk this thread copies lies inside head_dim
 
   __device__ explicit TileLoader(int head_dim) {
     row = static_cast<int>(threadIdx.x) / kThreadsPerRow;
     chunk = static_cast<int>(threadIdx.x) % kThreadsPerRow;
     column_valid = 0;
-    uint32_t owned = 0;
 #pragma unroll
-    for (int c = 0; c < kColumnPasses; ++c) {
+    for (int c = 0; c < kColumnPasses; ++c)
       if ((chunk + c * kThreadsPerRow) * 8 < head_dim) column_valid |= 1u << c;
-      if (chunk + c * kThreadsPerRow < Cfg::kChunksPerRow) owned |= 1u << c;
-    }
-    all_columns_valid = column_valid == owned;
   }
 
   // `src` points at the tile's row 0; rows from `valid_rows` on are zero-filled.
@@ -65,27 +60,6 @@ struct TileLoader {
     constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
     const bool full = valid_rows >= kRows;
     const uint32_t thread_tile = tile + (row * Cfg::kRowStride + chunk * 8) * kElementBytes;
-    if (full && all_columns_valid) {
-      // The common case (a whole tile, head_dim filling the bucket): no tests and no
-      // substitute addresses, so each copy is the row pass's pointer plus an immediate
-      // offset. Otherwise every copy's address would be selected into a register of its own,
-      // which the copy holds until the memory pipe reads it (the backward profile's long-
-      // scoreboard stalls on reusing them).
-#pragma unroll
-      for (int r = 0; r < kRowPasses; ++r) {
-#pragma unroll
-        for (int c = 0; c < kColumnPasses; ++c) {
-          if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && c == kColumnPasses - 1 &&
-              chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
-            continue;
-          ptx::cp_async_16<kL2PrefetchBytes>(
-              thread_tile + (r * kRowsPerPass * Cfg::kRowStride + c * kThreadsPerRow * 8) * kElementBytes,
-              thread_src + c * kThreadsPerRow * 8, true);
-        }
-        thread_src += kRowsPerPass * row_stride;
-      }
-      return;
-    }
 #pragma unroll
     for (int r = 0; r < kRowPasses; ++r) {
       const bool row_ok = full || row + r * kRowsPerPass < valid_rows;
