@@ -18,19 +18,13 @@
 #   scripts/gpu_pending.sh order      what `both` runs for the backward (GPU tests, sanitizers,
 #                                     backward benchmark at hdim 256, 128, 64), then the forward
 #                                     benchmark with the peers (512..16k without 8k; ~9 min)
-#   scripts/gpu_pending.sh gridorder  branch grid-policy: the CUDA forward and backward suites
-#                                     (tuning build, release shapes), then ours without a mask
-#                                     with the blocks in x (the branch's choice there) against
-#                                     the heads in x (FLASHATTN_CUDA_GRID=heads, main's), forward
-#                                     and backward, hdim 64/128/256 (~7 min)
-#   scripts/gpu_pending.sh gridprof   the grid-layout A/B (FLASHATTN_CUDA_GRID, tuning build) and
-#                                     the hdim-256 backward and forward profiles against FA2's
 #   scripts/gpu_pending.sh final      a session's last call: GPU suite, sanitizers, backward and
-#                                     forward benchmarks against flash and cuDNN (~8 min)
+#                                     forward benchmarks against flash and cuDNN (~7 min)
+#   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, order, gridorder, gridprof or final}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, order, final or quickbwd}
 top=${OUT:-gpu-results}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
@@ -63,44 +57,6 @@ case "$stage" in
     grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/pending.txt" | head -20
     grep -A32 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -32
     grep "min ours" "$OUT/forward/results.md" ;;
-  gridorder)
-    bash scripts/build_tuning.sh "$OUT/tune_build.log" test_forward_cuda test_backward_cuda || exit 1
-    for t in forward backward; do
-      timeout 170 build-tune/tests/test_${t}_cuda --gtest_filter='-*MoreBlocks*:*MoreQueryBlocks*' >"$OUT/${t}_tests.log" 2>&1
-      echo "test_${t}_cuda: status $? ($(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/${t}_tests.log" | tr '\n' ' '))"
-      grep -E '^\[  FAILED  \]' "$OUT/${t}_tests.log" | head -5
-    done
-    for grid in blocks heads; do
-      export FLASHATTN_CUDA_GRID=$grid
-      PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_forward.py --lib build-tune/src/libflashattn_c.so \
-        --out "$OUT/fwd_$grid" --skip-peers --causal no --seqlens 1k,4k,16k --target-s 0.2 >"$OUT/fwd_$grid.log" 2>&1
-      PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so \
-        --out "$OUT/bwd_$grid" --skip-peers --hdims 64,128,256 --causal no --seqlens 1k,4k,16k --time-budget-s 80 >"$OUT/bwd_$grid.log" 2>&1
-      echo "== non-causal, FLASHATTN_CUDA_GRID=$grid: forward, then backward TFLOP/s"
-      grep -E "^\| [0-9]+ \| no" "$OUT/fwd_$grid/results.md" | awk -F'|' '{printf "  fwd hdim %s seqlen %s: %s\n", $2, $4, $5}'
-      grep -E "^\| [0-9]+ \| no" "$OUT/bwd_$grid/results.md" | head -9 | awk -F'|' '{printf "  bwd hdim %s seqlen %s: %s\n", $2, $4, $5}'
-    done
-    unset FLASHATTN_CUDA_GRID ;;
-  gridprof)
-    # gridorder's A/B without its tests (the release of the same commit passed them), then
-    # the head-dim-256 backward and forward profiles against FA2's on the tuning build.
-    bash scripts/build_tuning.sh "$OUT/tune_build.log" || exit 1
-    for grid in blocks heads; do
-      export FLASHATTN_CUDA_GRID=$grid
-      PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_forward.py --lib build-tune/src/libflashattn_c.so \
-        --out "$OUT/fwd_$grid" --skip-peers --causal no --seqlens 1k,4k,16k --target-s 0.2 >"$OUT/fwd_$grid.log" 2>&1
-      PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_backward.py --lib build-tune/src/libflashattn_c.so \
-        --out "$OUT/bwd_$grid" --skip-peers --hdims 64,128,256 --causal no --seqlens 1k,4k,16k --time-budget-s 60 >"$OUT/bwd_$grid.log" 2>&1
-      echo "== non-causal, FLASHATTN_CUDA_GRID=$grid: forward, then backward TFLOP/s"
-      grep -E "^\| [0-9]+ \| no" "$OUT/fwd_$grid/results.md" | awk -F'|' '{printf "  fwd hdim %s seqlen %s: %s\n", $2, $4, $5}'
-      grep -E "^\| [0-9]+ \| no" "$OUT/bwd_$grid/results.md" | head -9 | awk -F'|' '{printf "  bwd hdim %s seqlen %s: %s\n", $2, $4, $5}'
-    done
-    unset FLASHATTN_CUDA_GRID
-    export PROFILE_LIB=build-tune/src/libflashattn_c.so
-    { OUT="$OUT/bwd256" bash scripts/gpu_profile.sh 256 4096 no bwd; OUT="$OUT/fwd256" bash scripts/gpu_profile.sh 256 4096 no fwd; } \
-      >"$OUT/profiles.txt" 2>&1
-    tail -60 "$OUT/profiles.txt"
-    rm -f "$OUT"/*/*.ncu-rep ;;
   profiles)
     { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/fwd256" bash scripts/gpu_profile.sh 256 4096 no fwd;
       OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } 2>&1 | tee "$OUT/pending.txt" | tail -120
