@@ -328,10 +328,12 @@ def run_system(system: str, cfg: fw.Config, sets: list[tuple], lib, args,
             with prepared.context():
                 grads = prepared.grads()
             reference_grads_of[system] = tuple(g.detach().clone() for g in grads)
+        timed_from = time.time()
         t_bwd = time_calls(prepared.bwd, prepared.context, args.target_s, args.repeat)
+        timed_to = time.time()  # the backward's window (scripts/clock_windows.py)
         t_all = time_calls(prepared.fwdbwd, prepared.context, args.target_s, args.repeat)
         row.update(bwd_ms=t_bwd.ms, bwd_ms_min=t_bwd.ms_min, bwd_ms_max=t_bwd.ms_max,
-                   bwd_reps=t_bwd.reps,
+                   bwd_reps=t_bwd.reps, timed_window=[round(timed_from, 3), round(timed_to, 3)],
                    bwd_tflops=BWD_FACTOR * cfg.flops / (t_bwd.ms * 1e-3) / 1e12,
                    fwdbwd_ms=t_all.ms, fwdbwd_reps=t_all.reps,
                    fwdbwd_tflops=(1 + BWD_FACTOR) * cfg.flops / (t_all.ms * 1e-3) / 1e12)

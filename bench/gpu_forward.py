@@ -816,9 +816,13 @@ def run_system(system: str, cfg: Config, sets: list[tuple], lib: FlashAttnLib | 
                 row["check"] = {"ok": False, "failed": "the check raised " + first_line(e)}
             row["error"] = row["check"].get("max_abs_vs_peer",
                                             row["check"].get("max_abs_out_vs_fp64"))
+        timed_from = time.time()
         timing = time_calls(prepared, args.target_s, args.repeat)
+        # The wall-clock window of the timed calls, so that a clock and power log sampled
+        # alongside (scripts/clock_windows.py) can be matched to each measurement.
         row.update(ms=timing.ms, ms_min=timing.ms_min, ms_max=timing.ms_max, reps=timing.reps,
-                   tflops=cfg.flops / (timing.ms * 1e-3) / 1e12)
+                   tflops=cfg.flops / (timing.ms * 1e-3) / 1e12,
+                   timed_window=[round(timed_from, 3), round(time.time(), 3)])
         if system == "ours":
             row["workspace_bytes"] = int(prepared.forward_calls[0].info.workspace_bytes)
     except Exception as e:

@@ -26,6 +26,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, order, final or quickbwd}
 top=${OUT:-gpu-results}
+# Runs the arguments while the SM clock and power are sampled every 100 ms into $1, for
+# scripts/clock_windows.py (the benchmarks record each measurement's wall-clock window).
+with_clock_log() {
+  local log=$1; shift
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader,nounits -lms 100 \
+    >"$log" 2>/dev/null &
+  local sampler=$!
+  "$@"; local status=$?
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  return $status
+}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
 case "$stage" in
@@ -50,9 +61,11 @@ case "$stage" in
     bash scripts/gpu_tune_kvcache.sh 2>&1 | tee "$OUT/pending.txt" | tail -40 ;;
   order)
     BWD_HDIMS=256,128,64 bash scripts/gpu_try_backward.sh >"$OUT/pending.txt" 2>&1
-    PYTHONUNBUFFERED=1 timeout 230 python3 bench/gpu_forward.py --lib build-gpu/src/libflashattn_c.so \
-      --out "$OUT/forward" --seqlens 512,1k,2k,4k,16k --time-budget-s 180 >"$OUT/bench_forward.log" 2>&1
+    with_clock_log "$OUT/clocks_forward.csv" env PYTHONUNBUFFERED=1 timeout 230 python3 bench/gpu_forward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --seqlens 512,1k,2k,4k,16k --time-budget-s 180 \
+      >"$OUT/bench_forward.log" 2>&1
     echo "bench forward: status $?"
+    python3 scripts/clock_windows.py "$OUT/clocks_forward.csv" "$OUT/forward/results.json" >"$OUT/clocks_forward.md" 2>&1
     grep -E "status|passed|min ours" "$OUT/pending.txt" | head -20
     grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/pending.txt" | head -20
     grep -A32 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -32
@@ -86,12 +99,17 @@ case "$stage" in
     sanitize memcheck test_forward_cuda "$fwd_filter"
     sanitize memcheck test_backward_cuda "$bwd_filter"
     sanitize racecheck test_backward_cuda "$bwd_filter"
-    PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
-      --out "$OUT/backward" --peers flash,cudnn --seqlens 1k,4k,16k --time-budget-s 90 >"$OUT/bench_backward.log" 2>&1
+    with_clock_log "$OUT/clocks_backward.csv" env PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpu_backward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/backward" --peers flash,cudnn --seqlens 1k,4k,16k \
+      --time-budget-s 90 >"$OUT/bench_backward.log" 2>&1
     echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
-    PYTHONUNBUFFERED=1 timeout 130 python3 bench/gpu_forward.py --lib build-gpu/src/libflashattn_c.so \
-      --out "$OUT/forward" --peers flash,cudnn --seqlens 1k,4k,16k --time-budget-s 100 >"$OUT/bench_forward.log" 2>&1
+    with_clock_log "$OUT/clocks_forward.csv" env PYTHONUNBUFFERED=1 timeout 130 python3 bench/gpu_forward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --peers flash,cudnn --seqlens 1k,4k,16k \
+      --time-budget-s 100 >"$OUT/bench_forward.log" 2>&1
     echo "bench forward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    for pass in backward forward; do
+      python3 scripts/clock_windows.py "$OUT/clocks_$pass.csv" "$OUT/$pass/results.json" >"$OUT/clocks_$pass.md" 2>&1
+    done
     left=$(( 560 - ($(date +%s) - t0) ))
     if [ $left -gt 60 ]; then
       timeout $left compute-sanitizer --tool racecheck --error-exitcode 99 build-gpu/tests/test_forward_cuda \
