@@ -3,17 +3,20 @@
 # dependencies to .snap/ of this checkout, for device runs: the device copies the working
 # tree, which may hold unfinished edits, and only the main checkout's (so a branch is
 # snapshotted from here: `scripts/device_snapshot.sh some-branch`).
-# Then: run with carry [".snap"] and a command starting `cd .snap && ...`.
+# Then: run with carry [".snap"] and a command starting `cd .snap && ...`. For an A/B, a
+# second snapshot: `scripts/device_snapshot.sh main .snap_base`, carry [".snap", ".snap_base"],
+# and `cd .snap && bash scripts/gpu_pending.sh ab ../.snap_base`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ref=${1:-HEAD}
+dir=${2:-.snap}  # another directory for a second snapshot (an A/B: gpu_pending.sh ab)
 commit=$(git rev-parse --short "$ref^{commit}")
 # A worktree's .git is a file: the exclude list lives in the common git directory.
 exclude="$(git rev-parse --git-common-dir)/info/exclude"
-grep -qx '/.snap/' "$exclude" 2>/dev/null || echo '/.snap/' >> "$exclude"
-rm -rf .snap && mkdir .snap
-git archive "$commit" | tar -x -C .snap
+grep -qx "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >> "$exclude"
+rm -rf "$dir" && mkdir "$dir"
+git archive "$commit" | tar -x -C "$dir"
 # The copy has no .git: scripts read the commit from here.
-echo "$commit" > .snap/COMMIT
-[ -d .deps ] && cp -r .deps .snap/.deps
-echo "snapshot of $commit ($ref) in .snap ($(du -sh .snap | cut -f1))"
+echo "$commit" > "$dir/COMMIT"
+[ -d .deps ] && cp -r .deps "$dir/.deps"
+echo "snapshot of $commit ($ref) in $dir ($(du -sh "$dir" | cut -f1))"
