@@ -21,7 +21,8 @@
 #   scripts/gpu_pending.sh final      a session's last call: GPU suite, sanitizers, backward and
 #                                     forward benchmarks against flash and cuDNN (~7 min)
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
-#   scripts/gpu_pending.sh ab BASE    this tree's speed against the snapshot in BASE, ours only,
+#   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
+#                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward (device_snapshot.sh REF .snap_base)
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
@@ -132,29 +133,45 @@ case "$stage" in
     grep -A8 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -8 ;;
   ab)
     # This tree against another snapshot carried along (scripts/device_snapshot.sh REF
-    # .snap_base): both libraries built at once, then ours alone, forward (1k/4k/16k) and
-    # backward (4k/16k) at hdim 64/128/256, causal and not, alternating base, this, base,
-    # this; scripts/ab_table.py prints each configuration's TFLOP/s and the ratio (~5 min).
+    # .snap_base), and optionally more variants (further snapshot directories): all libraries
+    # built at once, then ours alone, forward (1k/4k/16k) and backward (4k/16k) at hdim
+    # 64/128/256, causal and not, in two rounds that alternate base, this, the variants;
+    # scripts/ab_table.py prints each configuration's TFLOP/s and the ratios (~5 min for
+    # two trees). AB_PASSES="bwd" (or "fwd") times one pass only.
     base=${2:?ab needs the base snapshot directory, e.g. ../.snap_base}
+    shift 2
+    trees=("$base" . "$@")
+    names=(base this)
+    for extra in "$@"; do names+=("$(basename "$extra" | tr -dc 'A-Za-z0-9_')"); done
+    passes=${AB_PASSES:-fwd bwd}
     export PATH="/usr/local/cuda/bin:$PATH"
+    jobs=$(( $(nproc) / ${#trees[@]} )); [ "$jobs" -ge 1 ] || jobs=1
     build_library() {  # source dir
       cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
         -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_TOOLS=OFF &&
-        cmake --build "$1/build-gpu" -j "$(( $(nproc) / 2 ))" --target flashattn_c
+        cmake --build "$1/build-gpu" -j "$jobs" --target flashattn_c
     }
-    build_library "$base" >"$OUT/build_base.log" 2>&1 & base_build=$!
-    build_library . >"$OUT/build_this.log" 2>&1 & this_build=$!
-    wait $base_build || { tail -20 "$OUT/build_base.log"; exit 1; }
-    wait $this_build || { tail -20 "$OUT/build_this.log"; exit 1; }
-    echo "builds done; base $(cat "$base/COMMIT" 2>/dev/null), this $(cat COMMIT 2>/dev/null)"
+    builds=()
+    for i in "${!trees[@]}"; do
+      build_library "${trees[$i]}" >"$OUT/build_${names[$i]}.log" 2>&1 & builds+=($!)
+    done
+    for i in "${!trees[@]}"; do
+      wait "${builds[$i]}" || { tail -20 "$OUT/build_${names[$i]}.log"; exit 1; }
+    done
+    printf '%s\n' "${names[@]}" >"$OUT/trees.txt"
+    for i in "${!trees[@]}"; do echo "${names[$i]}: $(cat "${trees[$i]}/COMMIT" 2>/dev/null)"; done
     for round in 1 2; do
-      for who in base this; do
-        lib=build-gpu/src/libflashattn_c.so; [ $who = base ] && lib="$base/$lib"
-        env PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_forward.py --lib "$lib" --skip-peers \
-          --seqlens 1k,4k,16k --target-s 0.15 --out "$OUT/fwd_${who}_$round" >"$OUT/fwd_${who}_$round.log" 2>&1
-        env PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_backward.py --lib "$lib" --skip-peers \
-          --hdims 64,128,256 --seqlens 4k,16k --time-budget-s 45 --out "$OUT/bwd_${who}_$round" \
-          >"$OUT/bwd_${who}_$round.log" 2>&1
+      for i in "${!trees[@]}"; do
+        who=${names[$i]}; lib="${trees[$i]}/build-gpu/src/libflashattn_c.so"
+        if [[ " $passes " == *" fwd "* ]]; then
+          env PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_forward.py --lib "$lib" --skip-peers \
+            --seqlens 1k,4k,16k --target-s 0.15 --out "$OUT/fwd_${who}_$round" >"$OUT/fwd_${who}_$round.log" 2>&1
+        fi
+        if [[ " $passes " == *" bwd "* ]]; then
+          env PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_backward.py --lib "$lib" --skip-peers \
+            --hdims 64,128,256 --seqlens 4k,16k --time-budget-s 45 --out "$OUT/bwd_${who}_$round" \
+            >"$OUT/bwd_${who}_$round.log" 2>&1
+        fi
       done
     done
     python3 scripts/ab_table.py "$OUT" | tee "$OUT/ab.md" ;;
