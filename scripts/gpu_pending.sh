@@ -29,12 +29,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, order, final, quickbwd or ab}
 top=${OUT:-gpu-results}
-# Runs the arguments while the SM clock and power are sampled every 100 ms into $1, for
-# scripts/clock_windows.py (the benchmarks record each measurement's wall-clock window).
+# Runs the arguments while the SM clock and power (and, where the driver reports them, the
+# reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
+# (the benchmarks record each measurement's wall-clock window).
 with_clock_log() {
   local log=$1; shift
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader,nounits -lms 100 \
-    >"$log" 2>/dev/null &
+  local fields=timestamp,clocks.sm,power.draw
+  nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader >/dev/null 2>&1 &&
+    fields+=,clocks_event_reasons.active
+  nvidia-smi --query-gpu="$fields" --format=csv,noheader,nounits -lms 50 >"$log" 2>/dev/null &
   local sampler=$!
   "$@"; local status=$?
   kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
@@ -137,7 +140,8 @@ case "$stage" in
     # built at once, then ours alone, forward (1k/4k/16k) and backward (4k/16k) at hdim
     # 64/128/256, causal and not, in two rounds that alternate base, this, the variants;
     # scripts/ab_table.py prints each configuration's TFLOP/s and the ratios (~5 min for
-    # two trees). AB_PASSES="bwd" (or "fwd") times one pass only.
+    # two trees); $OUT/clocks.md has the SM clock in each measurement's window. AB_PASSES="bwd"
+    # (or "fwd") times one pass only.
     base=${2:?ab needs the base snapshot directory, e.g. ../.snap_base}
     shift 2
     trees=("$base" . "$@")
@@ -164,16 +168,22 @@ case "$stage" in
       for i in "${!trees[@]}"; do
         who=${names[$i]}; lib="${trees[$i]}/build-gpu/src/libflashattn_c.so"
         if [[ " $passes " == *" fwd "* ]]; then
-          env PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_forward.py --lib "$lib" --skip-peers \
-            --seqlens 1k,4k,16k --target-s 0.15 --out "$OUT/fwd_${who}_$round" >"$OUT/fwd_${who}_$round.log" 2>&1
+          with_clock_log "$OUT/clocks_fwd_${who}_$round.csv" env PYTHONUNBUFFERED=1 timeout 100 \
+            python3 bench/gpu_forward.py --lib "$lib" --skip-peers --seqlens 1k,4k,16k --target-s 0.15 \
+            --out "$OUT/fwd_${who}_$round" >"$OUT/fwd_${who}_$round.log" 2>&1
         fi
         if [[ " $passes " == *" bwd "* ]]; then
-          env PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_backward.py --lib "$lib" --skip-peers \
-            --hdims 64,128,256 --seqlens 4k,16k --time-budget-s 45 --out "$OUT/bwd_${who}_$round" \
-            >"$OUT/bwd_${who}_$round.log" 2>&1
+          with_clock_log "$OUT/clocks_bwd_${who}_$round.csv" env PYTHONUNBUFFERED=1 timeout 100 \
+            python3 bench/gpu_backward.py --lib "$lib" --skip-peers --hdims 64,128,256 --seqlens 4k,16k \
+            --time-budget-s 45 --out "$OUT/bwd_${who}_$round" >"$OUT/bwd_${who}_$round.log" 2>&1
         fi
       done
     done
+    # The SM clock (and why it was held down) in each measurement's window, per tree and round.
+    for log in "$OUT"/clocks_*.csv; do
+      run=$(basename "$log" .csv); run=${run#clocks_}
+      [ -f "$OUT/$run/results.json" ] && python3 scripts/clock_windows.py "$log" "$OUT/$run/results.json"
+    done >"$OUT/clocks.md" 2>&1
     python3 scripts/ab_table.py "$OUT" | tee "$OUT/ab.md" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
