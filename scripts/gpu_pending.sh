@@ -13,6 +13,8 @@
 #                                     the backward's dK/dV kernel against FA2's (hdim 128, 4k),
 #                                     the forward against FA2's (hdim 256, 4k) and the decode
 #                                     kernel against cuDNN's at 1 x 8k (~5 min)
+#   scripts/gpu_pending.sh power      ours and flash at hdim 256 with long windows and the clock
+#                                     log: is our forward held at a lower clock? (~2 min)
 #   scripts/gpu_pending.sh kvprofile  Nsight Compute: the decode kernel against cuDNN's at
 #                                     8 x 32k and 1 x 8k (gpu_profile.sh ... dec)
 #   scripts/gpu_pending.sh order      what `both` runs for the backward (GPU tests, sanitizers,
@@ -27,7 +29,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, order, final, quickbwd or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -80,6 +82,21 @@ case "$stage" in
     { OUT="$OUT/bwd" bash scripts/gpu_profile.sh 128 4096 no bwd; OUT="$OUT/fwd256" bash scripts/gpu_profile.sh 256 4096 no fwd;
       OUT="$OUT/dec" bash scripts/gpu_profile.sh 1 8192 no dec; } 2>&1 | tee "$OUT/pending.txt" | tail -120
     rm -f "$OUT"/*/*.ncu-rep ;;  # the reports are large; the details and stalls are kept
+  power)
+    # Whether the card holds our hdim-256 forward at a lower SM clock than FA2's: under the
+    # profiler's locked clocks ours is the faster, in the benchmark 5 % slower at 16k, and the
+    # 100 ms clock samples of the final stage put ours at 1755-1780 MHz against 1885-1890.
+    # Ours and flash at hdim 256 (4k, 16k) with windows of ~2 s, the clock and its event
+    # reasons sampled every 50 ms (~2 min with the build).
+    export PATH="/usr/local/cuda/bin:$PATH"
+    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
+      -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_TOOLS=OFF && cmake --build build-gpu -j "$(nproc)" --target flashattn_c; } \
+      >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    with_clock_log "$OUT/clocks.csv" env PYTHONUNBUFFERED=1 timeout 200 python3 bench/gpu_forward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --peers flash --hdims 256 --seqlens 4k,16k \
+      --target-s 2 --repeat 400 >"$OUT/bench.log" 2>&1
+    python3 scripts/clock_windows.py "$OUT/clocks.csv" "$OUT/forward/results.json" | tee "$OUT/clocks.md"
+    grep -A8 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -8 ;;
   kvprofile)
     { bash scripts/gpu_profile.sh 8 32768 no dec; OUT="$OUT/b1" bash scripts/gpu_profile.sh 1 8192 no dec; } \
       2>&1 | tee "$OUT/pending.txt" | tail -60 ;;
