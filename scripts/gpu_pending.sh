@@ -45,6 +45,13 @@ with_clock_log() {
   kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
   return $status
 }
+# The release build of the C library alone (what the benchmarks load) in DIR/build-gpu, with
+# JOBS parallel jobs (default: every core).
+build_library() {  # DIR [JOBS]
+  PATH="/usr/local/cuda/bin:$PATH" cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_TOOLS=OFF &&
+    PATH="/usr/local/cuda/bin:$PATH" cmake --build "$1/build-gpu" -j "${2:-$(nproc)}" --target flashattn_c
+}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
 case "$stage" in
@@ -88,10 +95,7 @@ case "$stage" in
     # 100 ms clock samples of the final stage put ours at 1755-1780 MHz against 1885-1890.
     # Ours and flash at hdim 256 (4k, 16k) with windows of ~2 s, the clock and its event
     # reasons sampled every 50 ms (~2 min with the build).
-    export PATH="/usr/local/cuda/bin:$PATH"
-    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
-      -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_TOOLS=OFF && cmake --build build-gpu -j "$(nproc)" --target flashattn_c; } \
-      >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    build_library . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
     with_clock_log "$OUT/clocks.csv" env PYTHONUNBUFFERED=1 timeout 200 python3 bench/gpu_forward.py \
       --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --peers flash --hdims 256 --seqlens 4k,16k \
       --target-s 2 --repeat 400 >"$OUT/bench.log" 2>&1
@@ -144,10 +148,7 @@ case "$stage" in
     grep -h "min ours" "$OUT/backward/results.md" "$OUT/forward/results.md" ;;
   quickbwd)
     # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.
-    export PATH="/usr/local/cuda/bin:$PATH"
-    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
-      -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_TOOLS=OFF && cmake --build build-gpu -j "$(nproc)" --target flashattn_c; } \
-      >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    build_library . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
     PYTHONUNBUFFERED=1 timeout 60 python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
       --out "$OUT/backward" --skip-peers --hdims 64,128,256 --seqlens 4k --time-budget-s 40 >"$OUT/bench_backward.log" 2>&1
     grep -A8 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -8 ;;
@@ -165,16 +166,10 @@ case "$stage" in
     names=(base this)
     for extra in "$@"; do names+=("$(basename "$extra" | tr -dc 'A-Za-z0-9_')"); done
     passes=${AB_PASSES:-fwd bwd}
-    export PATH="/usr/local/cuda/bin:$PATH"
     jobs=$(( $(nproc) / ${#trees[@]} )); [ "$jobs" -ge 1 ] || jobs=1
-    build_library() {  # source dir
-      cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-        -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_TOOLS=OFF &&
-        cmake --build "$1/build-gpu" -j "$jobs" --target flashattn_c
-    }
     builds=()
     for i in "${!trees[@]}"; do
-      build_library "${trees[$i]}" >"$OUT/build_${names[$i]}.log" 2>&1 & builds+=($!)
+      build_library "${trees[$i]}" "$jobs" >"$OUT/build_${names[$i]}.log" 2>&1 & builds+=($!)
     done
     for i in "${!trees[@]}"; do
       wait "${builds[$i]}" || { tail -20 "$OUT/build_${names[$i]}.log"; exit 1; }
