@@ -103,13 +103,41 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int n_blocks =
       keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + kBlockN - 1) / kBlockN);
 
-  // Prologue: Q and the first K block (and V block, double-buffered).
+  // The key blocks that every row of the CTA sees whole, [full_begin, full_end) (empty when
+  // full_end <= full_begin): the others are masked. Found once here in 64 bits, so that the
+  // loop's test is two 32-bit compares (per block it cost ~60 instructions, sm_90a SASS).
+  int full_begin = 0, full_end = 0;
+  if (n_blocks > 0) {
+    const int64_t seen_by_all_from =
+        visible_keys(m0 + rows_here - 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).begin -
+        keys.begin;
+    const int64_t seen_by_all_to =
+        visible_keys(m0, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).end - keys.begin;
+    const int64_t first = seen_by_all_from <= 0 ? 0 : (seen_by_all_from + kBlockN - 1) / kBlockN;
+    const int64_t last = seen_by_all_to < kBlockN ? 0 : (seen_by_all_to - kBlockN) / kBlockN + 1;
+    full_begin = static_cast<int>(first < n_blocks ? first : n_blocks);
+    full_end = static_cast<int>(last < n_blocks ? last : n_blocks);
+  }
+
+  // Prologue: Q and the first K block (and V block, double-buffered). K and V then load
+  // through per-thread cursors (this thread's first chunk of the next tile), advanced a
+  // block at a time: no 64-bit products per tile.
   const TileLoader<Cfg, kBlockN, Cfg::kL2Prefetch> k_loader(p.head_dim), v_loader(p.head_dim_v);
   TileLoader<Cfg, kBlockM>(p.head_dim).load(sQ_address, q, p.q_row_stride, rows_here);
+  const Element* k_next = k_loader.thread_source(k + keys.begin * p.k_row_stride, p.k_row_stride);
+  const Element* v_next = v_loader.thread_source(v + keys.begin * p.v_row_stride, p.v_row_stride);
+  const int64_t k_block_stride = kBlockN * p.k_row_stride, v_block_stride = kBlockN * p.v_row_stride;
+  const auto load_k = [&](uint32_t tile, int64_t j) {
+    k_loader.load_thread(tile, k_next, p.k_row_stride, keys.end - j);
+    k_next += k_block_stride;
+  };
+  const auto load_v = [&](uint32_t tile, int64_t j) {
+    v_loader.load_thread(tile, v_next, p.v_row_stride, keys.end - j);
+    v_next += v_block_stride;
+  };
   if (n_blocks > 0) {
-    k_loader.load(sK_address, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin);
-    if (kDoubleBuffered)
-      v_loader.load(sV_address, v + keys.begin * p.v_row_stride, p.v_row_stride, keys.end - keys.begin);
+    load_k(sK_address, keys.begin);
+    if (kDoubleBuffered) load_v(sV_address, keys.begin);
   }
   ptx::cp_async_commit();
 
@@ -167,13 +195,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     ptx::cp_async_wait<0>();
     __syncthreads();  // K(n) (and V(n)) have landed, and every warp is done with block n - 1
     if (!kDoubleBuffered) {
-      v_loader.load(sV_address, v + j0 * p.v_row_stride, p.v_row_stride, keys.end - j0);
+      load_v(sV_address, j0);
     } else if (n + 1 < n_blocks) {  // prefetch block n + 1 into the other stage
-      const int64_t j1 = j0 + kBlockN;
-      k_loader.load(sK_address + (stage ^ 1) * kStageBytes, k + j1 * p.k_row_stride,
-                    p.k_row_stride, keys.end - j1);
-      v_loader.load(sV_address + (stage ^ 1) * kStageBytes, v + j1 * p.v_row_stride,
-                    p.v_row_stride, keys.end - j1);
+      load_k(sK_address + (stage ^ 1) * kStageBytes, j0 + kBlockN);
+      load_v(sV_address + (stage ^ 1) * kStageBytes, j0 + kBlockN);
     }
     ptx::cp_async_commit();
     if (kQInRegisters && n == 0) {  // Q fragments once, for the whole head dim
@@ -207,9 +232,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
     // Softcap and ALiBi (into base-2 scores), then the mask on boundary blocks. Column
     // arithmetic is relative to the block, in 32 bits.
-    const bool needs_mask = !block_fully_visible(m0, m0 + rows_here, j0, j0 + kBlockN,
-                                                 seq.seqlen_q, seq.seqlen_k, p.window_left,
-                                                 p.window_right);
+    const bool needs_mask = n < full_begin || n >= full_end;
     if (!plain) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
@@ -252,10 +275,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (!kDoubleBuffered) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V(n) has landed, and every warp is done with K(n)
-      if (n + 1 < n_blocks) {
-        const int64_t j1 = j0 + kBlockN;
-        k_loader.load(sK_address, k + j1 * p.k_row_stride, p.k_row_stride, keys.end - j1);
-      }
+      if (n + 1 < n_blocks) load_k(sK_address, j0 + kBlockN);
       ptx::cp_async_commit();
     }
 
