@@ -194,13 +194,26 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int64_t j0 = keys.begin + int64_t{n} * kBlockN;
     ptx::cp_async_wait<0>();
     __syncthreads();  // K(n) (and V(n)) have landed, and every warp is done with block n - 1
-    if (!kDoubleBuffered) {
-      load_v(sV_address, j0);
-    } else if (n + 1 < n_blocks) {  // prefetch block n + 1 into the other stage
-      load_k(sK_address + (stage ^ 1) * kStageBytes, j0 + kBlockN);
-      load_v(sV_address + (stage ^ 1) * kStageBytes, j0 + kBlockN);
-    }
-    ptx::cp_async_commit();
+    // The copies issued during S = Q K^T, spread copy by copy over its k-steps (a burst of
+    // copies ahead of the MMAs holds up their fragment loads behind it): single-buffered,
+    // V(n); double-buffered, K(n + 1) and V(n + 1) into the other stage.
+    const bool copies_now = !kDoubleBuffered || n + 1 < n_blocks;
+    const int64_t j_copy = kDoubleBuffered ? j0 + kBlockN : j0;
+    const uint32_t copy_stage = kDoubleBuffered ? (stage ^ 1) * kStageBytes : 0;
+    const int k_rows_left = k_loader.rows_left(keys.end - j_copy), v_rows_left = v_loader.rows_left(keys.end - j_copy);
+    constexpr int kKCopies = decltype(k_loader)::kCopies, kVCopies = decltype(v_loader)::kCopies;
+    constexpr int kQkCopies = kDoubleBuffered ? kKCopies + kVCopies : kVCopies;
+    const auto copies_during_qk = [&](int kk) {
+#pragma unroll
+      for (int i = 0; i < kQkCopies; ++i) {
+        if (i * kKSteps / kQkCopies != kk || !copies_now) continue;
+        if (kDoubleBuffered && i < kKCopies)
+          k_loader.load_copy(sK_address + copy_stage, k_next, p.k_row_stride, k_rows_left, i);
+        else
+          v_loader.load_copy(sV_address + copy_stage, v_next, p.v_row_stride, v_rows_left,
+                             kDoubleBuffered ? i - kKCopies : i);
+      }
+    };
     if (kQInRegisters && n == 0) {  // Q fragments once, for the whole head dim
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
@@ -214,6 +227,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     float s[kMTiles][kSTiles][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
+      copies_during_qk(kk);
       if (!kQInRegisters)
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) ptx::ldmatrix_x4(qf[mt], q_fragment_address(mt, kk));
@@ -229,6 +243,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         }
       }
     }
+
+    if (copies_now) {
+      if (kDoubleBuffered) k_next += k_block_stride;
+      v_next += v_block_stride;
+    }
+    ptx::cp_async_commit();
 
     // Softcap and ALiBi (into base-2 scores), then the mask on boundary blocks. Column
     // arithmetic is relative to the block, in 32 bits.
@@ -275,9 +295,17 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (!kDoubleBuffered) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V(n) has landed, and every warp is done with K(n)
-      if (n + 1 < n_blocks) load_k(sK_address, j0 + kBlockN);
-      ptx::cp_async_commit();
     }
+    // Single-buffered: K(n + 1), spread over the k-steps of P V(n) (below).
+    const bool next_k_now = !kDoubleBuffered && n + 1 < n_blocks;
+    const int next_k_rows_left = k_loader.rows_left(keys.end - (j0 + kBlockN));
+    constexpr int kPvSteps = kBlockN / 16;
+    const auto copies_during_pv = [&](int kk) {
+#pragma unroll
+      for (int i = 0; i < kKCopies; ++i)
+        if (next_k_now && i * kPvSteps / kKCopies == kk)
+          k_loader.load_copy(sK_address, k_next, p.k_row_stride, next_k_rows_left, i);
+    };
 
     // Online softmax: new running max per row (across the lane quad), rescale, exponentiate.
 #pragma unroll
@@ -333,7 +361,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     // O += P V: the S accumulators of two adjacent key tiles are exactly one A fragment.
     const uint32_t v_base = sV_address + stage * kStageBytes + v_lane;
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    for (int kk = 0; kk < kPvSteps; ++kk) {
+      copies_during_pv(kk);
       uint32_t pf[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
@@ -352,6 +381,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
           ptx::mma_16816<Element>(o[mt][t + 1], pf[mt], vf[2], vf[3]);
         }
       }
+    }
+    if (!kDoubleBuffered) {
+      if (next_k_now) k_next += k_block_stride;
+      ptx::cp_async_commit();
     }
   }
 

@@ -52,36 +52,42 @@ struct TileLoader {
     return src + row * row_stride + chunk * 8;
   }
 
-  // load() from this thread's first chunk (thread_source). A chunk outside the tile (a row
-  // from valid_rows on, a column from head_dim on) is a copy with src-size 0: zeros are
-  // written and nothing is read, so its address needs no substitute and every copy is the row
-  // pass's pointer plus an immediate offset. The row test is one 32-bit compare per pass
-  // against this thread's rows left in the tile (the 64-bit count is clamped once per tile):
-  // in the hdim-256 forward the substitutes and 64-bit tests were ~300 of the loop's 1281
-  // instructions (sm_90a SASS), in a kernel the H200 holds at its power cap.
+  static constexpr int kCopies = kRowPasses * kColumnPasses;  // per thread and tile
+
+  // This thread's rows of a tile with `valid_rows` rows to read, counted from its first row
+  // (<= 0: none). 32-bit from here on: each row test is one compare per pass.
+  __device__ __forceinline__ int rows_left(int64_t valid_rows) const {
+    return static_cast<int>(valid_rows >= kRows ? kRows : (valid_rows > 0 ? valid_rows : 0)) - row;
+  }
+
+  // Copy i (0 .. kCopies - 1) of this thread's share of a tile: row pass i / kColumnPasses,
+  // column pass i % kColumnPasses. A chunk outside the tile (a row past rows_left, a column
+  // from head_dim on) is a copy with src-size 0: zeros are written and nothing is read, so its
+  // address needs no substitute and every copy is the row pass's pointer plus an immediate
+  // (in the hdim-256 forward the substitutes and 64-bit row tests were ~300 of the loop's
+  // 1281 instructions, sm_90a SASS). Kernels spread the copies of a tile over their MMAs
+  // with this, copy by copy.
+  __device__ __forceinline__ void load_copy(uint32_t tile, const typename Cfg::Element* thread_src,
+                                            int64_t row_stride, int rows_left, int i) const {
+    constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
+    const int r = i / kColumnPasses, c = i % kColumnPasses;
+    // Head dims that are not a multiple of 8 chunks: in the last pass some threads have no
+    // chunk (theirs would spill into the next row).
+    if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && c == kColumnPasses - 1 &&
+        chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
+      return;
+    const bool valid = r * kRowsPerPass < rows_left && ((column_valid >> c) & 1u);
+    ptx::cp_async_16<kL2PrefetchBytes>(
+        tile + ((row + r * kRowsPerPass) * Cfg::kRowStride + (chunk + c * kThreadsPerRow) * 8) * kElementBytes,
+        thread_src + r * kRowsPerPass * row_stride + c * kThreadsPerRow * 8, valid);
+  }
+
+  // load() from this thread's first chunk (thread_source): every copy at once.
   __device__ __forceinline__ void load_thread(uint32_t tile, const typename Cfg::Element* thread_src,
                                               int64_t row_stride, int64_t valid_rows) const {
-    constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
-    const int rows_left =
-        static_cast<int>(valid_rows >= kRows ? kRows : (valid_rows > 0 ? valid_rows : 0)) - row;
-    const uint32_t thread_tile = tile + (row * Cfg::kRowStride + chunk * 8) * kElementBytes;
+    const int left = rows_left(valid_rows);
 #pragma unroll
-    for (int r = 0; r < kRowPasses; ++r) {
-      const bool row_ok = r * kRowsPerPass < rows_left;
-#pragma unroll
-      for (int c = 0; c < kColumnPasses; ++c) {
-        // Head dims that are not a multiple of 8 chunks: in the last pass some threads have
-        // no chunk (theirs would spill into the next row).
-        if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && c == kColumnPasses - 1 &&
-            chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
-          continue;
-        const bool valid = row_ok && ((column_valid >> c) & 1u);
-        ptx::cp_async_16<kL2PrefetchBytes>(
-            thread_tile + (r * kRowsPerPass * Cfg::kRowStride + c * kThreadsPerRow * 8) * kElementBytes,
-            thread_src + c * kThreadsPerRow * 8, valid);
-      }
-      thread_src += kRowsPerPass * row_stride;
-    }
+    for (int i = 0; i < kCopies; ++i) load_copy(tile, thread_src, row_stride, left, i);
   }
 };
 
