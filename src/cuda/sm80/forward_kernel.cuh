@@ -194,9 +194,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int64_t j0 = keys.begin + int64_t{n} * kBlockN;
     ptx::cp_async_wait<0>();
     __syncthreads();  // K(n) (and V(n)) have landed, and every warp is done with block n - 1
-    // The copies issued during S = Q K^T, spread copy by copy over its k-steps (a burst of
-    // copies ahead of the MMAs holds up their fragment loads behind it): single-buffered,
-    // V(n); double-buffered, K(n + 1) and V(n + 1) into the other stage.
+    // The copies issued during S = Q K^T, spread copy by copy over its k-steps: single-
+    // buffered, V(n); double-buffered, K(n + 1) and V(n + 1) into the other stage. (As one
+    // burst ahead of the MMAs, the lean copies held up the MMAs' fragment loads behind them:
+    // the hdim-256 forward measured 6-11 % slower on the H200.)
     const bool copies_now = !kDoubleBuffered || n + 1 < n_blocks;
     const int64_t j_copy = kDoubleBuffered ? j0 + kBlockN : j0;
     const uint32_t copy_stage = kDoubleBuffered ? (stage ^ 1) * kStageBytes : 0;
@@ -295,17 +296,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (!kDoubleBuffered) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V(n) has landed, and every warp is done with K(n)
+      // K(n + 1) at once, so that it lands while this step's softmax and P V run (spread
+      // over P V instead, it measured 2-3 % slower at hdim 256 on the H200).
+      if (n + 1 < n_blocks) load_k(sK_address, j0 + kBlockN);
+      ptx::cp_async_commit();
     }
-    // Single-buffered: K(n + 1), spread over the k-steps of P V(n) (below).
-    const bool next_k_now = !kDoubleBuffered && n + 1 < n_blocks;
-    const int next_k_rows_left = k_loader.rows_left(keys.end - (j0 + kBlockN));
-    constexpr int kPvSteps = kBlockN / 16;
-    const auto copies_during_pv = [&](int kk) {
-#pragma unroll
-      for (int i = 0; i < kKCopies; ++i)
-        if (next_k_now && i * kPvSteps / kKCopies == kk)
-          k_loader.load_copy(sK_address, k_next, p.k_row_stride, next_k_rows_left, i);
-    };
 
     // Online softmax: new running max per row (across the lane quad), rescale, exponentiate.
 #pragma unroll
@@ -361,8 +356,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     // O += P V: the S accumulators of two adjacent key tiles are exactly one A fragment.
     const uint32_t v_base = sV_address + stage * kStageBytes + v_lane;
 #pragma unroll
-    for (int kk = 0; kk < kPvSteps; ++kk) {
-      copies_during_pv(kk);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
       uint32_t pf[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
@@ -381,10 +375,6 @@ __global__ void __launch_bounds__(Cfg::kThreads)
           ptx::mma_16816<Element>(o[mt][t + 1], pf[mt], vf[2], vf[3]);
         }
       }
-    }
-    if (!kDoubleBuffered) {
-      if (next_k_now) k_next += k_block_stride;
-      ptx::cp_async_commit();
     }
   }
 
