@@ -388,14 +388,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // recomputed from (h, m0) with 64-bit products (the profile against FA2 counted 9 % more
   // instructions, much of it this address arithmetic).
   const TileLoader<Cfg, kBlockM> q_loader(p.head_dim), do_loader(p.head_dim_v);
-  const Element* const q_tensor = static_cast<const Element*>(p.q);
-  const Element* const do_tensor = static_cast<const Element*>(bp.dout);
+  const Element* const q_any = static_cast<const Element*>(p.q);
+  const Element* const do_any = static_cast<const Element*>(bp.dout);
   const int64_t first_row = seq.q_row0 + m_first * kBlockM;
   const Element* q_next = q_loader.thread_source(
-      q_tensor + b * p.q_batch_stride + first_row * p.q_row_stride + int64_t{hk} * group * p.q_head_stride,
+      q_any + b * p.q_batch_stride + first_row * p.q_row_stride + int64_t{hk} * group * p.q_head_stride,
       p.q_row_stride);
   const Element* do_next = do_loader.thread_source(
-      do_tensor + b * bp.dout_batch_stride + first_row * bp.dout_row_stride +
+      do_any + b * bp.dout_batch_stride + first_row * bp.dout_row_stride +
           int64_t{hk} * group * bp.dout_head_stride,
       bp.dout_row_stride);
   // lse and D of this thread's row (threads below kBlockM each copy one row's).
@@ -404,9 +404,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   int m_index_next = 0;
   static_assert(kBlockM <= Cfg::kThreads, "one row of lse and D per thread");
   const auto load_next_step = [&](int stage) {
-    q_loader.load_thread(ptx::shared_address(sQ + stage * kBlockM * kRowStride), q_next,
+    q_loader.load_thread(ptx::shared_address(sQ + stage * kBlockM * kRowStride), q_next, q_any,
                          p.q_row_stride, seq.seqlen_q - m0_next);
-    do_loader.load_thread(ptx::shared_address(sdO + stage * kBlockM * kRowStride), do_next,
+    do_loader.load_thread(ptx::shared_address(sdO + stage * kBlockM * kRowStride), do_next, do_any,
                           bp.dout_row_stride, seq.seqlen_q - m0_next);
     if (threadIdx.x < kBlockM) {  // rows past the sequence read as 0
       const bool valid = m0_next + threadIdx.x < seq.seqlen_q;

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // full_end <= full_begin): the others are masked. Found once here in 64 bits, so that the
   // loop's test is two 32-bit compares (per block it cost ~60 instructions, sm_90a SASS).
   int full_begin = 0, full_end = 0;
-  if (n_blocks > 0) {
+  if (kDoubleBuffered && n_blocks > 0) {
     const int64_t seen_by_all_from =
         visible_keys(m0 + rows_here - 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).begin -
         keys.begin;
@@ -119,25 +119,29 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     full_end = static_cast<int>(last < n_blocks ? last : n_blocks);
   }
 
-  // Prologue: Q and the first K block (and V block, double-buffered). K and V then load
-  // through per-thread cursors (this thread's first chunk of the next tile), advanced a
-  // block at a time: no 64-bit products per tile.
+  // Prologue: Q and the first K block (and V block, double-buffered). Double-buffered, K and
+  // V then load through per-thread cursors (this thread's first chunk of the next tile),
+  // advanced a block at a time, copy by copy (TileLoader::load_copy).
   const TileLoader<Cfg, kBlockN, Cfg::kL2Prefetch> k_loader(p.head_dim), v_loader(p.head_dim_v);
   TileLoader<Cfg, kBlockM>(p.head_dim).load(sQ_address, q, p.q_row_stride, rows_here);
   const Element* k_next = k_loader.thread_source(k + keys.begin * p.k_row_stride, p.k_row_stride);
   const Element* v_next = v_loader.thread_source(v + keys.begin * p.v_row_stride, p.v_row_stride);
   const int64_t k_block_stride = kBlockN * p.k_row_stride, v_block_stride = kBlockN * p.v_row_stride;
-  const auto load_k = [&](uint32_t tile, int64_t j) {
-    k_loader.load_thread(tile, k_next, p.k_row_stride, keys.end - j);
-    k_next += k_block_stride;
-  };
-  const auto load_v = [&](uint32_t tile, int64_t j) {
-    v_loader.load_thread(tile, v_next, p.v_row_stride, keys.end - j);
-    v_next += v_block_stride;
-  };
   if (n_blocks > 0) {
-    load_k(sK_address, keys.begin);
-    if (kDoubleBuffered) load_v(sV_address, keys.begin);
+    if (kDoubleBuffered) {
+      const int k_rows = k_loader.rows_left(keys.end - keys.begin);
+#pragma unroll
+      for (int i = 0; i < decltype(k_loader)::kCopies; ++i)
+        k_loader.load_copy(sK_address, k_next, p.k_row_stride, k_rows, i);
+      k_next += k_block_stride;
+      const int v_rows = v_loader.rows_left(keys.end - keys.begin);
+#pragma unroll
+      for (int i = 0; i < decltype(v_loader)::kCopies; ++i)
+        v_loader.load_copy(sV_address, v_next, p.v_row_stride, v_rows, i);
+      v_next += v_block_stride;
+    } else {
+      k_loader.load(sK_address, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin);
+    }
   }
   ptx::cp_async_commit();
 
@@ -194,25 +198,25 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int64_t j0 = keys.begin + int64_t{n} * kBlockN;
     ptx::cp_async_wait<0>();
     __syncthreads();  // K(n) (and V(n)) have landed, and every warp is done with block n - 1
-    // The copies issued during S = Q K^T, spread copy by copy over its k-steps: single-
-    // buffered, V(n); double-buffered, K(n + 1) and V(n + 1) into the other stage. (As one
-    // burst ahead of the MMAs, the lean copies held up the MMAs' fragment loads behind them:
-    // the hdim-256 forward measured 6-11 % slower on the H200.)
-    const bool copies_now = !kDoubleBuffered || n + 1 < n_blocks;
-    const int64_t j_copy = kDoubleBuffered ? j0 + kBlockN : j0;
-    const uint32_t copy_stage = kDoubleBuffered ? (stage ^ 1) * kStageBytes : 0;
-    const int k_rows_left = k_loader.rows_left(keys.end - j_copy), v_rows_left = v_loader.rows_left(keys.end - j_copy);
+    // Single-buffered: V(n) at once (TileLoader::load_copy says why). Double-buffered: K(n + 1)
+    // and V(n + 1) into the other stage, spread copy by copy over the k-steps of S = Q K^T.
+    if (!kDoubleBuffered) {
+      v_loader.load(sV_address, v + j0 * p.v_row_stride, p.v_row_stride, keys.end - j0);
+      ptx::cp_async_commit();
+    }
+    const bool copies_now = kDoubleBuffered && n + 1 < n_blocks;
+    const int k_rows_left = k_loader.rows_left(keys.end - (j0 + kBlockN));
+    const int v_rows_left = v_loader.rows_left(keys.end - (j0 + kBlockN));
     constexpr int kKCopies = decltype(k_loader)::kCopies, kVCopies = decltype(v_loader)::kCopies;
-    constexpr int kQkCopies = kDoubleBuffered ? kKCopies + kVCopies : kVCopies;
     const auto copies_during_qk = [&](int kk) {
 #pragma unroll
-      for (int i = 0; i < kQkCopies; ++i) {
-        if (i * kKSteps / kQkCopies != kk || !copies_now) continue;
-        if (kDoubleBuffered && i < kKCopies)
-          k_loader.load_copy(sK_address + copy_stage, k_next, p.k_row_stride, k_rows_left, i);
+      for (int i = 0; i < kKCopies + kVCopies; ++i) {
+        if (!copies_now || i * kKSteps / (kKCopies + kVCopies) != kk) continue;
+        if (i < kKCopies)
+          k_loader.load_copy(sK_address + (stage ^ 1) * kStageBytes, k_next, p.k_row_stride, k_rows_left, i);
         else
-          v_loader.load_copy(sV_address + copy_stage, v_next, p.v_row_stride, v_rows_left,
-                             kDoubleBuffered ? i - kKCopies : i);
+          v_loader.load_copy(sV_address + (stage ^ 1) * kStageBytes, v_next, p.v_row_stride, v_rows_left,
+                             i - kKCopies);
       }
     };
     if (kQInRegisters && n == 0) {  // Q fragments once, for the whole head dim
@@ -245,15 +249,20 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       }
     }
 
-    if (copies_now) {
-      if (kDoubleBuffered) k_next += k_block_stride;
-      v_next += v_block_stride;
+    if (kDoubleBuffered) {
+      if (copies_now) {
+        k_next += k_block_stride;
+        v_next += v_block_stride;
+      }
+      ptx::cp_async_commit();
     }
-    ptx::cp_async_commit();
 
     // Softcap and ALiBi (into base-2 scores), then the mask on boundary blocks. Column
     // arithmetic is relative to the block, in 32 bits.
-    const bool needs_mask = n < full_begin || n >= full_end;
+    const bool needs_mask =
+        kDoubleBuffered ? n < full_begin || n >= full_end
+                        : !block_fully_visible(m0, m0 + rows_here, j0, j0 + kBlockN, seq.seqlen_q,
+                                               seq.seqlen_k, p.window_left, p.window_right);
     if (!plain) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
@@ -296,9 +305,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (!kDoubleBuffered) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V(n) has landed, and every warp is done with K(n)
-      // K(n + 1) at once, so that it lands while this step's softmax and P V run (spread
-      // over P V instead, it measured 2-3 % slower at hdim 256 on the H200).
-      if (n + 1 < n_blocks) load_k(sK_address, j0 + kBlockN);
+      if (n + 1 < n_blocks) {
+        const int64_t j1 = j0 + kBlockN;
+        k_loader.load(sK_address, k + j1 * p.k_row_stride, p.k_row_stride, keys.end - j1);
+      }
       ptx::cp_async_commit();
     }
 

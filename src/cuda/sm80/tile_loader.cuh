@@ -42,7 +42,7 @@ struct TileLoader {
   // `src` points at the tile's row 0; rows from `valid_rows` on are zero-filled.
   __device__ __forceinline__ void load(uint32_t tile, const typename Cfg::Element* src,
                                        int64_t row_stride, int64_t valid_rows) const {
-    load_thread(tile, thread_source(src, row_stride), row_stride, valid_rows);
+    load_thread(tile, thread_source(src, row_stride), src, row_stride, valid_rows);
   }
 
   // This thread's first chunk of a tile whose row 0 is at `src`: kernels that walk tiles at
@@ -52,42 +52,64 @@ struct TileLoader {
     return src + row * row_stride + chunk * 8;
   }
 
+  // load() from this thread's first chunk (thread_source); `any_valid` is any readable
+  // address, read (with zero fill) in place of rows and columns outside the tile.
+  __device__ __forceinline__ void load_thread(uint32_t tile, const typename Cfg::Element* thread_src,
+                                              const typename Cfg::Element* any_valid,
+                                              int64_t row_stride, int64_t valid_rows) const {
+    constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
+    const bool full = valid_rows >= kRows;
+    const uint32_t thread_tile = tile + (row * Cfg::kRowStride + chunk * 8) * kElementBytes;
+#pragma unroll
+    for (int r = 0; r < kRowPasses; ++r) {
+      const bool row_ok = full || row + r * kRowsPerPass < valid_rows;
+#pragma unroll
+      for (int c = 0; c < kColumnPasses; ++c) {
+        // Head dims that are not a multiple of 8 chunks: in the last pass some threads have
+        // no chunk (theirs would spill into the next row).
+        if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && c == kColumnPasses - 1 &&
+            chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
+          continue;
+        const bool valid = row_ok && ((column_valid >> c) & 1u);
+        ptx::cp_async_16<kL2PrefetchBytes>(
+            thread_tile + (r * kRowsPerPass * Cfg::kRowStride + c * kThreadsPerRow * 8) * kElementBytes,
+            valid ? thread_src + c * kThreadsPerRow * 8 : any_valid, valid);
+      }
+      thread_src += kRowsPerPass * row_stride;
+    }
+  }
+
+  // The same copies one at a time, for kernels that spread a tile's copies over their MMAs.
+  // Here a chunk outside the tile (a row past rows_left, a column from head_dim on) is a copy
+  // with src-size 0, which writes zeros and reads nothing, so its address needs no substitute:
+  // every copy is the row pass's pointer plus an immediate, its row test one 32-bit compare
+  // (load_thread's substitutes and 64-bit tests are ~300 of the hdim-256 forward loop's 1281
+  // SASS instructions). Measured on the H200 (docs/PERFORMANCE.md): in the double-buffered
+  // forward, spread over Q K^T, +5-8 % at hdim 64; as bursts in the single-buffered hdim-256
+  // forward, 6-11 % slower than load_thread, and spread there still slower, so that kernel and
+  // the backward keep load_thread.
   static constexpr int kCopies = kRowPasses * kColumnPasses;  // per thread and tile
 
   // This thread's rows of a tile with `valid_rows` rows to read, counted from its first row
-  // (<= 0: none). 32-bit from here on: each row test is one compare per pass.
+  // (<= 0: none).
   __device__ __forceinline__ int rows_left(int64_t valid_rows) const {
     return static_cast<int>(valid_rows >= kRows ? kRows : (valid_rows > 0 ? valid_rows : 0)) - row;
   }
 
-  // Copy i (0 .. kCopies - 1) of this thread's share of a tile: row pass i / kColumnPasses,
-  // column pass i % kColumnPasses. A chunk outside the tile (a row past rows_left, a column
-  // from head_dim on) is a copy with src-size 0: zeros are written and nothing is read, so its
-  // address needs no substitute and every copy is the row pass's pointer plus an immediate
-  // (in the hdim-256 forward the substitutes and 64-bit row tests were ~300 of the loop's
-  // 1281 instructions, sm_90a SASS). Kernels spread the copies of a tile over their MMAs
-  // with this, copy by copy.
+  // Copy i (0 .. kCopies - 1) of this thread's share of a tile whose first chunk for this
+  // thread is `thread_src` (thread_source): row pass i / kColumnPasses, column pass
+  // i % kColumnPasses.
   __device__ __forceinline__ void load_copy(uint32_t tile, const typename Cfg::Element* thread_src,
                                             int64_t row_stride, int rows_left, int i) const {
     constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
     const int r = i / kColumnPasses, c = i % kColumnPasses;
-    // Head dims that are not a multiple of 8 chunks: in the last pass some threads have no
-    // chunk (theirs would spill into the next row).
     if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && c == kColumnPasses - 1 &&
         chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
-      return;
+      return;  // no chunk of this thread in the last column pass (see load_thread)
     const bool valid = r * kRowsPerPass < rows_left && ((column_valid >> c) & 1u);
     ptx::cp_async_16<kL2PrefetchBytes>(
         tile + ((row + r * kRowsPerPass) * Cfg::kRowStride + (chunk + c * kThreadsPerRow) * 8) * kElementBytes,
         thread_src + r * kRowsPerPass * row_stride + c * kThreadsPerRow * 8, valid);
-  }
-
-  // load() from this thread's first chunk (thread_source): every copy at once.
-  __device__ __forceinline__ void load_thread(uint32_t tile, const typename Cfg::Element* thread_src,
-                                              int64_t row_stride, int64_t valid_rows) const {
-    const int left = rows_left(valid_rows);
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) load_copy(tile, thread_src, row_stride, left, i);
   }
 };
 
