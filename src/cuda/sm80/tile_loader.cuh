@@ -84,10 +84,11 @@ struct TileLoader {
   // with src-size 0, which writes zeros and reads nothing, so its address needs no substitute:
   // every copy is the row pass's pointer plus an immediate, its row test one 32-bit compare
   // (load_thread's substitutes and 64-bit tests are ~300 of the hdim-256 forward loop's 1281
-  // SASS instructions). Measured on the H200 (docs/PERFORMANCE.md): in the double-buffered
-  // forward, spread over Q K^T, +5-8 % at hdim 64; as bursts in the single-buffered hdim-256
-  // forward, 6-11 % slower than load_thread, and spread there still slower, so that kernel and
-  // the backward keep load_thread.
+  // SASS instructions). Measured on the H200 (docs/PERFORMANCE.md, 2026-11-30): spread over
+  // Q K^T in the double-buffered forward, ours / flash went from 1.03-1.07 to 1.09-1.17 at
+  // hdim 64 and from 0.97-1.09 to 1.00-1.14 at 128. In the single-buffered hdim-256 forward
+  // every placement tried (bursts, spread, mixed) was 1-14 % slower than load_thread's
+  // bursts, and in the backward no faster, so those keep load_thread.
   static constexpr int kCopies = kRowPasses * kColumnPasses;  // per thread and tile
 
   // This thread's rows of a tile with `valid_rows` rows to read, counted from its first row
