@@ -103,13 +103,47 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int n_blocks =
       keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + kBlockN - 1) / kBlockN);
 
-  // Prologue: Q and the first K block (and V block, double-buffered).
+  // The key blocks that every row of the CTA sees whole, [full_begin, full_end) (empty when
+  // full_end <= full_begin): the others are masked. Found once here in 64 bits, so that the
+  // loop's test is two 32-bit compares (per block it cost ~60 instructions, sm_90a SASS).
+  // The single-buffered kernel (hdim 256) keeps the per-block test: with the two extra live
+  // registers its general variant spilled 188 bytes (ptxas, sm_90a), against none.
+  int full_begin = 0, full_end = 0;
+  if (kDoubleBuffered && n_blocks > 0) {
+    const int64_t seen_by_all_from =
+        visible_keys(m0 + rows_here - 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).begin -
+        keys.begin;
+    const int64_t seen_by_all_to =
+        visible_keys(m0, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).end - keys.begin;
+    const int64_t first = seen_by_all_from <= 0 ? 0 : (seen_by_all_from + kBlockN - 1) / kBlockN;
+    const int64_t last = seen_by_all_to < kBlockN ? 0 : (seen_by_all_to - kBlockN) / kBlockN + 1;
+    full_begin = static_cast<int>(first < n_blocks ? first : n_blocks);
+    full_end = static_cast<int>(last < n_blocks ? last : n_blocks);
+  }
+
+  // Prologue: Q and the first K block (and V block, double-buffered). Double-buffered, K and
+  // V then load through per-thread cursors (this thread's first chunk of the next tile),
+  // advanced a block at a time, copy by copy (TileLoader::load_copy).
   const TileLoader<Cfg, kBlockN, Cfg::kL2Prefetch> k_loader(p.head_dim), v_loader(p.head_dim_v);
   TileLoader<Cfg, kBlockM>(p.head_dim).load(sQ_address, q, p.q_row_stride, rows_here);
+  const Element* k_next = k_loader.thread_source(k + keys.begin * p.k_row_stride, p.k_row_stride);
+  const Element* v_next = v_loader.thread_source(v + keys.begin * p.v_row_stride, p.v_row_stride);
+  const int64_t k_block_stride = kBlockN * p.k_row_stride, v_block_stride = kBlockN * p.v_row_stride;
   if (n_blocks > 0) {
-    k_loader.load(sK_address, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin);
-    if (kDoubleBuffered)
-      v_loader.load(sV_address, v + keys.begin * p.v_row_stride, p.v_row_stride, keys.end - keys.begin);
+    if (kDoubleBuffered) {
+      const int k_rows = k_loader.rows_left(keys.end - keys.begin);
+#pragma unroll
+      for (int i = 0; i < decltype(k_loader)::kCopies; ++i)
+        k_loader.load_copy(sK_address, k_next, p.k_row_stride, k_rows, i);
+      k_next += k_block_stride;
+      const int v_rows = v_loader.rows_left(keys.end - keys.begin);
+#pragma unroll
+      for (int i = 0; i < decltype(v_loader)::kCopies; ++i)
+        v_loader.load_copy(sV_address, v_next, p.v_row_stride, v_rows, i);
+      v_next += v_block_stride;
+    } else {
+      k_loader.load(sK_address, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin);
+    }
   }
   ptx::cp_async_commit();
 
@@ -166,16 +200,27 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int64_t j0 = keys.begin + int64_t{n} * kBlockN;
     ptx::cp_async_wait<0>();
     __syncthreads();  // K(n) (and V(n)) have landed, and every warp is done with block n - 1
+    // Single-buffered: V(n) at once (TileLoader::load_copy says why). Double-buffered: K(n + 1)
+    // and V(n + 1) into the other stage, spread copy by copy over the k-steps of S = Q K^T.
     if (!kDoubleBuffered) {
       v_loader.load(sV_address, v + j0 * p.v_row_stride, p.v_row_stride, keys.end - j0);
-    } else if (n + 1 < n_blocks) {  // prefetch block n + 1 into the other stage
-      const int64_t j1 = j0 + kBlockN;
-      k_loader.load(sK_address + (stage ^ 1) * kStageBytes, k + j1 * p.k_row_stride,
-                    p.k_row_stride, keys.end - j1);
-      v_loader.load(sV_address + (stage ^ 1) * kStageBytes, v + j1 * p.v_row_stride,
-                    p.v_row_stride, keys.end - j1);
+      ptx::cp_async_commit();
     }
-    ptx::cp_async_commit();
+    const bool copies_now = kDoubleBuffered && n + 1 < n_blocks;
+    const int k_rows_left = k_loader.rows_left(keys.end - (j0 + kBlockN));
+    const int v_rows_left = v_loader.rows_left(keys.end - (j0 + kBlockN));
+    constexpr int kKCopies = decltype(k_loader)::kCopies, kVCopies = decltype(v_loader)::kCopies;
+    const auto copies_during_qk = [&](int kk) {
+#pragma unroll
+      for (int i = 0; i < kKCopies + kVCopies; ++i) {
+        if (!copies_now || i * kKSteps / (kKCopies + kVCopies) != kk) continue;
+        if (i < kKCopies)
+          k_loader.load_copy(sK_address + (stage ^ 1) * kStageBytes, k_next, p.k_row_stride, k_rows_left, i);
+        else
+          v_loader.load_copy(sV_address + (stage ^ 1) * kStageBytes, v_next, p.v_row_stride, v_rows_left,
+                             i - kKCopies);
+      }
+    };
     if (kQInRegisters && n == 0) {  // Q fragments once, for the whole head dim
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
@@ -189,6 +234,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     float s[kMTiles][kSTiles][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
+      copies_during_qk(kk);
       if (!kQInRegisters)
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) ptx::ldmatrix_x4(qf[mt], q_fragment_address(mt, kk));
@@ -205,11 +251,20 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       }
     }
 
+    if (kDoubleBuffered) {
+      if (copies_now) {
+        k_next += k_block_stride;
+        v_next += v_block_stride;
+      }
+      ptx::cp_async_commit();
+    }
+
     // Softcap and ALiBi (into base-2 scores), then the mask on boundary blocks. Column
     // arithmetic is relative to the block, in 32 bits.
-    const bool needs_mask = !block_fully_visible(m0, m0 + rows_here, j0, j0 + kBlockN,
-                                                 seq.seqlen_q, seq.seqlen_k, p.window_left,
-                                                 p.window_right);
+    const bool needs_mask =
+        kDoubleBuffered ? n < full_begin || n >= full_end
+                        : !block_fully_visible(m0, m0 + rows_here, j0, j0 + kBlockN, seq.seqlen_q,
+                                               seq.seqlen_k, p.window_left, p.window_right);
     if (!plain) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)

@@ -78,6 +78,40 @@ struct TileLoader {
       thread_src += kRowsPerPass * row_stride;
     }
   }
+
+  // The same copies one at a time, for kernels that spread a tile's copies over their MMAs.
+  // Here a chunk outside the tile (a row past rows_left, a column from head_dim on) is a copy
+  // with src-size 0, which writes zeros and reads nothing, so its address needs no substitute:
+  // every copy is the row pass's pointer plus an immediate, its row test one 32-bit compare
+  // (load_thread's substitutes and 64-bit tests are ~300 of the hdim-256 forward loop's 1281
+  // SASS instructions). Measured on the H200 (docs/PERFORMANCE.md, 2026-11-30): spread over
+  // Q K^T in the double-buffered forward, ours / flash went from 1.03-1.07 to 1.09-1.17 at
+  // hdim 64 and from 0.97-1.09 to 1.00-1.14 at 128. In the single-buffered hdim-256 forward
+  // every placement tried (bursts, spread, mixed) was 1-14 % slower than load_thread's
+  // bursts, and in the backward no faster, so those keep load_thread.
+  static constexpr int kCopies = kRowPasses * kColumnPasses;  // per thread and tile
+
+  // This thread's rows of a tile with `valid_rows` rows to read, counted from its first row
+  // (<= 0: none).
+  __device__ __forceinline__ int rows_left(int64_t valid_rows) const {
+    return static_cast<int>(valid_rows >= kRows ? kRows : (valid_rows > 0 ? valid_rows : 0)) - row;
+  }
+
+  // Copy i (0 .. kCopies - 1) of this thread's share of a tile whose first chunk for this
+  // thread is `thread_src` (thread_source): row pass i / kColumnPasses, column pass
+  // i % kColumnPasses.
+  __device__ __forceinline__ void load_copy(uint32_t tile, const typename Cfg::Element* thread_src,
+                                            int64_t row_stride, int rows_left, int i) const {
+    constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
+    const int r = i / kColumnPasses, c = i % kColumnPasses;
+    if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && c == kColumnPasses - 1 &&
+        chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
+      return;  // no chunk of this thread in the last column pass (see load_thread)
+    const bool valid = r * kRowsPerPass < rows_left && ((column_valid >> c) & 1u);
+    ptx::cp_async_16<kL2PrefetchBytes>(
+        tile + ((row + r * kRowsPerPass) * Cfg::kRowStride + (chunk + c * kThreadsPerRow) * 8) * kElementBytes,
+        thread_src + r * kRowsPerPass * row_stride + c * kThreadsPerRow * 8, valid);
+  }
 };
 
 }  // namespace flashattn::detail::cuda::sm80
