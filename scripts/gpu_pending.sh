@@ -159,13 +159,16 @@ case "$stage" in
     # 64/128/256, causal and not, in two rounds that alternate base, this, the variants;
     # scripts/ab_table.py prints each configuration's TFLOP/s and the ratios (~5 min for
     # two trees); $OUT/clocks.md has the SM clock in each measurement's window. AB_PASSES="bwd"
-    # (or "fwd") times one pass only.
+    # (or "fwd") times one pass only. AB_FWD_ARGS adds options to the forward runs (the last
+    # of a repeated option wins): "--hdims 256 --target-s 2" times the hdim-256 forward in
+    # windows long enough for the power cap to settle.
     base=${2:?ab needs the base snapshot directory, e.g. ../.snap_base}
     shift 2
     trees=("$base" . "$@")
     names=(base this)
     for extra in "$@"; do names+=("$(basename "$extra" | tr -dc 'A-Za-z0-9_')"); done
     passes=${AB_PASSES:-fwd bwd}
+    AB_FWD_ARGS=${AB_FWD_ARGS:-}
     jobs=$(( $(nproc) / ${#trees[@]} )); [ "$jobs" -ge 1 ] || jobs=1
     builds=()
     for i in "${!trees[@]}"; do
@@ -182,7 +185,7 @@ case "$stage" in
         if [[ " $passes " == *" fwd "* ]]; then
           with_clock_log "$OUT/clocks_fwd_${who}_$round.csv" env PYTHONUNBUFFERED=1 timeout 100 \
             python3 bench/gpu_forward.py --lib "$lib" --skip-peers --seqlens 1k,4k,16k --target-s 0.15 \
-            --out "$OUT/fwd_${who}_$round" >"$OUT/fwd_${who}_$round.log" 2>&1
+            $AB_FWD_ARGS --out "$OUT/fwd_${who}_$round" >"$OUT/fwd_${who}_$round.log" 2>&1
         fi
         if [[ " $passes " == *" bwd "* ]]; then
           with_clock_log "$OUT/clocks_bwd_${who}_$round.csv" env PYTHONUNBUFFERED=1 timeout 100 \
