@@ -86,7 +86,7 @@ struct TileLoader {
   // (load_thread's substitutes and 64-bit tests are ~300 of the hdim-256 forward loop's 1281
   // SASS instructions). Measured on the H200 (docs/PERFORMANCE.md, 2026-11-30): spread over
   // Q K^T in the double-buffered forward, ours / flash went from 1.03-1.07 to 1.09-1.17 at
-  // hdim 64 and from 0.97-1.09 to 1.00-1.14 at 128. In the single-buffered hdim-256 forward
+  // hdim 64 and from 0.97-1.09 to 0.999-1.14 at 128. In the single-buffered hdim-256 forward
   // every placement tried (bursts, spread, mixed) was 1-14 % slower than load_thread's
   // bursts, and in the backward no faster, so those keep load_thread.
   static constexpr int kCopies = kRowPasses * kColumnPasses;  // per thread and tile
