@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""The table of an A/B run (scripts/gpu_pending.sh ab): ours' TFLOP/s per configuration for
+"""The table of an A/B run (scripts/gpu_pending.sh ab): ours' speed per configuration for
 the base, this build and any further variants, each measured in two alternating rounds (side
 by side, they show the run-to-run spread), and each tree's ratio to the base (of the two
-rounds' means).
+rounds' means). Forward and backward rows are TFLOP/s; decode rows (dense and paged caches)
+are TB/s of K and V read, with the batch in the causal column.
 
   scripts/ab_table.py OUT_DIR
       reads OUT_DIR/trees.txt (the tree names, base first; "base" and "this" without it)
-      and OUT_DIR/{fwd,bwd}_<tree>_{1,2}/results.json
+      and OUT_DIR/{fwd,bwd,dec}_<tree>_{1,2}/results.json
 """
 from __future__ import annotations
 
@@ -14,19 +15,34 @@ import json
 import os
 import sys
 
-PASSES = (("fwd", "tflops", "forward"), ("bwd", "bwd_tflops", "backward"))
+# (directory prefix, metric, our systems and the row label each gets)
+PASSES = (("fwd", "tflops", {"ours": "forward"}),
+          ("bwd", "bwd_tflops", {"ours": "backward"}),
+          ("dec", "tbps", {"ours": "decode", "ours-paged": "decode paged"}))
 ROUNDS = (1, 2)
 
 
-def read_round(path: str, key: str) -> dict:
-    """(hdim, causal, seqlen) -> TFLOP/s of ours, from one results.json (missing: empty)."""
+def config_of(row: dict) -> tuple:
+    """A row's sort key and cells: (hdim, causal or batch, seqlen)."""
+    if "batch" in row and "causal" not in row:  # a decode row
+        return (row["hdim"], row["batch"], row["seqlen"]), f"batch {row['batch']}"
+    return (row["hdim"], int(row["causal"]), row["seqlen"]), "yes" if row["causal"] else "no"
+
+
+def read_round(path: str, metric: str, systems: dict) -> dict:
+    """(label, sort key) -> (middle cell, value) for our systems' rows of one results.json
+    (missing: empty)."""
     try:
         with open(path) as f:
             rows = json.load(f)["rows"]
     except (OSError, ValueError, KeyError):
         return {}
-    return {(r["hdim"], r["causal"], r["seqlen"]): r[key]
-            for r in rows if r.get("system") == "ours" and r.get(key)}
+    found = {}
+    for r in rows:
+        if r.get("system") in systems and r.get(metric):
+            key, middle = config_of(r)
+            found[(systems[r["system"]], key)] = (middle, r[metric])
+    return found
 
 
 def tree_names(out: str) -> list[str]:
@@ -54,20 +70,23 @@ def main(argv: list[str]) -> int:
     header += [f"{name} / {names[0]}" for name in names[1:]]
     print("| " + " | ".join(header) + " |")
     print("|---|---:|---|---:|" + "---:|" * (len(header) - 4))
-    for short, key, pass_name in PASSES:
-        runs = {(name, r): read_round(os.path.join(out, f"{short}_{name}_{r}", "results.json"), key)
+    for short, metric, systems in PASSES:
+        runs = {(name, r): read_round(os.path.join(out, f"{short}_{name}_{r}", "results.json"),
+                                      metric, systems)
                 for name in names for r in ROUNDS}
-        configs = sorted(set().union(*(set(v) for v in runs.values())))
+        configs = sorted(set().union(*(set(v) for v in runs.values())),
+                         key=lambda c: (list(systems.values()).index(c[0]), c[1]))
         for cfg in configs:
-            values = {name: [runs[(name, r)].get(cfg) for r in ROUNDS] for name in names}
-            cells = [f"{v:.1f}" if v else "-" for name in names for v in values[name]]
+            middle = next(run[cfg][0] for run in runs.values() if cfg in run)
+            values = {name: [runs[(name, r)].get(cfg, (None, None))[1] for r in ROUNDS] for name in names}
+            digits = 2 if short == "dec" else 1
+            cells = [f"{v:.{digits}f}" if v else "-" for name in names for v in values[name]]
             base = mean(values[names[0]])
             for name in names[1:]:
                 this = mean(values[name])
                 cells.append(f"{this / base:.3f}" if base and this else "-")
-            hdim, causal, seqlen = cfg
-            print(f"| {pass_name} | {hdim} | {'yes' if causal else 'no'} | {seqlen} | "
-                  + " | ".join(cells) + " |")
+            label, (hdim, _, seqlen) = cfg
+            print(f"| {label} | {hdim} | {middle} | {seqlen} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -159,7 +159,8 @@ case "$stage" in
     # 64/128/256, causal and not, in two rounds that alternate base, this, the variants;
     # scripts/ab_table.py prints each configuration's TFLOP/s and the ratios (~5 min for
     # two trees); $OUT/clocks.md has the SM clock in each measurement's window. AB_PASSES="bwd"
-    # (or "fwd") times one pass only. AB_FWD_ARGS adds options to the forward runs (the last
+    # (or "fwd") times one pass only; "dec" (not in the default) times decoding, dense and
+    # paged, at ANCHORS.md's shapes. AB_FWD_ARGS adds options to the forward runs (the last
     # of a repeated option wins): "--hdims 256 --target-s 2" times the hdim-256 forward in
     # windows long enough for the power cap to settle.
     base=${2:?ab needs the base snapshot directory, e.g. ../.snap_base}
@@ -186,6 +187,11 @@ case "$stage" in
           with_clock_log "$OUT/clocks_fwd_${who}_$round.csv" env PYTHONUNBUFFERED=1 timeout 100 \
             python3 bench/gpu_forward.py --lib "$lib" --skip-peers --seqlens 1k,4k,16k --target-s 0.15 \
             $AB_FWD_ARGS --out "$OUT/fwd_${who}_$round" >"$OUT/fwd_${who}_$round.log" 2>&1
+        fi
+        if [[ " $passes " == *" dec "* ]]; then
+          with_clock_log "$OUT/clocks_dec_${who}_$round.csv" env PYTHONUNBUFFERED=1 timeout 100 \
+            python3 bench/gpu_decode.py --lib "$lib" --skip-peers --page-size 256 --target-s 0.1 \
+            --copy-mib 1024 --out "$OUT/dec_${who}_$round" >"$OUT/dec_${who}_$round.log" 2>&1
         fi
         if [[ " $passes " == *" bwd "* ]]; then
           with_clock_log "$OUT/clocks_bwd_${who}_$round.csv" env PYTHONUNBUFFERED=1 timeout 100 \

@@ -53,6 +53,24 @@ def test_ab_table_defaults_to_base_and_this(tmp_path, capsys):
     assert "| backward | 64 | yes | 1024 | 200.0 | 200.0 | 100.0 | 100.0 | 0.500 |" in out
 
 
+def test_ab_table_decode_rows_dense_and_paged(tmp_path, capsys):
+    ab_table = load("ab_table")
+    for tree, (dense, paged) in (("base", (4.0, 3.0)), ("this", (4.2, 2.7))):
+        for r in (1, 2):
+            write_results(tmp_path / f"dec_{tree}_{r}", [
+                {"system": "ours", "batch": 64, "seqlen": 4096, "hdim": 128, "tbps": dense},
+                {"system": "ours", "batch": 8, "seqlen": 32768, "hdim": 128, "tbps": dense},
+                {"system": "ours-paged", "batch": 8, "seqlen": 32768, "hdim": 128, "tbps": paged},
+                {"system": "cudnn", "batch": 8, "seqlen": 32768, "hdim": 128, "tbps": 9.0}])
+    assert ab_table.main([str(tmp_path)]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[2:]
+    # Dense before paged, batches in numeric order (8 before 64), peers left out.
+    assert rows == [
+        "| decode | 128 | batch 8 | 32768 | 4.00 | 4.00 | 4.20 | 4.20 | 1.050 |",
+        "| decode | 128 | batch 64 | 4096 | 4.00 | 4.00 | 4.20 | 4.20 | 1.050 |",
+        "| decode paged | 128 | batch 8 | 32768 | 3.00 | 3.00 | 2.70 | 2.70 | 0.900 |"]
+
+
 def stamp(t):
     return datetime.datetime.fromtimestamp(t).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
 
