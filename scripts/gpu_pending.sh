@@ -25,7 +25,8 @@
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
 #   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
 #                                     snapshot's) against the snapshot in BASE, ours only,
-#                                     forward and backward (device_snapshot.sh REF .snap_base)
+#                                     forward and backward, or decode with AB_PASSES=dec
+#                                     (device_snapshot.sh REF .snap_base)
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
