@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "common/mask.hpp"
 #include "common/params.hpp"
@@ -129,18 +130,19 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const Element* k_next = k_loader.thread_source(k + keys.begin * p.k_row_stride, p.k_row_stride);
   const Element* v_next = v_loader.thread_source(v + keys.begin * p.v_row_stride, p.v_row_stride);
   const int64_t k_block_stride = kBlockN * p.k_row_stride, v_block_stride = kBlockN * p.v_row_stride;
+  // Every copy of block 0 through a cursor, which then moves to block 1.
+  const auto load_first_block = [&](const auto& loader, uint32_t tile, const Element*& cursor,
+                                    int64_t row_stride, int64_t block_stride) {
+    const int rows = loader.rows_left(keys.end - keys.begin);
+#pragma unroll
+    for (int i = 0; i < std::decay_t<decltype(loader)>::kCopies; ++i)
+      loader.load_copy(tile, cursor, row_stride, rows, i);
+    cursor += block_stride;
+  };
   if (n_blocks > 0) {
     if (kDoubleBuffered) {
-      const int k_rows = k_loader.rows_left(keys.end - keys.begin);
-#pragma unroll
-      for (int i = 0; i < decltype(k_loader)::kCopies; ++i)
-        k_loader.load_copy(sK_address, k_next, p.k_row_stride, k_rows, i);
-      k_next += k_block_stride;
-      const int v_rows = v_loader.rows_left(keys.end - keys.begin);
-#pragma unroll
-      for (int i = 0; i < decltype(v_loader)::kCopies; ++i)
-        v_loader.load_copy(sV_address, v_next, p.v_row_stride, v_rows, i);
-      v_next += v_block_stride;
+      load_first_block(k_loader, sK_address, k_next, p.k_row_stride, k_block_stride);
+      load_first_block(v_loader, sV_address, v_next, p.v_row_stride, v_block_stride);
     } else {
       k_loader.load(sK_address, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin);
     }
