@@ -15,18 +15,19 @@ import json
 import os
 import sys
 
-# (directory prefix, metric, our systems and the row label each gets)
-PASSES = (("fwd", "tflops", {"ours": "forward"}),
-          ("bwd", "bwd_tflops", {"ours": "backward"}),
-          ("dec", "tbps", {"ours": "decode", "ours-paged": "decode paged"}))
+# (directory prefix, metric, digits shown, our systems and the row label each gets)
+PASSES = (("fwd", "tflops", 1, {"ours": "forward"}),
+          ("bwd", "bwd_tflops", 1, {"ours": "backward"}),
+          ("dec", "tbps", 2, {"ours": "decode", "ours-paged": "decode paged"}))
 ROUNDS = (1, 2)
 
 
 def config_of(row: dict) -> tuple:
-    """A row's sort key and cells: (hdim, causal or batch, seqlen)."""
-    if "batch" in row and "causal" not in row:  # a decode row
-        return (row["hdim"], row["batch"], row["seqlen"]), f"batch {row['batch']}"
-    return (row["hdim"], int(row["causal"]), row["seqlen"]), "yes" if row["causal"] else "no"
+    """A row's sort key (hdim, causal or batch, seqlen) and its middle cell: decode rows have
+    a batch and no mask."""
+    if "causal" in row:
+        return (row["hdim"], int(row["causal"]), row["seqlen"]), "yes" if row["causal"] else "no"
+    return (row["hdim"], row["batch"], row["seqlen"]), f"batch {row['batch']}"
 
 
 def read_round(path: str, metric: str, systems: dict) -> dict:
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> int:
     header += [f"{name} / {names[0]}" for name in names[1:]]
     print("| " + " | ".join(header) + " |")
     print("|---|---:|---|---:|" + "---:|" * (len(header) - 4))
-    for short, metric, systems in PASSES:
+    for short, metric, digits, systems in PASSES:
         runs = {(name, r): read_round(os.path.join(out, f"{short}_{name}_{r}", "results.json"),
                                       metric, systems)
                 for name in names for r in ROUNDS}
@@ -79,7 +80,6 @@ def main(argv: list[str]) -> int:
         for cfg in configs:
             middle = next(run[cfg][0] for run in runs.values() if cfg in run)
             values = {name: [runs[(name, r)].get(cfg, (None, None))[1] for r in ROUNDS] for name in names}
-            digits = 2 if short == "dec" else 1
             cells = [f"{v:.{digits}f}" if v else "-" for name in names for v in values[name]]
             base = mean(values[names[0]])
             for name in names[1:]:
