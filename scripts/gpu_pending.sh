@@ -162,8 +162,9 @@ case "$stage" in
     # two trees); $OUT/clocks.md has the SM clock in each measurement's window. AB_PASSES="bwd"
     # (or "fwd") times one pass only; "dec" (not in the default) times decoding, dense and
     # paged, at ANCHORS.md's shapes. AB_FWD_ARGS adds options to the forward runs (the last
-    # of a repeated option wins): "--hdims 256 --target-s 2" times the hdim-256 forward in
-    # windows long enough for the power cap to settle.
+    # of a repeated option wins): "--hdims 256 --target-s 2 --repeat 400" times the hdim-256
+    # forward in windows long enough for the power cap to settle (without --repeat the
+    # benchmark's cap of 100 timed calls ends them at 0.05-0.75 s).
     base=${2:?ab needs the base snapshot directory, e.g. ../.snap_base}
     shift 2
     trees=("$base" . "$@")
