@@ -26,7 +26,10 @@ bool try_tuning_candidate(const char* wanted, const KvCacheParams& kv, KvCacheRu
   char name[32];
   std::snprintf(name, sizeof name, "%d,%d,%d", kWarps, kStages, kL2Prefetch);
   if (std::strcmp(name, wanted) != 0) return false;
-  result = sm80::launch_kvcache<KvCacheConfig<Element, 128, kWarps, kStages, kL2Prefetch>>(kv);
+  // Through the release's fit check, as the release shapes (a clear error where it does not fit).
+  launch_first_fitting(Candidates<KvCacheConfig<Element, 128, kWarps, kStages, kL2Prefetch>>{},
+                       kv.attn.head_dim, "kv-cache",
+                       [&](auto config) { result = sm80::launch_kvcache<decltype(config)>(kv); });
   return true;
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cuda/common/buckets.hpp"
+#include "cuda/common/fit.cuh"
 #include "cuda/sm80/backward_kernel.cuh"
 
 namespace flashattn::detail::cuda::sm80 {
@@ -22,10 +23,14 @@ bool try_candidate(const char* wanted, const BackwardKernelParams& kp, bool& lau
   std::snprintf(name, sizeof name, "%d,%d,%d,%d", D, M, N, W);
   if (std::strcmp(name, wanted) != 0) return false;
   if (head_dim_bucket(kp.bp.fwd.head_dim) != D) return true;
+  // Through the release's fit check, so that a forced candidate too fails with a clear error
+  // where it needs more shared memory than the device (or FLASHATTN_CUDA_SMEM_LIMIT) allows.
+  const auto launch = [&](auto config) { launch_backward<decltype(config)>(kp); };
   if (kp.bp.fwd.dtype == DType::Float16)
-    launch_backward<BackwardConfig<__half, D, M, N, W>>(kp);
+    launch_first_fitting(Candidates<BackwardConfig<__half, D, M, N, W>>{}, kp.bp.fwd.head_dim, "backward", launch);
   else
-    launch_backward<BackwardConfig<__nv_bfloat16, D, M, N, W>>(kp);
+    launch_first_fitting(Candidates<BackwardConfig<__nv_bfloat16, D, M, N, W>>{}, kp.bp.fwd.head_dim, "backward",
+                         launch);
   launched = true;
   return true;
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/common/fit.cuh"
 #include "cuda/sm80/forward_kernel.cuh"
 
 namespace flashattn::detail::cuda::sm80 {
@@ -23,10 +24,13 @@ bool try_candidate(const char* wanted, const ForwardParams& p) {
   if (P != 0) std::snprintf(name + std::strlen(name), sizeof name - std::strlen(name), ",%d", P);
   if (S != 2) std::snprintf(name + std::strlen(name), sizeof name - std::strlen(name), ",s%d", S);
   if (std::strcmp(name, wanted) != 0) return false;
+  // Through the release's fit check (as the backward's candidates).
+  const auto launch = [&](auto config) { launch_forward<decltype(config)>(p); };
   if (p.dtype == DType::Float16)
-    launch_forward<ForwardConfig<__half, D, N, W, M, Q, P, S>>(p);
+    launch_first_fitting(Candidates<ForwardConfig<__half, D, N, W, M, Q, P, S>>{}, p.head_dim, "forward", launch);
   else
-    launch_forward<ForwardConfig<__nv_bfloat16, D, N, W, M, Q, P, S>>(p);
+    launch_first_fitting(Candidates<ForwardConfig<__nv_bfloat16, D, N, W, M, Q, P, S>>{}, p.head_dim, "forward",
+                         launch);
   return true;
 }
 
