@@ -27,6 +27,9 @@
 #                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward, or decode with AB_PASSES=dec
 #                                     (device_snapshot.sh REF .snap_base)
+# On the H200, `FLASHATTN_CUDA_ARCHS=sm_90a bash scripts/gpu_pending.sh STAGE` builds its
+# machine code only (CMakeLists.txt reads the variable on a first configure): about half the
+# build time of the default sm_80 + sm_90a.
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
