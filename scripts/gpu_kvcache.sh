@@ -32,7 +32,8 @@ if [ "$stage" = all ] || [ "$stage" = test ] || [ "$stage" = kernel ]; then
   grep -E '^\[  FAILED  \]' "$out/kv_tests.log" | head -20 | tee -a "$summary" >/dev/null
   # Every failure's first lines, for a quick read.
   grep -B2 -A8 -m5 'Failure' "$out/kv_tests.log" | head -60 >"$out/kv_failures.txt"
-  filter='KvCache.*:*KvCacheGrid*/2?'
+  # The grid cases numbered 20-29 (their names go on after the number).
+  filter='KvCache.*:KvCachePlain.*:*KvCacheGrid*/2?_*'
   for tool in memcheck racecheck; do
     start=$(date +%s)
     timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_kvcache_cuda \

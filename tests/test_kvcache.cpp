@@ -691,6 +691,30 @@ TEST(KvCachePlain, LongSequencesInEveryLayout) {
   }
 }
 
+// Plain decoding from cache rows picked by cache_batch_idx (more rows than sequences), with
+// one kv head, bf16, a causal mask and 1 or 3 splits, at a head dim that fills its bucket
+// (128) and one that leaves padding columns (112): sequences of many key blocks whose ends are
+// not block-aligned, so that each CTA ends on a partial block.
+TEST(KvCachePlain, PickedCacheRowsAndPartialBlocks) {
+  for (int64_t d : {112, 128}) {
+    for (int32_t splits : {1, 3}) {
+      KvCase c;
+      c.name = "plain cache_batch_idx";
+      c.seqlens = {650, 1001};
+      c.seqlen_new = 0;
+      c.seqlen_q = 2;
+      c.heads = 4;
+      c.heads_k = 1;
+      c.head_dim = d;
+      c.dtype = DType::BFloat16;
+      c.batch_idx = true;
+      c.mask = kMasks[1];  // causal
+      c.num_splits = splits;
+      run_and_check(c);
+    }
+  }
+}
+
 // A cache read (no append) may share rows between sequences: cache_batch_idx repeats, pages
 // of a common prefix appear in several block-table rows.
 TEST(KvCache, SharedRowsAndPagesWithoutAppend) {
