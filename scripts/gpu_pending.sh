@@ -23,6 +23,8 @@
 #   scripts/gpu_pending.sh final      a session's last call: GPU suite, sanitizers, backward and
 #                                     forward benchmarks against flash and cuDNN (~7 min)
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
+#   scripts/gpu_pending.sh ptx        a build of compute_80 PTX only (what a GPU after Hopper
+#                                     runs, JIT-compiled), then the GPU suite on it
 #   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
 #                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward, or decode with AB_PASSES=dec
@@ -33,7 +35,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -105,6 +107,20 @@ case "$stage" in
       --target-s 2 --repeat 400 >"$OUT/bench.log" 2>&1
     python3 scripts/clock_windows.py "$OUT/clocks.csv" "$OUT/forward/results.json" | tee "$OUT/clocks.md"
     grep -A8 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -8 ;;
+  ptx)
+    # The PTX fallback, as a GPU after Hopper meets it: a build of compute_80 PTX only, which
+    # the driver compiles on first use here too; then the GPU suite on it (the host must keep
+    # sm_90-only paths off for this code: kernel_code.cuh). Run without FLASHATTN_CUDA_ARCHS.
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH" CUDA_CACHE_MAXSIZE=4294967296
+    { cmake -S . -B build-ptx -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=compute_80 \
+        -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_TOOLS=OFF && cmake --build build-ptx -j "$(nproc)"; } \
+      >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    echo "build (compute_80 only): $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD)" | tee "$OUT/summary.txt"
+    echo "machine code in the library: $(cuobjdump --list-elf build-ptx/src/libflashattn_c.so 2>/dev/null | wc -l) cubins; PTX: $(cuobjdump --list-ptx build-ptx/src/libflashattn_c.so 2>/dev/null | wc -l) entries" | tee -a "$OUT/summary.txt"
+    timeout 520 ctest --test-dir build-ptx -L gpu -j 16 --output-on-failure --timeout 500 >"$OUT/tests_gpu.log" 2>&1
+    echo "gpu tests on JIT-compiled compute_80: $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -E '\*\*\*Failed|Timeout|Not Run' "$OUT/tests_gpu.log" | head -10 ;;
   kvprofile)
     { bash scripts/gpu_profile.sh 8 32768 no dec; OUT="$OUT/b1" bash scripts/gpu_profile.sh 1 8192 no dec; } \
       2>&1 | tee "$OUT/pending.txt" | tail -60 ;;

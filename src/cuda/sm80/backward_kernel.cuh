@@ -38,6 +38,7 @@
 #include "common/mask.hpp"
 #include "common/params.hpp"
 #include "common/philox.hpp"
+#include "cuda/common/kernel_code.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile_order.cuh"
 #include "cuda/devices.hpp"
@@ -813,13 +814,16 @@ void launch_backward(const BackwardKernelParams& kp) {
     allow_shared_bytes(backward_dq_kernel<Cfg, true>, Cfg::kDqSharedBytes);
     return allowed;
   }();
-  // dQ by bulk reductions (the key-parallel kernel) on sm_90 where the staging fits the
-  // device's limit as the launchers see it (FLASHATTN_CUDA_SMEM_LIMIT can lower it).
+  // dQ by bulk reductions (the key-parallel kernel) where its loaded code has them (compiled
+  // for sm_90 and newer: kernel_code.cuh) and the staging fits the device's limit as the
+  // launchers see it (FLASHATTN_CUDA_SMEM_LIMIT can lower it).
   // FLASHATTN_CUDA_DQ_ATOMICS=1 keeps the atomics, so that an sm_90 test run covers the path
   // older GPUs take.
   const char* atomics_forced = std::getenv("FLASHATTN_CUDA_DQ_ATOMICS");
   BackwardKernelParams run = kp;
-  run.bulk_dq = staging_allowed && !kp.bp.deterministic && compute_capability() >= 90 &&
+  static const bool bulk_code = kernel_ptx_version(backward_dkdv_kernel<Cfg, false>) >= 90 &&
+                                kernel_ptx_version(backward_dkdv_kernel<Cfg, true>) >= 90;
+  run.bulk_dq = staging_allowed && !kp.bp.deterministic && bulk_code &&
                 Cfg::kDkdvSharedBytes + Cfg::kDqStagingBytes <= shared_bytes_per_block_limit() &&
                 !(atomics_forced != nullptr && std::strcmp(atomics_forced, "1") == 0);
   const int dkdv_bytes = Cfg::kDkdvSharedBytes + (run.bulk_dq ? Cfg::kDqStagingBytes : 0);

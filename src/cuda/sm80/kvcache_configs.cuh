@@ -13,6 +13,7 @@
 #include "cpu/kvcache.hpp"  // KvCacheRun
 #include "cuda/common/fit.cuh"
 #include "cuda/common/grid.hpp"
+#include "cuda/common/kernel_code.cuh"
 #include "cuda/common/stream_allocation.hpp"
 #include "cuda/devices.hpp"
 #include "cuda/sm80/kvcache_kernel.cuh"
@@ -113,7 +114,10 @@ KvCacheRun launch_kvcache(const KvCacheParams& kv) {
   if (kp.num_splits > 1 && out_rows > 0) {
     // On sm_90 the combine is a programmatic dependent launch: its launch overlaps the split
     // kernel's tail instead of following its end (a few microseconds of a decoding step that
-    // takes tens).
+    // takes tens). Only where the combine's loaded code waits for the split kernel
+    // (griddepcontrol.wait, compiled for sm_90 and newer; kernel_code.cuh).
+    static const bool combine_waits =
+        kernel_ptx_version(kvcache_combine_kernel<typename Cfg::Element>) >= 90;
     cudaLaunchConfig_t combine = {};
     combine.gridDim = dim3(static_cast<unsigned>(out_rows));
     combine.blockDim = dim3(32 * kCombineWarps);
@@ -122,7 +126,7 @@ KvCacheRun launch_kvcache(const KvCacheParams& kv) {
     overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     overlap[0].val.programmaticStreamSerializationAllowed = 1;
     combine.attrs = overlap;
-    combine.numAttrs = compute_capability() >= 90 ? 1 : 0;
+    combine.numAttrs = combine_waits ? 1 : 0;
     throw_if_failed(cudaLaunchKernelEx(&combine, kvcache_combine_kernel<typename Cfg::Element>, kp),
                     "a successful kv-cache combine launch");
   }
