@@ -119,9 +119,4 @@ int64_t shared_bytes_per_block_limit() {
 
 int32_t multiprocessor_count() { return current_device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
-int32_t compute_capability() {
-  return current_device_attribute<cudaDevAttrComputeCapabilityMajor>() * 10 +
-         current_device_attribute<cudaDevAttrComputeCapabilityMinor>();
-}
-
 }  // namespace flashattn::detail::cuda

@@ -31,7 +31,4 @@ int64_t shared_bytes_per_block_limit();
 // The current device's multiprocessor count (0 when it cannot be read): what a grid must fill.
 int32_t multiprocessor_count();
 
-// The current device's compute capability as major * 10 + minor (0 when it cannot be read).
-int32_t compute_capability();
-
 }  // namespace flashattn::detail::cuda
