@@ -245,11 +245,13 @@ inline void cuda_check(cudaError_t status, const char* what) {
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
-// A device copy of the memory a host view spans (same strides, same gaps).
+// A device copy of the memory a host view spans (same strides, same gaps), on the current GPU.
 class DeviceMirror {
  public:
   explicit DeviceMirror(const TensorView& host) : host_(host), view_(host) {
-    view_.device = {DeviceType::CUDA, 0};
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    view_.device = {DeviceType::CUDA, device};
     if (host.data == nullptr || host.numel() == 0) {
       view_.data = nullptr;
       return;

@@ -117,6 +117,67 @@ void expect_gradients_match_reference(GpuProblem& p, const std::string& what) {
   }
 }
 
+// A process that drives two GPUs: each call runs on the GPU its tensors live on, whichever
+// one the caller has current, and leaves the caller's current; each GPU gets the kernels'
+// shared-memory opt-in (CUDA keeps it per device: head dim 128's forward and backward tiles
+// need more than 48 KiB). The tensors go to cuda:1 first, so that cuda:0 is never the one
+// set up first. Skipped with fewer than two GPUs.
+TEST(CudaMultiGpu, EachCallRunsOnItsTensorsGpu) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) {
+    cudaGetLastError();
+    GTEST_SKIP() << "needs two GPUs; this machine has " << count;
+  }
+  Case c;
+  c.batch = 2;
+  c.seqlen_q = 97;
+  c.seqlen_k = 131;
+  c.heads = 4;
+  c.heads_k = 2;
+  c.head_dim = 128;
+  c.dtype = DType::BFloat16;
+  c.causal = true;
+  Options o;
+  o.causal = true;
+  for (const int device : {1, 0}) {
+    const int other = 1 - device;
+    SCOPED_TRACE("tensors on cuda:" + std::to_string(device) + ", cuda:" + std::to_string(other) +
+                 " current at each call");
+    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    GpuProblem p(c, o);
+    DeviceTensors d(p);  // on `device`
+    d.out.poison();
+    d.lse.poison();
+    d.dq.poison();
+    d.dk.poison();
+    d.dv.poison();
+
+    cuda_check(cudaSetDevice(other), "cudaSetDevice");
+    forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), o, on(Backend::CUDA));
+    int current = -1;
+    cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+    EXPECT_EQ(current, other) << "the caller's current GPU after the forward";
+    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    cuda_check(cudaDeviceSynchronize(), "forward");
+    d.out.download();
+    d.lse.download();
+    const TensorView lse = p.lse_view();
+    expect_matches_reference(p.in.q, p.in.k, p.in.v, o, nullptr, p.out_view(), &lse, "forward");
+
+    cuda_check(cudaSetDevice(other), "cudaSetDevice");
+    backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), d.lse.view(), d.dq.view(),
+             d.dk.view(), d.dv.view(), o, on(Backend::CUDA));
+    cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+    EXPECT_EQ(current, other) << "the caller's current GPU after the backward";
+    cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    cuda_check(cudaDeviceSynchronize(), "backward");
+    d.dq.download();
+    d.dk.download();
+    d.dv.download();
+    expect_gradients_match_reference(p, "backward");
+  }
+}
+
 TEST(CudaBackward, DeterministicModeIsBitwiseReproducible) {
   const Case c = odd_gqa_case();
   SCOPED_TRACE(c.describe());

@@ -421,6 +421,7 @@ void fill_tensors(ForwardParams& p, const TensorView& q, const TensorView& k, co
   p.k = k.data;
   p.v = v.data;
   p.out = out.data;
+  p.device = q.device.index;  // every tensor's, checked beforehand (check_same_device)
   p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
   p.dtype = q.dtype;
   p.batch = static_cast<int32_t>(batch);

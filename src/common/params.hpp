@@ -48,6 +48,7 @@ struct ForwardParams {
 
   int32_t num_threads = 0;  // CPU only
   void* stream = nullptr;   // CUDA only
+  int32_t device = 0;       // CUDA only: the GPU the tensors live on, where the call runs
 
   FA_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
   FA_HOST_DEVICE int32_t group_size() const { return heads / heads_k; }  // query heads per key/value head

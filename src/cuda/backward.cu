@@ -18,6 +18,7 @@
 #include "cuda/backward.hpp"
 #include "cuda/common/buckets.hpp"
 #include "cuda/common/grid.hpp"
+#include "cuda/common/per_device.hpp"
 #include "cuda/common/stream_allocation.hpp"
 #include "cuda/sm80/backward_configs.cuh"
 
@@ -141,6 +142,8 @@ size_t backward(const BackwardParams& bp) {
   // cuda/common/tile_order.cuh lays them out, the preprocess and conversion (row blocks, H, B).
   check_heads_and_batch(p.heads, p.batch);
   if (p.batch == 0) return 0;
+  // Before the workspace: it is freed on the same GPU, before the caller's is current again.
+  const CurrentDevice on_the_tensors_gpu(p.device);
 
   sm80::BackwardKernelParams kp;
   kp.bp = bp;

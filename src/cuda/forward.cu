@@ -6,6 +6,7 @@
 
 #include "cuda/common/buckets.hpp"
 #include "cuda/common/grid.hpp"
+#include "cuda/common/per_device.hpp"
 #include "cuda/forward.hpp"
 #include "cuda/sm80/forward_configs.cuh"
 
@@ -29,6 +30,7 @@ void run_bucket(const ForwardParams& p) {
 size_t forward(const ForwardParams& p) {
   check_heads_and_batch(p.heads, p.batch);  // the grid holds H and B (cuda/common/tile_order.cuh)
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
+  const CurrentDevice on_the_tensors_gpu(p.device);
 #ifdef FLASHATTN_SM80_TUNING
   if (!sm80::run_tuning_candidate(p))
 #endif

@@ -10,6 +10,7 @@
 
 #include "cuda/common/buckets.hpp"
 #include "cuda/common/grid.hpp"
+#include "cuda/common/per_device.hpp"
 #include "cuda/kvcache.hpp"
 #include "cuda/sm80/kvcache_configs.cuh"
 
@@ -67,6 +68,7 @@ KvCacheRun forward_kvcache(const KvCacheParams& kv) {
   const ForwardParams& p = kv.attn;
   check_grid_extent(p.batch, "a batch of at most 65535", "B = " + std::to_string(p.batch));
   if (p.batch == 0) return {};
+  const CurrentDevice on_the_tensors_gpu(p.device);
   return p.dtype == DType::Float16 ? run_dtype<__half>(kv) : run_dtype<__nv_bfloat16>(kv);
 }
 

@@ -39,6 +39,7 @@
 #include "common/params.hpp"
 #include "common/philox.hpp"
 #include "cuda/common/kernel_code.cuh"
+#include "cuda/common/per_device.hpp"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile_order.cuh"
 #include "cuda/devices.hpp"
@@ -797,9 +798,10 @@ template <typename Cfg>
 void launch_backward(const BackwardKernelParams& kp) {
   const ForwardParams& p = kp.bp.fwd;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  // Shared-memory opt-in, once per process: the key-parallel kernel with room for sm_90's dQ
+  // Shared-memory opt-in, once per device: the key-parallel kernel with room for sm_90's dQ
   // staging where the device allows it (staging_allowed), without it otherwise.
-  static const bool staging_allowed = [] {
+  static PerDevice<bool> staging_allowed_on;
+  const bool staging_allowed = staging_allowed_on.get([] {
     bool allowed = Cfg::kBulkDqPossible;
     for (const auto kernel : {backward_dkdv_kernel<Cfg, false>, backward_dkdv_kernel<Cfg, true>}) {
       if (allowed && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -813,7 +815,7 @@ void launch_backward(const BackwardKernelParams& kp) {
     allow_shared_bytes(backward_dq_kernel<Cfg, false>, Cfg::kDqSharedBytes);
     allow_shared_bytes(backward_dq_kernel<Cfg, true>, Cfg::kDqSharedBytes);
     return allowed;
-  }();
+  });
   // dQ by bulk reductions (the key-parallel kernel) where its loaded code has them (compiled
   // for sm_90 and newer: kernel_code.cuh) and the staging fits the device's limit as the
   // launchers see it (FLASHATTN_CUDA_SMEM_LIMIT can lower it).
@@ -821,8 +823,11 @@ void launch_backward(const BackwardKernelParams& kp) {
   // older GPUs take.
   const char* atomics_forced = std::getenv("FLASHATTN_CUDA_DQ_ATOMICS");
   BackwardKernelParams run = kp;
-  static const bool bulk_code = kernel_ptx_version(backward_dkdv_kernel<Cfg, false>) >= 90 &&
-                                kernel_ptx_version(backward_dkdv_kernel<Cfg, true>) >= 90;
+  static PerDevice<bool> bulk_code_on;
+  const bool bulk_code = bulk_code_on.get([] {
+    return kernel_ptx_version(backward_dkdv_kernel<Cfg, false>) >= 90 &&
+           kernel_ptx_version(backward_dkdv_kernel<Cfg, true>) >= 90;
+  });
   run.bulk_dq = staging_allowed && !kp.bp.deterministic && bulk_code &&
                 Cfg::kDkdvSharedBytes + Cfg::kDqStagingBytes <= shared_bytes_per_block_limit() &&
                 !(atomics_forced != nullptr && std::strcmp(atomics_forced, "1") == 0);

@@ -27,6 +27,7 @@
 #include "common/mask.hpp"
 #include "common/params.hpp"
 #include "common/philox.hpp"
+#include "cuda/common/per_device.hpp"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile_order.cuh"
 #include "cuda/sm80/tile_loader.cuh"
@@ -445,15 +446,15 @@ void launch_forward(const ForwardParams& p) {
   const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr ||
                        !(p.softmax_scale > 0.0f) || p.dropout_p > 0.0f;
   const auto kernel = general ? forward_kernel<Cfg, true> : forward_kernel<Cfg, false>;
-  if (Cfg::kSharedBytes > 48 * 1024) {  // once per kernel
-    static const bool attributes_set = [] {
+  if (Cfg::kSharedBytes > 48 * 1024) {  // once per kernel and device
+    static PerDevice<bool> attributes_set;
+    attributes_set.get([] {
       cudaFuncSetAttribute(forward_kernel<Cfg, true>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSharedBytes);
       cudaFuncSetAttribute(forward_kernel<Cfg, false>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSharedBytes);
       return true;  // a failure shows up as a launch error below
-    }();
-    (void)attributes_set;
+    });
   }
   const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch,
                                    blocks_work_differs(p.window_left, p.window_right));

@@ -14,6 +14,7 @@
 #include "cuda/common/fit.cuh"
 #include "cuda/common/grid.hpp"
 #include "cuda/common/kernel_code.cuh"
+#include "cuda/common/per_device.hpp"
 #include "cuda/common/stream_allocation.hpp"
 #include "cuda/devices.hpp"
 #include "cuda/sm80/kvcache_kernel.cuh"
@@ -63,15 +64,15 @@ template <typename Cfg>
 KvCacheRun launch_kvcache(const KvCacheParams& kv) {
   const ForwardParams& p = kv.attn;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  if (Cfg::kSharedBytes > 48 * 1024) {
-    static const bool attributes_set = [] {
+  if (Cfg::kSharedBytes > 48 * 1024) {  // once per kernel and device
+    static PerDevice<bool> attributes_set;
+    attributes_set.get([] {
       cudaFuncSetAttribute(kvcache_kernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            Cfg::kSharedBytes);
       cudaFuncSetAttribute(kvcache_kernel<Cfg, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            Cfg::kSharedBytes);
       return true;  // a failure shows up as a launch error
-    }();
-    (void)attributes_set;
+    });
   }
   // The plain variant when the call has no append, rotary, ALiBi or softcap (kvcache_kernel).
   const bool general = kv.k_new != nullptr || kv.rotary_cos != nullptr ||
@@ -87,9 +88,10 @@ KvCacheRun launch_kvcache(const KvCacheParams& kv) {
   kp.num_splits = kv.num_splits;
   if (kp.num_splits == 0) {
     // Per variant: the plain one may need fewer registers and so fit more CTAs per SM.
-    static const int plain_ctas_per_sm = resident_ctas<Cfg>(kvcache_kernel<Cfg, false>);
-    static const int general_ctas_per_sm = resident_ctas<Cfg>(kvcache_kernel<Cfg, true>);
-    const int ctas_per_sm = general ? general_ctas_per_sm : plain_ctas_per_sm;
+    static PerDevice<int> plain_ctas_per_sm, general_ctas_per_sm;
+    const int ctas_per_sm =
+        general ? general_ctas_per_sm.get([] { return resident_ctas<Cfg>(kvcache_kernel<Cfg, true>); })
+                : plain_ctas_per_sm.get([] { return resident_ctas<Cfg>(kvcache_kernel<Cfg, false>); });
     const int64_t ctas = int64_t{p.batch} * p.heads_k * kp.row_blocks;
     kp.num_splits = choose_splits(ctas, int64_t{multiprocessor_count()} * ctas_per_sm,
                                   (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN);
@@ -116,8 +118,9 @@ KvCacheRun launch_kvcache(const KvCacheParams& kv) {
     // kernel's tail instead of following its end (a few microseconds of a decoding step that
     // takes tens). Only where the combine's loaded code waits for the split kernel
     // (griddepcontrol.wait, compiled for sm_90 and newer; kernel_code.cuh).
-    static const bool combine_waits =
-        kernel_ptx_version(kvcache_combine_kernel<typename Cfg::Element>) >= 90;
+    static PerDevice<bool> combine_waits_on;
+    const bool combine_waits = combine_waits_on.get(
+        [] { return kernel_ptx_version(kvcache_combine_kernel<typename Cfg::Element>) >= 90; });
     cudaLaunchConfig_t combine = {};
     combine.gridDim = dim3(static_cast<unsigned>(out_rows));
     combine.blockDim = dim3(32 * kCombineWarps);
