@@ -128,17 +128,10 @@ TEST(CudaMultiGpu, EachCallRunsOnItsTensorsGpu) {
     cudaGetLastError();
     GTEST_SKIP() << "needs two GPUs; this machine has " << count;
   }
-  Case c;
-  c.batch = 2;
-  c.seqlen_q = 97;
-  c.seqlen_k = 131;
-  c.heads = 4;
-  c.heads_k = 2;
+  Case c = odd_gqa_case();
   c.head_dim = 128;
-  c.dtype = DType::BFloat16;
-  c.causal = true;
   Options o;
-  o.causal = true;
+  o.causal = c.causal;
   for (const int device : {1, 0}) {
     const int other = 1 - device;
     SCOPED_TRACE("tensors on cuda:" + std::to_string(device) + ", cuda:" + std::to_string(other) +
