@@ -145,25 +145,30 @@ TEST(CudaMultiGpu, EachCallRunsOnItsTensorsGpu) {
     d.dk.poison();
     d.dv.poison();
 
-    cuda_check(cudaSetDevice(other), "cudaSetDevice");
-    forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), o, on(Backend::CUDA));
-    int current = -1;
-    cuda_check(cudaGetDevice(&current), "cudaGetDevice");
-    EXPECT_EQ(current, other) << "the caller's current GPU after the forward";
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    cuda_check(cudaDeviceSynchronize(), "forward");
+    // Runs `call` with the other GPU current, checks that it is current after, then waits
+    // for the tensors' GPU.
+    const auto from_the_other_gpu = [&](const char* what, const auto& call) {
+      cuda_check(cudaSetDevice(other), "cudaSetDevice");
+      call();
+      int current = -1;
+      cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+      EXPECT_EQ(current, other) << "the caller's current GPU after the " << what;
+      cuda_check(cudaSetDevice(device), "cudaSetDevice");
+      cuda_check(cudaDeviceSynchronize(), what);
+    };
+
+    from_the_other_gpu("forward", [&] {
+      forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), o, on(Backend::CUDA));
+    });
     d.out.download();
     d.lse.download();
     const TensorView lse = p.lse_view();
     expect_matches_reference(p.in.q, p.in.k, p.in.v, o, nullptr, p.out_view(), &lse, "forward");
 
-    cuda_check(cudaSetDevice(other), "cudaSetDevice");
-    backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), d.lse.view(), d.dq.view(),
-             d.dk.view(), d.dv.view(), o, on(Backend::CUDA));
-    cuda_check(cudaGetDevice(&current), "cudaGetDevice");
-    EXPECT_EQ(current, other) << "the caller's current GPU after the backward";
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    cuda_check(cudaDeviceSynchronize(), "backward");
+    from_the_other_gpu("backward", [&] {
+      backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(), d.lse.view(), d.dq.view(),
+               d.dk.view(), d.dv.view(), o, on(Backend::CUDA));
+    });
     d.dq.download();
     d.dk.download();
     d.dv.download();
