@@ -24,20 +24,31 @@ class CurrentDevice {
       cudaGetLastError();
       previous_ = -1;
     }
-    if (previous_ != device)
-      throw_if_failed(cudaSetDevice(device), "cuda:" + std::to_string(device) + " made current for the call");
+    if (previous_ == device) return;
+    throw_if_failed(cudaSetDevice(device), "cuda:" + std::to_string(device) + " made current for the call");
+    switched_ = true;
   }
   CurrentDevice(const CurrentDevice&) = delete;
   CurrentDevice& operator=(const CurrentDevice&) = delete;
   ~CurrentDevice() {
-    int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && previous_ >= 0 && now != previous_) cudaSetDevice(previous_);
-    cudaGetLastError();
+    if (switched_ && previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
   }
 
  private:
   int previous_ = -1;
+  bool switched_ = false;
 };
+
+// Lets `kernel` launch with `bytes` of dynamic shared memory on the current device (needed
+// above 48 KiB; CUDA keeps it per device, so call it through a PerDevice). A failure shows up
+// as the launch's error.
+template <typename Kernel>
+void allow_shared_bytes(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024) {
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    (void)status;
+  }
+}
 
 // A value computed once per device (the current one when asked): declare it static beside the
 // kernel it is about. Devices past kMaxDevices compute it on every call.

@@ -782,15 +782,6 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
 }
 
-template <typename Kernel>
-void allow_shared_bytes(Kernel kernel, int bytes) {
-  if (bytes > 48 * 1024) {
-    const cudaError_t status =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    (void)status;  // a failure shows up as a launch error
-  }
-}
-
 // Launches the key-parallel kernel (and, in deterministic mode, the dQ kernel) for one
 // (dtype, head-dim bucket) configuration. The workspace is ready (D computed, the dQ
 // accumulator zeroed) before the first launch.

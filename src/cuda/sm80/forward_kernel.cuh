@@ -446,16 +446,12 @@ void launch_forward(const ForwardParams& p) {
   const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr ||
                        !(p.softmax_scale > 0.0f) || p.dropout_p > 0.0f;
   const auto kernel = general ? forward_kernel<Cfg, true> : forward_kernel<Cfg, false>;
-  if (Cfg::kSharedBytes > 48 * 1024) {  // once per kernel and device
-    static PerDevice<bool> attributes_set;
-    attributes_set.get([] {
-      cudaFuncSetAttribute(forward_kernel<Cfg, true>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSharedBytes);
-      cudaFuncSetAttribute(forward_kernel<Cfg, false>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSharedBytes);
-      return true;  // a failure shows up as a launch error below
-    });
-  }
+  static PerDevice<bool> shared_bytes_allowed;  // once per kernel and device
+  shared_bytes_allowed.get([] {
+    allow_shared_bytes(forward_kernel<Cfg, true>, Cfg::kSharedBytes);
+    allow_shared_bytes(forward_kernel<Cfg, false>, Cfg::kSharedBytes);
+    return true;
+  });
   const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch,
                                    blocks_work_differs(p.window_left, p.window_right));
   kernel<<<grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(p);

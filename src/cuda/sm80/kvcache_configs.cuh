@@ -64,16 +64,12 @@ template <typename Cfg>
 KvCacheRun launch_kvcache(const KvCacheParams& kv) {
   const ForwardParams& p = kv.attn;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  if (Cfg::kSharedBytes > 48 * 1024) {  // once per kernel and device
-    static PerDevice<bool> attributes_set;
-    attributes_set.get([] {
-      cudaFuncSetAttribute(kvcache_kernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           Cfg::kSharedBytes);
-      cudaFuncSetAttribute(kvcache_kernel<Cfg, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           Cfg::kSharedBytes);
-      return true;  // a failure shows up as a launch error
-    });
-  }
+  static PerDevice<bool> shared_bytes_allowed;  // once per kernel and device
+  shared_bytes_allowed.get([] {
+    allow_shared_bytes(kvcache_kernel<Cfg, false>, Cfg::kSharedBytes);
+    allow_shared_bytes(kvcache_kernel<Cfg, true>, Cfg::kSharedBytes);
+    return true;
+  });
   // The plain variant when the call has no append, rotary, ALiBi or softcap (kvcache_kernel).
   const bool general = kv.k_new != nullptr || kv.rotary_cos != nullptr ||
                        p.alibi_slopes != nullptr || p.softcap > 0.0f;
