@@ -674,8 +674,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // Merges the splits of one (b, h, t) row per CTA. The loads are what costs (a decoding step
 // merges a few dozen splits of a few rows), so they are spread over the threads: every
 // split's lse at once, then warp w adds splits w, w + 4, ... of 4-float chunks of the row,
-// eight loads in flight per thread, and the warps' sums meet in shared memory.
+// eight loads in flight per thread, and the warps' sums meet in shared memory. The first
+// eight of each thread's partial-row loads do not depend on the lse, so they are issued
+// together with the lse loads: one memory round trip before the sums instead of two.
 constexpr int kCombineWarps = 4;
+constexpr int kCombineEarlyLoads = 8;  // per thread, issued with the lse loads
 constexpr int kCombineMaxSplits = 1024;  // validation's bound on num_splits
 constexpr int kCombineMaxChunks = 64;    // 4-float chunks of a 256-wide row
 
@@ -695,6 +698,18 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   // Launched as a programmatic dependent of the split kernel on sm_90: its CTAs start while
   // the split kernel's last CTAs run, and the partials are read only after it has completed.
   ptx::wait_for_primary_grids();
+
+  // This thread's first chunk (lane) of its warp's first kCombineEarlyLoads splits.
+  const int chunks = p.head_dim / 4;
+  const auto partial_chunk = [&](int s, int c) {
+    return *reinterpret_cast<const float4*>(kp.partial_out + (s * rows + row) * p.head_dim + 4 * c);
+  };
+  float4 early[kCombineEarlyLoads];
+#pragma unroll
+  for (int i = 0; i < kCombineEarlyLoads; ++i) {
+    const int s = warp + i * kCombineWarps;
+    early[i] = lane < chunks && s < splits ? partial_chunk(s, lane) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 
   // lse = log sum_s exp(lse_s), with the same -inf/NaN handling as the in-CTA merge.
   float m = -INFINITY;
@@ -725,19 +740,23 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     weights[s] = sum == 0.0f ? 0.0f : __expf(weights[s] - lse);
   __syncthreads();
 
-  // out = sum_s weight_s out_s, 4 floats per thread and chunk.
-  const int chunks = p.head_dim / 4;
+  // out = sum_s weight_s out_s, 4 floats per thread and chunk (the early loads first).
+  const auto add = [](float4& acc, float w, const float4& v) {
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  };
   for (int c = lane; c < chunks; c += 32) {
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-    for (int s = warp; s < splits; s += kCombineWarps) {
-      const float w = weights[s];
-      const float4 v = *reinterpret_cast<const float4*>(kp.partial_out + (s * rows + row) * p.head_dim + 4 * c);
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
+    int s = warp;
+    if (c == lane) {
+#pragma unroll
+      for (int i = 0; i < kCombineEarlyLoads; ++i, s += kCombineWarps)
+        if (s < splits) add(acc, weights[s], early[i]);
     }
+#pragma unroll 8
+    for (; s < splits; s += kCombineWarps) add(acc, weights[s], partial_chunk(s, c));
     sums[warp][c] = acc;
   }
   __syncthreads();
