@@ -70,6 +70,32 @@ __device__ Slice slice_of(const Problem& p) {
   return s;
 }
 
+// Shared rows are padded to 272 bytes (conflict-free ldmatrix), as the split kernel's are.
+constexpr int kPitch = kRowBytes + 16;
+
+// Copies rows [r0, r0 + kRows) of the slice by cp.async into shared tiles (rows from s.hi on
+// zero-filled): kTpr threads per row, 16 bytes each. A thread's copies go row pass by row
+// pass, each pass's columns in turn (kColumnsOuter: column pass by column pass). kPair: each
+// chunk of the first tensor is followed by the same chunk of the second, as the split
+// kernel issues K and V.
+template <int kRows, int kHint, bool kPair, int kTpr = kThreadsPerRow, bool kColumnsOuter = false>
+__device__ __forceinline__ void copy_rows(const Slice& s, int64_t r0, const char* src, uint32_t dst,
+                                          const char* src2 = nullptr, uint32_t dst2 = 0) {
+  constexpr int kRpp = kThreads / kTpr, kPasses = kRows / kRpp, kColumns = kRowBytes / (16 * kTpr);
+  const int row = threadIdx.x / kTpr, chunk = threadIdx.x % kTpr;
+#pragma unroll
+  for (int i = 0; i < kPasses * kColumns; ++i) {
+    const int pass = kColumnsOuter ? i % kPasses : i / kColumns;
+    const int c = kColumnsOuter ? i / kPasses : i % kColumns;
+    const int r = row + pass * kRpp;
+    const bool ok = r0 + r < s.hi;
+    const int64_t at = (r0 + r) * s.row_stride + (c * kTpr + chunk) * 16;
+    const uint32_t off = r * kPitch + (c * kTpr + chunk) * 16;
+    ptx::cp_async_16<kHint>(dst + off, ok ? src + at : src, ok);
+    if (kPair) ptx::cp_async_16<kHint>(dst2 + off, ok ? src2 + at : src2, ok);
+  }
+}
+
 // Fixed-latency work per block, standing in for the softmax and MMAs: kSpin dependent FMAs.
 template <int kSpin>
 __device__ __forceinline__ float spin(float x) {
@@ -195,39 +221,20 @@ template <int kBlock, int kStages, int kSpin, int kHint, int kMma = 0, bool kEar
 __global__ void __launch_bounds__(kThreads) staged(Problem p) {
   extern __shared__ __align__(128) char smem[];
   const uint32_t base = ptx::shared_address(smem);
-  constexpr int kPitch = kRowBytes + 16;
   constexpr uint32_t kTile = kBlock * kPitch;
   const Slice s = slice_of(p);
   const int n_blocks = static_cast<int>((s.hi - s.lo + kBlock - 1) / kBlock);
-  const int row = threadIdx.x / kThreadsPerRow, chunk = threadIdx.x % kThreadsPerRow;
   const auto load = [&](int n, int stage) {
     const int64_t r0 = s.lo + int64_t{n} * kBlock;
-#pragma unroll
-    for (int pass = 0; pass < kBlock / kRowsPerPass; ++pass) {
-      const int r = row + pass * kRowsPerPass;
-      const bool ok = r0 + r < s.hi;
-      const int64_t at = (r0 + r) * s.row_stride + chunk * 16;
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const uint32_t off = stage * 2 * kTile + r * kPitch + c * 128 + chunk * 16;
-        ptx::cp_async_16<kHint>(base + off, ok ? s.k + at + c * 128 : s.k, ok);
-        if (!kKThenV) ptx::cp_async_16<kHint>(base + off + kTile, ok ? s.v + at + c * 128 : s.v, ok);
-      }
-    }
+    const uint32_t k_tile = base + stage * 2 * kTile, v_tile = k_tile + kTile;
     if (kKThenV) {
-#pragma unroll
-      for (int pass = 0; pass < kBlock / kRowsPerPass; ++pass) {
-        const int r = row + pass * kRowsPerPass;
-        const bool ok = r0 + r < s.hi;
-        const int64_t at = (r0 + r) * s.row_stride + chunk * 16;
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const uint32_t off = stage * 2 * kTile + r * kPitch + c * 128 + chunk * 16;
-          ptx::cp_async_16<kHint>(base + off + kTile, ok ? s.v + at + c * 128 : s.v, ok);
-        }
-      }
+      copy_rows<kBlock, kHint, false>(s, r0, s.k, k_tile);
+      copy_rows<kBlock, kHint, false>(s, r0, s.v, v_tile);
+    } else {
+      copy_rows<kBlock, kHint, true>(s, r0, s.k, k_tile, s.v, v_tile);
     }
   };
+
   for (int n = 0; n < kStages - 1; ++n) {
     if (n < n_blocks) load(n, n);
     ptx::cp_async_commit();
@@ -269,24 +276,11 @@ template <int kBlock, int kSpin, int kHint = 0, bool kMma = false, int kTpr = kT
 __global__ void __launch_bounds__(kThreads) single_buffered(Problem p) {
   extern __shared__ __align__(128) char smem[];
   const uint32_t base = ptx::shared_address(smem);
-  constexpr int kPitch = kRowBytes + 16;
   constexpr uint32_t kTile = kBlock * kPitch;
   const Slice s = slice_of(p);
   const int n_blocks = static_cast<int>((s.hi - s.lo + kBlock - 1) / kBlock);
-  // kTpr threads per row: a warp's copy covers 32 / kTpr rows, kTpr * 16 bytes of each.
-  constexpr int kRpp = kThreads / kTpr, kCols = kRowBytes / (16 * kTpr);
-  const int row = threadIdx.x / kTpr, chunk = threadIdx.x % kTpr;
   const auto load = [&](const char* src, int n, uint32_t dst) {
-    const int64_t r0 = s.lo + int64_t{n} * kBlock;
-#pragma unroll
-    for (int pass = 0; pass < kBlock / kRpp; ++pass) {
-      const int r = row + pass * kRpp;
-      const bool ok = r0 + r < s.hi;
-      const int64_t at = (r0 + r) * s.row_stride + chunk * 16;
-#pragma unroll
-      for (int c = 0; c < kCols; ++c)
-        ptx::cp_async_16<kHint>(dst + r * kPitch + c * kTpr * 16 + chunk * 16, ok ? src + at + c * kTpr * 16 : src, ok);
-    }
+    copy_rows<kBlock, kHint, false, kTpr>(s, s.lo + int64_t{n} * kBlock, src, dst);
     ptx::cp_async_commit();
   };
   if (n_blocks > 0) load(s.k, 0, base);
@@ -324,27 +318,14 @@ template <int kBlock, int kStages, bool kMma = false, bool kColumnsOuter = false
 __global__ void __launch_bounds__(kThreads) tile_pipeline(Problem p) {
   extern __shared__ __align__(128) char smem[];
   const uint32_t base = ptx::shared_address(smem);
-  constexpr int kPitch = kRowBytes + 16;
   constexpr uint32_t kTile = kBlock * kPitch;
   const Slice s = slice_of(p);
   const int n_tiles = 2 * static_cast<int>((s.hi - s.lo + kBlock - 1) / kBlock);
-  const int row = threadIdx.x / kThreadsPerRow, chunk = threadIdx.x % kThreadsPerRow;
   const auto load = [&](int t) {
-    const char* src = t % 2 == 0 ? s.k : s.v;
-    const int64_t r0 = s.lo + int64_t{t / 2} * kBlock;
-    const uint32_t dst = base + (t % kStages) * kTile;
-    // Row passes inside column passes (kColumnsOuter: every row's first 128 bytes, then every
-    // row's second, the order of cuDNN's decode kernel) or the other way round.
-#pragma unroll
-    for (int i = 0; i < 2 * kBlock / kRowsPerPass; ++i) {
-      const int pass = kColumnsOuter ? i % (kBlock / kRowsPerPass) : i / 2;
-      const int c = kColumnsOuter ? i / (kBlock / kRowsPerPass) : i % 2;
-      const int r = row + pass * kRowsPerPass;
-      const bool ok = r0 + r < s.hi;
-      const int64_t at = (r0 + r) * s.row_stride + chunk * 16;
-      ptx::cp_async_16<0>(dst + r * kPitch + c * 128 + chunk * 16, ok ? src + at + c * 128 : src, ok);
-    }
+    copy_rows<kBlock, 0, false, kThreadsPerRow, kColumnsOuter>(s, s.lo + int64_t{t / 2} * kBlock,
+                                                               t % 2 == 0 ? s.k : s.v, base + (t % kStages) * kTile);
   };
+
   for (int t = 0; t < kStages - 1; ++t) {
     if (t < n_tiles) load(t);
     ptx::cp_async_commit();
