@@ -48,7 +48,10 @@ struct KvCase {
 
   std::string describe() const {
     std::string s = name + ": B=" + std::to_string(seqlens.size()) + " seqlens=(";
-    for (size_t i = 0; i < seqlens.size(); ++i) s += (i ? "," : "") + std::to_string(seqlens[i]);
+    for (size_t i = 0; i < seqlens.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(seqlens[i]);
+    }
     s += ") Sq=" + std::to_string(seqlen_q) + " S_new=" + std::to_string(seqlen_new) +
          " H=" + std::to_string(heads) + " Hk=" + std::to_string(heads_k) +
          " D=" + std::to_string(head_dim) + " " + dtype_name(dtype) +
@@ -537,13 +540,8 @@ TEST(KvCacheGridCoverage, EveryAxisValueOccurs) {
 
 TEST(KvCache, SequencesWithoutKeysGiveZeroOutAndMinusInfLse) {
   for (DType dt : kDtypes) {
-    KvCase c;
-    c.name = "no keys";
-    c.seqlens = {0, 9, 0};
-    c.seqlen_new = 0;
-    c.seqlen_q = 3;
-    c.dtype = dt;
-    c.num_splits = 2;
+    const KvCase c{.name = "no keys", .seqlens = {0, 9, 0}, .seqlen_q = 3, .seqlen_new = 0,
+                   .dtype = dt, .num_splits = 2};
     SCOPED_TRACE(c.describe());
     KvProblem p(c);
     Buffer k_before = p.k_cache, v_before = p.v_cache;
@@ -562,59 +560,34 @@ TEST(KvCache, SequencesWithoutKeysGiveZeroOutAndMinusInfLse) {
 }
 
 TEST(KvCache, EmptyNewKeysAreAccepted) {
-  KvCase c;
-  c.name = "S_new = 0 given as tensors";
-  c.seqlen_new = 0;
-  c.empty_new = true;
-  c.rotary = Rotary::NeoX;
-  c.mask = kMasks[1];
-  run_and_check(c);
+  run_and_check({.name = "S_new = 0 given as tensors", .seqlen_new = 0, .rotary = Rotary::NeoX,
+                 .mask = kMasks[1], .empty_new = true});
 }
 
 TEST(KvCache, EverySplitCountMatchesTheReference) {
   for (int32_t splits : {1, 2, 5, 17, 1024}) {
-    KvCase c;
-    c.name = "splits";
-    c.seqlens = {400, 1, 257};
-    c.seqlen_q = 2;
-    c.seqlen_new = 3;
-    c.heads = 8;
-    c.heads_k = 2;
-    c.dtype = DType::BFloat16;
-    c.page_size = 16;
-    c.mask = kMasks[2];
-    c.num_splits = splits;
-    run_and_check(c);
+    run_and_check({.name = "splits", .seqlens = {400, 1, 257}, .seqlen_q = 2, .seqlen_new = 3,
+                   .heads = 8, .heads_k = 2, .dtype = DType::BFloat16, .page_size = 16,
+                   .mask = kMasks[2], .num_splits = splits});
   }
 }
 
 TEST(KvCache, AppendStraddlesPagesAndQueriesOutnumberKeys) {
-  KvCase c;
-  c.name = "straddle";
-  c.seqlens = {2, 0};
-  c.seqlen_new = 7;
-  c.seqlen_q = 17;  // causal: the first rows see no key at all
-  c.page_size = 3;
-  c.mask = kMasks[1];
-  c.rotary = Rotary::Interleaved;
-  c.dtype = DType::Float16;
-  c.leftpad = true;
-  run_and_check(c);
+  run_and_check({.name = "straddle",
+                 .seqlens = {2, 0},
+                 .seqlen_q = 17,  // causal: the first rows see no key at all
+                 .seqlen_new = 7,
+                 .dtype = DType::Float16,
+                 .page_size = 3,
+                 .leftpad = true,
+                 .rotary = Rotary::Interleaved,
+                 .mask = kMasks[1]});
 }
 
 TEST(KvCache, LongPagedDecode) {
-  KvCase c;
-  c.name = "long decode";
-  c.seqlens = {2100, 777};
-  c.seqlen_new = 1;
-  c.heads = 16;
-  c.heads_k = 2;
-  c.head_dim = 128;
-  c.dtype = DType::BFloat16;
-  c.page_size = 16;
-  c.rotary = Rotary::NeoX;
-  c.mask = kMasks[1];
-  run_and_check(c);
+  run_and_check({.name = "long decode", .seqlens = {2100, 777}, .seqlen_new = 1, .heads = 16,
+                 .heads_k = 2, .head_dim = 128, .dtype = DType::BFloat16, .page_size = 16,
+                 .rotary = Rotary::NeoX, .mask = kMasks[1]});
 }
 
 // The CPU engine packs the G query heads of a key/value head into one work item, position by
@@ -623,16 +596,9 @@ TEST(KvCache, LongPagedDecode) {
 // position (mask, ALiBi distance) and head (ALiBi slope) — on both backends.
 TEST(KvCache, PackedQueryHeadsKeepTheirPositionsAndHeads) {
   for (const char* mask : {"causal", "band"}) {
-    KvCase c;
-    c.name = "packed heads";
-    c.seqlens = {150, 91};
-    c.seqlen_q = 30;
-    c.seqlen_new = 3;
-    c.heads = 6;
-    c.heads_k = 2;
-    c.head_dim = 40;
-    c.alibi = Case::Alibi::PerBatchHead;
-    c.softcap = 5.0f;
+    KvCase c{.name = "packed heads", .seqlens = {150, 91}, .seqlen_q = 30, .seqlen_new = 3,
+             .heads = 6, .heads_k = 2, .head_dim = 40, .softcap = 5.0f,
+             .alibi = Case::Alibi::PerBatchHead};
     for (const Mask& m : kMasks)
       if (std::string(m.name) == mask) c.mask = m;
     for (int32_t splits : {1, 3}) {
@@ -644,18 +610,12 @@ TEST(KvCache, PackedQueryHeadsKeepTheirPositionsAndHeads) {
 
 TEST(KvCache, OddHeadDims) {
   for (int64_t d : {8, 24, 40, 88, 136, 200, 256}) {
-    KvCase c;
-    c.name = "head dim " + std::to_string(d);
-    c.seqlens = {65, 20};
-    c.seqlen_q = 3;
-    c.seqlen_new = 2;
-    c.head_dim = d;
-    c.dtype = kDtypes[size_t(d / 8) % 3];
-    c.rotary = d % 16 ? Rotary::Interleaved : Rotary::NeoX;
-    c.rotary_dim = d >= 16 ? d / 2 / 2 * 2 : 0;
-    c.mask = kMasks[size_t(d / 8) % std::size(kMasks)];
-    c.page_size = d % 3 ? 16 : 0;
-    run_and_check(c);
+    run_and_check({.name = "head dim " + std::to_string(d), .seqlens = {65, 20}, .seqlen_q = 3,
+                   .seqlen_new = 2, .head_dim = d, .dtype = kDtypes[size_t(d / 8) % 3],
+                   .page_size = d % 3 ? 16 : 0,
+                   .rotary = d % 16 ? Rotary::Interleaved : Rotary::NeoX,
+                   .rotary_dim = d >= 16 ? d / 2 / 2 * 2 : 0,
+                   .mask = kMasks[size_t(d / 8) % std::size(kMasks)]});
   }
 }
 
@@ -673,19 +633,17 @@ TEST(KvCachePlain, LongSequencesInEveryLayout) {
                                    PlainLayout{"page 64", 64, false}, PlainLayout{"page 256", 256, false}}) {
     for (int64_t d : {40, 128, 256}) {
       for (int32_t splits : {1, 3}) {
-        KvCase c;
-        c.name = std::string("plain ") + layout.name;
-        c.seqlens = {700, 1000, 63};
-        c.seqlen_new = 0;
-        c.heads = 8;
-        c.heads_k = 2;
-        c.head_dim = d;
-        c.dtype = d == 128 ? DType::Float16 : DType::BFloat16;
-        c.page_size = layout.page_size;
-        c.leftpad = layout.leftpad;
-        c.mask = kMasks[splits == 1 ? 0 : 2];  // none, sliding
-        c.num_splits = splits;
-        run_and_check(c);
+        run_and_check({.name = std::string("plain ") + layout.name,
+                       .seqlens = {700, 1000, 63},
+                       .seqlen_new = 0,
+                       .heads = 8,
+                       .heads_k = 2,
+                       .head_dim = d,
+                       .dtype = d == 128 ? DType::Float16 : DType::BFloat16,
+                       .page_size = layout.page_size,
+                       .leftpad = layout.leftpad,
+                       .mask = kMasks[splits == 1 ? 0 : 2],  // none, sliding
+                       .num_splits = splits});
       }
     }
   }
@@ -698,19 +656,17 @@ TEST(KvCachePlain, LongSequencesInEveryLayout) {
 TEST(KvCachePlain, PickedCacheRowsAndPartialBlocks) {
   for (int64_t d : {112, 128}) {
     for (int32_t splits : {1, 3}) {
-      KvCase c;
-      c.name = "plain cache_batch_idx";
-      c.seqlens = {650, 1001};
-      c.seqlen_new = 0;
-      c.seqlen_q = 2;
-      c.heads = 4;
-      c.heads_k = 1;
-      c.head_dim = d;
-      c.dtype = DType::BFloat16;
-      c.batch_idx = true;
-      c.mask = kMasks[1];  // causal
-      c.num_splits = splits;
-      run_and_check(c);
+      run_and_check({.name = "plain cache_batch_idx",
+                     .seqlens = {650, 1001},
+                     .seqlen_q = 2,
+                     .seqlen_new = 0,
+                     .heads = 4,
+                     .heads_k = 1,
+                     .head_dim = d,
+                     .dtype = DType::BFloat16,
+                     .batch_idx = true,
+                     .mask = kMasks[1],  // causal
+                     .num_splits = splits});
     }
   }
 }
@@ -719,14 +675,9 @@ TEST(KvCachePlain, PickedCacheRowsAndPartialBlocks) {
 // of a common prefix appear in several block-table rows.
 TEST(KvCache, SharedRowsAndPagesWithoutAppend) {
   for (bool paged : {false, true}) {
-    KvCase c;
-    c.name = paged ? "shared pages" : "shared cache rows";
-    c.seqlens = {40, 40};
-    c.seqlen_new = 0;
-    c.seqlen_q = 2;
-    c.page_size = paged ? 16 : 0;
-    c.batch_idx = !paged;
-    c.mask = kMasks[1];
+    const KvCase c{.name = paged ? "shared pages" : "shared cache rows", .seqlens = {40, 40},
+                   .seqlen_q = 2, .seqlen_new = 0, .page_size = paged ? 16 : 0,
+                   .batch_idx = !paged, .mask = kMasks[1]};
     SCOPED_TRACE(c.describe());
     KvProblem p(c);
     // Sequence 1 reads what sequence 0 reads.
@@ -749,17 +700,9 @@ TEST(KvCache, SharedRowsAndPagesWithoutAppend) {
 // q and out through head-major views, k_new/v_new with padded rows, and a packed cache:
 // k and v interleaved in one (B, S, 2, Hk, D) buffer, appended in place.
 TEST(KvCache, StridedViewsAndPackedCache) {
-  KvCase c;
-  c.name = "strided";
-  c.seqlens = {30, 61};
-  c.seqlen_q = 5;
-  c.seqlen_new = 4;
-  c.heads = 4;
-  c.heads_k = 2;
-  c.head_dim = 32;
-  c.dtype = DType::Float16;
-  c.rotary = Rotary::Interleaved;
-  c.mask = kMasks[3];
+  const KvCase c{.name = "strided", .seqlens = {30, 61}, .seqlen_q = 5, .seqlen_new = 4,
+                 .heads = 4, .heads_k = 2, .head_dim = 32, .dtype = DType::Float16,
+                 .rotary = Rotary::Interleaved, .mask = kMasks[3]};
   SCOPED_TRACE(c.describe());
   KvProblem p(c);
   const int64_t B = p.B, Sq = p.Sq, H = p.H, D = p.D, Hk = p.Hk, Sn = p.Sn, S = p.cache_dim1;
@@ -835,14 +778,8 @@ TEST(KvCache, StridedViewsAndPackedCache) {
 // merge must neither drop it (an empty chunk's -inf is not a NaN) nor spread it.
 TEST(KvCache, NanInOneQueryRowStaysInThatRow) {
   for (int32_t splits : {1, 4}) {
-    KvCase c;
-    c.name = "nan row";
-    c.seqlens = {300, 80};
-    c.seqlen_q = 3;
-    c.heads = 4;
-    c.heads_k = 2;
-    c.num_splits = splits;
-    c.mask = kMasks[1];
+    const KvCase c{.name = "nan row", .seqlens = {300, 80}, .seqlen_q = 3, .heads = 4,
+                   .heads_k = 2, .mask = kMasks[1], .num_splits = splits};
     SCOPED_TRACE(c.describe());
     KvProblem p(c);
     p.q.set(((1 * p.Sq + 2) * p.H + 3) * p.D + 7, std::nanf(""));  // b 1, row 2, head 3
@@ -860,13 +797,8 @@ TEST(KvCache, NanInOneQueryRowStaysInThatRow) {
 // Automatic splitting on the CPU: one pass when there is a work item per thread, else chunks
 // of at least four key blocks, as many as the threads need.
 TEST(KvCacheCpu, AutomaticSplitsFillTheThreads) {
-  KvCase c;
-  c.name = "auto splits";
-  c.seqlens = {4000};
-  c.seqlen_new = 1;
-  c.heads = 1;
-  c.heads_k = 1;
-  c.num_threads = 8;
+  KvCase c{.name = "auto splits", .seqlens = {4000}, .seqlen_new = 1, .heads = 1, .heads_k = 1,
+           .num_threads = 8};
   EXPECT_EQ(run_and_check(c).num_splits, 8);  // 1 item, 8 threads, 62 key blocks
   c.seqlens = {300};
   EXPECT_EQ(run_and_check(c).num_splits, 1);  // 5 key blocks: one chunk of >= 4
@@ -880,15 +812,9 @@ TEST(KvCacheCpu, AutomaticSplitsFillTheThreads) {
 
 // A fixed split count gives the same bits whatever the thread count.
 TEST(KvCacheCpu, BitwiseEqualForEveryThreadCount) {
-  KvCase c;
-  c.name = "threads";
-  c.seqlens = {500, 123};
-  c.seqlen_q = 3;
-  c.seqlen_new = 2;
-  c.dtype = DType::BFloat16;
-  c.page_size = 16;
-  c.num_splits = 3;
-  c.rotary = Rotary::NeoX;
+  const KvCase c{.name = "threads", .seqlens = {500, 123}, .seqlen_q = 3, .seqlen_new = 2,
+                 .dtype = DType::BFloat16, .page_size = 16, .rotary = Rotary::NeoX,
+                 .num_splits = 3};
   KvProblem p(c);
   const Buffer k0 = p.k_cache, v0 = p.v_cache;
   std::vector<unsigned char> first_out, first_lse, first_k;
