@@ -25,6 +25,10 @@
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
 #   scripts/gpu_pending.sh ptx        a build of compute_80 PTX only (what a GPU after Hopper
 #                                     runs, JIT-compiled), then the GPU suite on it
+#   scripts/gpu_pending.sh stream     the decode cache streamed without the attention
+#                                     (bench/gpu_stream_read.cu): TB/s per copy schedule, then
+#                                     Nsight Compute durations at 8 x 32k of every schedule,
+#                                     our split kernel and cuDNN's (~2 min)
 #   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
 #                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward, or decode with AB_PASSES=dec
@@ -35,7 +39,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -121,6 +125,27 @@ case "$stage" in
     timeout 520 ctest --test-dir build-ptx -L gpu -j 16 --output-on-failure --timeout 500 >"$OUT/tests_gpu.log" 2>&1
     echo "gpu tests on JIT-compiled compute_80: $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '\*\*\*Failed|Timeout|Not Run' "$OUT/tests_gpu.log" | head -10 ;;
+  stream)
+    # The 2026-11-30 22:24 UTC call's commands (docs/results/h200_stream_read_2026-11-30.md),
+    # except that the library is built after the event-timed table (that call built it
+    # meanwhile, and event timing includes each call's launch). Nsight Compute's durations, at
+    # its locked clocks, compare across the kernels of one call only.
+    export PATH="/usr/local/cuda/bin:$PATH"
+    nvcc -O3 -std=c++17 -arch=sm_90a -I src bench/gpu_stream_read.cu -o /tmp/stream_read || exit 1
+    /tmp/stream_read >"$OUT/stream_read.txt" 2>&1
+    ncu --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed --csv \
+      /tmp/stream_read profile >"$OUT/stream_read_ncu.csv" 2>&1
+    build_library . >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+    for who in ours cudnn; do
+      if [ $who = ours ]; then peers=(--skip-peers); kernels=kvcache_kernel; else peers=(--peers cudnn); kernels=cudnn; fi
+      ncu --kernel-name "regex:$kernels" --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+        --csv python3 bench/gpu_decode.py --lib build-gpu/src/libflashattn_c.so --out /tmp/stream-dec-$who \
+        --shapes 8x32k "${peers[@]}" --no-graph --repeat 3 --target-s 0.001 --copy-mib 64 >"$OUT/decode_ncu_$who.csv" 2>&1
+    done
+    sed -n '/round 2/,$p' "$OUT/stream_read.txt" | cut -c1-110
+    echo "Nsight Compute, 8 x 32k:"
+    python3 scripts/ncu_durations.py "$OUT/stream_read_ncu.csv" --every 4 --phase 3
+    for who in ours cudnn; do python3 scripts/ncu_durations.py "$OUT/decode_ncu_$who.csv" --last 2; done ;;
   kvprofile)
     { bash scripts/gpu_profile.sh 8 32768 no dec; OUT="$OUT/b1" bash scripts/gpu_profile.sh 1 8192 no dec; } \
       2>&1 | tee "$OUT/pending.txt" | tail -60 ;;
