@@ -131,7 +131,7 @@ struct Case {
   bool causal = false;
   int32_t window_left = -1, window_right = -1;
   float softcap = 0.0f;
-  std::optional<float> softmax_scale;
+  std::optional<float> softmax_scale = std::nullopt;
   enum class Alibi { Off, PerHead, PerBatchHead } alibi = Alibi::Off;
   float alibi_scale = 1.0f;  // multiplies the slopes; negative ones favour distant keys
   Layout layout = Layout::Contiguous;

@@ -99,14 +99,8 @@ class BackwardHeadDims : public ::testing::TestWithParam<int> {};
 
 TEST_P(BackwardHeadDims, MatchesReference) {
   const int d = GetParam();
-  Case c;
-  c.seqlen_q = 67;
-  c.seqlen_k = 93;
-  c.heads = 4;
-  c.heads_k = 2;
-  c.head_dim = d;
-  c.dtype = kDtypes[size_t(d / 8) % 3];
-  c.causal = (d / 8) % 2 == 0;
+  Case c{.seqlen_q = 67, .seqlen_k = 93, .heads = 4, .heads_k = 2, .head_dim = d,
+         .dtype = kDtypes[size_t(d / 8) % 3], .causal = (d / 8) % 2 == 0};
   run_backward_case(c, (d / 8) % 3 == 1 ? 0.3f : 0.0f, (d / 8) % 4 >= 2);
 }
 
@@ -114,14 +108,8 @@ INSTANTIATE_TEST_SUITE_P(Some, BackwardHeadDims,
                          ::testing::Values(8, 16, 24, 56, 72, 88, 120, 128, 152, 184, 232, 256));
 
 TEST(BackwardLong, CausalBf16AcrossTiles) {
-  Case c;
-  c.seqlen_q = 300;
-  c.seqlen_k = 333;
-  c.heads = 2;
-  c.heads_k = 1;
-  c.head_dim = 64;
-  c.dtype = DType::BFloat16;
-  c.causal = true;
+  Case c{.seqlen_q = 300, .seqlen_k = 333, .heads = 2, .heads_k = 1, .head_dim = 64,
+         .dtype = DType::BFloat16, .causal = true};
   run_backward_case(c, 0.1f);
   run_backward_case(c, 0.1f, true);
   c.dtype = DType::Float32;
@@ -135,14 +123,8 @@ TEST(BackwardLong, CausalBf16AcrossTiles) {
 // once (cuda/common/tile_order.cuh). Masked and not, both modes.
 TEST(BackwardEdgeCases, AsManyBlocksAsHeads) {
   for (const bool causal : {false, true}) {
-    Case c;
-    c.seqlen_q = 3 * 64 - 5;
-    c.seqlen_k = 3 * 128 - 5;
-    c.heads = 3;
-    c.heads_k = 3;
-    c.head_dim = 128;
-    c.dtype = DType::BFloat16;
-    c.causal = causal;
+    Case c{.seqlen_q = 3 * 64 - 5, .seqlen_k = 3 * 128 - 5, .heads = 3, .heads_k = 3,
+           .head_dim = 128, .dtype = DType::BFloat16, .causal = causal};
     run_backward_case(c, 0.0f, false);
     run_backward_case(c, 0.0f, true);
   }
@@ -150,14 +132,8 @@ TEST(BackwardEdgeCases, AsManyBlocksAsHeads) {
 
 TEST(BackwardEdgeCases, NoKeysGiveZeroQueryGradients) {
   for (DType dt : kDtypes) {
-    Case c;
-    c.batch = 2;
-    c.seqlen_q = 5;
-    c.seqlen_k = 0;
-    c.heads = 4;
-    c.heads_k = 2;
-    c.head_dim = 16;
-    c.dtype = dt;
+    Case c{.batch = 2, .seqlen_q = 5, .seqlen_k = 0, .heads = 4, .heads_k = 2, .head_dim = 16,
+           .dtype = dt};
     run_backward_case(c, 0.0f);  // the reference's dq is all 0, so poisoned rows would fail
     run_backward_case(c, 0.0f, true);
   }
@@ -167,22 +143,15 @@ TEST(BackwardEdgeCases, FullyMaskedRowsAndUnseenKeysGiveZeroGradients) {
   // Sq = 5, Sk = 2, causal: rows 0..2 see no key. Sq = 2, Sk = 9, window (0, 0): keys 0..6
   // are seen by no row.
   for (auto [sq, sk, left] : {std::tuple{5, 2, -1}, std::tuple{2, 9, 0}}) {
-    Case c;
-    c.seqlen_q = sq;
-    c.seqlen_k = sk;
-    c.heads = 2;
-    c.head_dim = 8;
-    c.causal = true;
-    c.window_left = left;
+    Case c{.seqlen_q = sq, .seqlen_k = sk, .heads = 2, .head_dim = 8, .causal = true,
+           .window_left = left};
     run_backward_case(c, 0.0f);
     run_backward_case(c, 0.5f, true);
   }
 }
 
 TEST(BackwardEdgeCases, EmptyQueryGivesZeroKeyGradients) {
-  Case c;
-  c.seqlen_q = 0;
-  c.seqlen_k = 9;
+  Case c{.seqlen_q = 0, .seqlen_k = 9};
   run_backward_case(c, 0.0f);
   run_backward_case(c, 0.0f, true);
   c.batch = 0;
@@ -191,14 +160,8 @@ TEST(BackwardEdgeCases, EmptyQueryGivesZeroKeyGradients) {
 
 TEST(BackwardEdgeCases, CustomScalesAndLargeSoftcapScores) {
   for (float scale : {0.5f, -0.3f, 0.0f, 3.0f}) {
-    Case c;
-    c.seqlen_q = 33;
-    c.seqlen_k = 71;
-    c.heads = 2;
-    c.head_dim = 16;
-    c.dtype = DType::BFloat16;
-    c.softmax_scale = scale;
-    c.softcap = 1.5f;
+    Case c{.seqlen_q = 33, .seqlen_k = 71, .heads = 2, .head_dim = 16, .dtype = DType::BFloat16,
+           .softcap = 1.5f, .softmax_scale = scale};
     run_backward_case(c, 0.0f, scale < 0.0f);
   }
 }
@@ -209,14 +172,8 @@ TEST(BackwardEdgeCases, CustomScalesAndLargeSoftcapScores) {
 TEST(BackwardEdgeCases, NegativeAlibiSlopesWithAPartialLastTile) {
   for (DType dt : {DType::Float16, DType::BFloat16}) {
     for (int64_t sk : {100, 130}) {
-      Case c;
-      c.seqlen_q = 100;
-      c.seqlen_k = sk;
-      c.heads = 2;
-      c.head_dim = 64;
-      c.dtype = dt;
-      c.alibi = Case::Alibi::PerHead;
-      c.alibi_scale = -4.0f;
+      Case c{.seqlen_q = 100, .seqlen_k = sk, .heads = 2, .head_dim = 64, .dtype = dt,
+             .alibi = Case::Alibi::PerHead, .alibi_scale = -4.0f};
       run_backward_case(c, 0.0f);
       run_backward_case(c, 0.0f, true);
     }
@@ -228,15 +185,8 @@ TEST(BackwardEdgeCases, NegativeAlibiSlopesWithAPartialLastTile) {
 TEST(BackwardDeterminism, RepeatedRunsAndThreadCountsAreBitwiseEqual) {
   if (kTestBackend != Backend::CPU)
     GTEST_SKIP() << "CPU thread counts; the CUDA suite has CudaBackward.DeterministicModeIsBitwiseReproducible";
-  Case c;
-  c.batch = 2;
-  c.seqlen_q = 150;
-  c.seqlen_k = 190;
-  c.heads = 4;
-  c.heads_k = 2;
-  c.head_dim = 64;
-  c.dtype = DType::BFloat16;
-  c.causal = true;
+  Case c{.batch = 2, .seqlen_q = 150, .seqlen_k = 190, .heads = 4, .heads_k = 2, .head_dim = 64,
+         .dtype = DType::BFloat16, .causal = true};
   Inputs in = make_inputs(c);
   Options o;
   o.causal = true;

@@ -45,15 +45,8 @@ class HeadDims : public ::testing::TestWithParam<int> {};
 // Every head dim the contract allows: multiples of 8 from 8 to 256.
 TEST_P(HeadDims, MatchesReference) {
   const int d = GetParam();
-  Case c;
-  c.batch = 1;
-  c.seqlen_q = 67;
-  c.seqlen_k = 129;
-  c.heads = 4;
-  c.heads_k = 2;
-  c.head_dim = d;
-  c.dtype = kDtypes[size_t(d / 8) % 3];
-  c.causal = (d / 8) % 2 == 0;
+  Case c{.batch = 1, .seqlen_q = 67, .seqlen_k = 129, .heads = 4, .heads_k = 2, .head_dim = d,
+         .dtype = kDtypes[size_t(d / 8) % 3], .causal = (d / 8) % 2 == 0};
   run_dense_case(c);
 }
 
@@ -81,18 +74,10 @@ class LongSequences : public ::testing::TestWithParam<LongCase> {};
 
 TEST_P(LongSequences, MatchesReference) {
   const LongCase& l = GetParam();
-  Case c;
-  c.seqlen_q = l.seqlen_q;
-  c.seqlen_k = l.seqlen_k;
-  c.heads = l.heads;
-  c.heads_k = l.heads_k;
-  c.head_dim = l.head_dim;
-  c.dtype = l.dtype;
-  c.causal = l.mask.causal;
-  c.window_left = l.mask.left;
-  c.window_right = l.mask.right;
-  c.softcap = l.softcap;
-  c.alibi = l.alibi;
+  Case c{.seqlen_q = l.seqlen_q, .seqlen_k = l.seqlen_k, .heads = l.heads, .heads_k = l.heads_k,
+         .head_dim = l.head_dim, .dtype = l.dtype, .causal = l.mask.causal,
+         .window_left = l.mask.left, .window_right = l.mask.right, .softcap = l.softcap,
+         .alibi = l.alibi};
   run_dense_case(c);
 }
 
@@ -103,14 +88,8 @@ INSTANTIATE_TEST_SUITE_P(Lengths, LongSequences, ::testing::ValuesIn(kLongCases)
 
 TEST(EdgeCases, NoKeysGiveZeroOutputAndMinusInfinityLse) {
   for (DType dt : kDtypes) {
-    Case c;
-    c.batch = 2;
-    c.seqlen_q = 5;
-    c.seqlen_k = 0;
-    c.heads = 4;
-    c.heads_k = 2;
-    c.head_dim = 16;
-    c.dtype = dt;
+    Case c{.batch = 2, .seqlen_q = 5, .seqlen_k = 0, .heads = 4, .heads_k = 2, .head_dim = 16,
+           .dtype = dt};
     run_dense_case(c);
   }
 }
@@ -120,13 +99,12 @@ TEST(EdgeCases, NoKeysGiveZeroOutputAndMinusInfinityLse) {
 // from x and the heads from y (cuda/common/tile_order.cuh). 65536 128-row blocks and a
 // partial one, so every row-block size up to 128 overflows y; GQA 2/1 checks the head mapping.
 TEST(EdgeCases, MoreQueryBlocksThanTheGridsYExtent) {
-  Case c;
-  c.seqlen_q = 65536LL * 128 + 77;
-  c.seqlen_k = 24;
-  c.heads = 2;
-  c.heads_k = 1;
-  c.head_dim = 8;  // the reference's cost: it runs over all 8.4 M rows
-  c.dtype = DType::BFloat16;
+  Case c{.seqlen_q = 65536LL * 128 + 77,
+         .seqlen_k = 24,
+         .heads = 2,
+         .heads_k = 1,
+         .head_dim = 8,  // the reference's cost: it runs over all 8.4 M rows
+         .dtype = DType::BFloat16};
   run_dense_case(c);
 }
 #endif
@@ -136,27 +114,15 @@ TEST(EdgeCases, MoreQueryBlocksThanTheGridsYExtent) {
 // still cover every (head, block) once (cuda/common/tile_order.cuh). Masked and not.
 TEST(EdgeCases, AsManyQueryBlocksAsHeads) {
   for (const bool causal : {false, true}) {
-    Case c;
-    c.batch = 2;
-    c.seqlen_q = 3 * 128 - 5;
-    c.seqlen_k = 3 * 128 - 5;
-    c.heads = 3;
-    c.heads_k = 3;
-    c.head_dim = 64;
-    c.dtype = DType::BFloat16;
-    c.causal = causal;
+    Case c{.batch = 2, .seqlen_q = 3 * 128 - 5, .seqlen_k = 3 * 128 - 5, .heads = 3, .heads_k = 3,
+           .head_dim = 64, .dtype = DType::BFloat16, .causal = causal};
     run_dense_case(c);
   }
 }
 
 TEST(EdgeCases, FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse) {
   // Sq = 5, Sk = 2, causal: rows 0..2 see no key (SPEC.md's example).
-  Case c;
-  c.seqlen_q = 5;
-  c.seqlen_k = 2;
-  c.heads = 2;
-  c.head_dim = 8;
-  c.causal = true;
+  Case c{.seqlen_q = 5, .seqlen_k = 2, .heads = 2, .head_dim = 8, .causal = true};
   run_dense_case(c);
   Inputs in = make_inputs(c);
   Buffer out(c.dtype, 5 * 2 * 8), lse(DType::Float32, 2 * 5);
@@ -175,9 +141,7 @@ TEST(EdgeCases, FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse) {
 }
 
 TEST(EdgeCases, EmptyQueryAndEmptyBatchAreNoOps) {
-  Case c;
-  c.seqlen_q = 0;
-  c.seqlen_k = 9;
+  Case c{.seqlen_q = 0, .seqlen_k = 9};
   run_dense_case(c);
   c.batch = 0;
   run_dense_case(c);
@@ -185,41 +149,24 @@ TEST(EdgeCases, EmptyQueryAndEmptyBatchAreNoOps) {
 
 TEST(EdgeCases, WindowsWiderThanTheSequenceEqualNoWindow) {
   for (auto [left, right] : {std::pair{5000, 5000}, std::pair{5000, -1}, std::pair{-1, 4000}}) {
-    Case c;
-    c.seqlen_q = 70;
-    c.seqlen_k = 90;
-    c.heads = 2;
-    c.head_dim = 32;
-    c.window_left = left;
-    c.window_right = right;
+    Case c{.seqlen_q = 70, .seqlen_k = 90, .heads = 2, .head_dim = 32, .window_left = left,
+           .window_right = right};
     run_dense_case(c);
   }
 }
 
 TEST(EdgeCases, CustomAndNegativeSoftmaxScales) {
   for (float scale : {0.5f, -0.3f, 0.0f, 3.0f}) {
-    Case c;
-    c.seqlen_q = 33;
-    c.seqlen_k = 71;
-    c.heads = 2;
-    c.head_dim = 16;
-    c.dtype = DType::BFloat16;
-    c.softmax_scale = scale;
+    Case c{.seqlen_q = 33, .seqlen_k = 71, .heads = 2, .head_dim = 16, .dtype = DType::BFloat16,
+           .softmax_scale = scale};
     run_dense_case(c);
   }
 }
 
 TEST(EdgeCases, StridedOutputView) {
   // out viewed as (B, Sq, H, D) over head-major storage (B, H, Sq, D).
-  Case c;
-  c.batch = 2;
-  c.seqlen_q = 45;
-  c.seqlen_k = 77;
-  c.heads = 3;
-  c.heads_k = 1;
-  c.head_dim = 24;
-  c.dtype = DType::Float16;
-  c.causal = true;
+  Case c{.batch = 2, .seqlen_q = 45, .seqlen_k = 77, .heads = 3, .heads_k = 1, .head_dim = 24,
+         .dtype = DType::Float16, .causal = true};
   Inputs in = make_inputs(c);
   Buffer out(c.dtype, 2 * 3 * 45 * 24), lse(DType::Float32, 2 * 3 * 45);
   out.poison();
@@ -233,11 +180,7 @@ TEST(EdgeCases, StridedOutputView) {
 }
 
 TEST(EdgeCases, NanInOneQueryRowPoisonsOnlyThatRow) {
-  Case c;
-  c.seqlen_q = 70;
-  c.seqlen_k = 80;
-  c.heads = 2;
-  c.head_dim = 16;
+  Case c{.seqlen_q = 70, .seqlen_k = 80, .heads = 2, .head_dim = 16};
   Inputs in = make_inputs(c);
   in.q_buf.set((13 * 2 + 1) * 16 + 5, std::nanf(""));  // row 13, head 1
   Buffer out(c.dtype, 70 * 2 * 16), lse(DType::Float32, 2 * 70);
@@ -255,15 +198,8 @@ TEST(EdgeCases, NanInOneQueryRowPoisonsOnlyThatRow) {
 // Each work item is computed by one thread (CPU) or one CTA (CUDA) in a fixed order, so the
 // result is bitwise the same on every run and for every CPU thread count.
 TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
-  Case c;
-  c.batch = 2;
-  c.seqlen_q = 150;
-  c.seqlen_k = 190;
-  c.heads = 4;
-  c.heads_k = 2;
-  c.head_dim = 64;
-  c.dtype = DType::BFloat16;
-  c.causal = true;
+  Case c{.batch = 2, .seqlen_q = 150, .seqlen_k = 190, .heads = 4, .heads_k = 2, .head_dim = 64,
+         .dtype = DType::BFloat16, .causal = true};
   Inputs in = make_inputs(c);
   std::vector<unsigned char> first;
   for (int threads : {1, 2, 3, 7, 0, 0}) {
@@ -294,20 +230,11 @@ TEST(Dropout, EveryMaskAndDtypeMatchesTheReference) {
   for (const Mask& m : kMasks)
     for (DType dt : kDtypes) {
       const Geometry g = geometries[n % 4];
-      Case c;
-      c.batch = g.batch;
-      c.seqlen_q = g.seqlen_q;
-      c.seqlen_k = g.seqlen_k;
-      c.heads = g.heads;
-      c.heads_k = g.heads_k;
-      c.head_dim = g.head_dim;
-      c.dtype = dt;
-      c.causal = m.causal;
-      c.window_left = m.left;
-      c.window_right = m.right;
-      c.softcap = n % 5 == 2 ? 2.5f : 0.0f;
-      c.alibi = n % 7 == 3 ? Case::Alibi::PerHead : Case::Alibi::Off;
-      c.dropout_p = n % 2 ? 0.17f : 0.6f;
+      Case c{.batch = g.batch, .seqlen_q = g.seqlen_q, .seqlen_k = g.seqlen_k, .heads = g.heads,
+             .heads_k = g.heads_k, .head_dim = g.head_dim, .dtype = dt, .causal = m.causal,
+             .window_left = m.left, .window_right = m.right, .softcap = n % 5 == 2 ? 2.5f : 0.0f,
+             .alibi = n % 7 == 3 ? Case::Alibi::PerHead : Case::Alibi::Off,
+             .dropout_p = n % 2 ? 0.17f : 0.6f};
       run_dense_case(c);
       ++n;
     }
