@@ -351,21 +351,26 @@ __global__ void __launch_bounds__(kThreads) tile_pipeline(Problem p) {
   if (acc == 0x12345678u || work.sum() == 1.2345f) p.sink[0] = acc;
 }
 
+// The byte offset of this thread's first 16-byte chunk in row pass `r0` of the slice (8
+// threads per row, as in copy_rows); a row past the slice reads the slice's first row instead,
+// so that the register and per-thread cp.async kernels below load the same bytes.
+__device__ __forceinline__ int64_t own_chunk(const Slice& s, int64_t r0) {
+  const int64_t r = r0 + threadIdx.x / kThreadsPerRow;
+  return (r < s.hi ? r : s.lo) * s.row_stride + (threadIdx.x % kThreadsPerRow) * 16;
+}
+
 // Loads into registers (ld.global.nc, 16 bytes, kUnroll rows of K and V per thread in flight),
 // no shared memory at all.
 template <int kUnroll>
 __global__ void __launch_bounds__(kThreads) registers(Problem p) {
   const Slice s = slice_of(p);
-  const int row = threadIdx.x / kThreadsPerRow, chunk = threadIdx.x % kThreadsPerRow;
   uint32_t acc = 0;
   constexpr int kRows = kUnroll * kRowsPerPass;
   for (int64_t r0 = s.lo; r0 < s.hi; r0 += kRows) {
     uint4 kv[kUnroll][4];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t r = r0 + row + u * kRowsPerPass;
-      const bool ok = r < s.hi;
-      const int64_t at = (ok ? r : s.lo) * s.row_stride + chunk * 16;
+      const int64_t at = own_chunk(s, r0 + u * kRowsPerPass);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         kv[u][2 * c] = __ldg(reinterpret_cast<const uint4*>(s.k + at + c * 128));
@@ -387,16 +392,13 @@ template <int kUnroll, int kHint>
 __global__ void __launch_bounds__(kThreads) cp_async_flat(Problem p) {
   extern __shared__ __align__(128) char smem[];
   const Slice s = slice_of(p);
-  const int row = threadIdx.x / kThreadsPerRow, chunk = threadIdx.x % kThreadsPerRow;
   const uint32_t mine = ptx::shared_address(smem) + threadIdx.x * kUnroll * 4 * 16;
   uint32_t acc = 0;
   constexpr int kRows = kUnroll * kRowsPerPass;
   for (int64_t r0 = s.lo; r0 < s.hi; r0 += kRows) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t r = r0 + row + u * kRowsPerPass;
-      const bool ok = r < s.hi;
-      const int64_t at = (ok ? r : s.lo) * s.row_stride + chunk * 16;
+      const int64_t at = own_chunk(s, r0 + u * kRowsPerPass);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         ptx::cp_async_16<kHint>(mine + (u * 4 + 2 * c) * 16, s.k + at + c * 128, true);
