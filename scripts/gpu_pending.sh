@@ -29,6 +29,9 @@
 #                                     (bench/gpu_stream_read.cu): TB/s per copy schedule, then
 #                                     Nsight Compute durations at 8 x 32k of every schedule,
 #                                     our split kernel and cuDNN's (~2 min)
+#   scripts/gpu_pending.sh sm90       the sm90 (wgmma) forward: the CUDA forward suite on it and
+#                                     on the sm80 kernel, memcheck, the forward benchmark with
+#                                     flash and cuDNN (~5 min)
 #   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
 #                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward, or decode with AB_PASSES=dec
@@ -39,7 +42,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90 or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -191,6 +194,32 @@ case "$stage" in
     grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -20
     grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -20
     grep -h "min ours" "$OUT/backward/results.md" "$OUT/forward/results.md" ;;
+  sm90)
+    # The sm90 (wgmma) forward: the CUDA forward suite on it (FLASHATTN_CUDA_FORWARD=sm90: every
+    # head dim) and on the sm80 kernel (=sm80), memcheck on the sanitizer filter, then the
+    # forward benchmark (the default dispatch) against flash and cuDNN.
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
+      && cmake --build build-gpu -j "$(nproc)"; } >"$OUT/build.log" 2>&1 || { grep -B2 -A12 error "$OUT/build.log" | head -60; exit 1; }
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    FLASHATTN_CUDA_FORWARD=sm90 timeout 240 build-gpu/tests/test_forward_cuda >"$OUT/test_forward_sm90.log" 2>&1
+    echo "test_forward_cuda (sm90 wherever it covers the call): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_forward_sm90.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -E '^\[  FAILED' "$OUT/test_forward_sm90.log" | head -12
+    grep -m3 -B3 -A12 'Failure' "$OUT/test_forward_sm90.log" | head -60
+    FLASHATTN_CUDA_FORWARD=sm80 timeout 200 build-gpu/tests/test_forward_cuda >"$OUT/test_forward_sm80.log" 2>&1
+    echo "test_forward_cuda (sm80 forced): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_forward_sm80.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    fwd_filter=$(sed -n "s/^  filter='\(\*FeatureGrid[^']*\)'.*/\1/p" scripts/gpu_check.sh)
+    FLASHATTN_CUDA_FORWARD=sm90 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 build-gpu/tests/test_forward_cuda \
+      --gtest_filter="$fwd_filter" >"$OUT/sanitizer_memcheck.log" 2>&1
+    echo "memcheck (sm90): status $? ($(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_memcheck.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    left=$(( 570 - ($(date +%s) - t0) ))
+    with_clock_log "$OUT/clocks_forward.csv" env PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_forward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --peers flash,cudnn --seqlens ${SM90_SEQLENS:-1k,4k,16k} \
+      --time-budget-s $(( left - 30 )) >"$OUT/bench_forward.log" 2>&1
+    echo "bench forward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -20
+    grep -h "min ours" "$OUT/forward/results.md"; tail -3 "$OUT/bench_forward.log" ;;
   quickbwd)
     # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.
     build_library . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }

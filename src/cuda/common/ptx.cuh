@@ -1,6 +1,7 @@
-// The few PTX instructions the sm80 kernels are built from, each wrapped once:
-// cp.async (global -> shared copies that bypass registers), ldmatrix (shared -> the register
-// fragments mma expects), mma.sync m16n8k16 with fp32 accumulation, and ex2.approx.
+// The few PTX instructions the kernels are built from, each wrapped once: cp.async (global ->
+// shared copies that bypass registers), ldmatrix (shared -> the register fragments mma
+// expects), mma.sync m16n8k16 with fp32 accumulation, ex2.approx, and for the sm90 kernels
+// the wgmma descriptors and ordering (the wgmma instructions are in wgmma.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -145,6 +146,58 @@ __device__ __forceinline__ void bulk_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
+}
+
+// Warpgroup MMA (wgmma, sm_90a; the instructions themselves are in wgmma.cuh). A shared-memory
+// operand is described by a 64-bit descriptor: its start address, the byte offsets between
+// its 8-row (K-major) or 64-column (MN-major) groups, and the swizzle. Only the 128-byte
+// swizzle is used: rows of 128 bytes (64 16-bit values) in 1024-byte atoms of 8 rows, the
+// 16-byte chunk c of row r stored at chunk position c ^ (r % 8), atoms 1024-byte aligned.
+//   K-major (A and B of S = Q K^T): leading offset unused (16), stride offset 1024 (the
+//     next 8 rows); stepping 16 k values within a 128-byte row adds 32 bytes to the start.
+//   MN-major (B of O = P V, V stored [key][dim]): leading offset = the bytes between two
+//     64-column panels, stride offset 1024 (the next 8 keys).
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t shared_start, uint32_t leading_bytes,
+                                                     uint32_t stride_bytes) {
+  return static_cast<uint64_t>((shared_start & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>((leading_bytes & 0x3FFFF) >> 4) << 16 |
+         static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32 | uint64_t{1} << 62;
+}
+// Orders this thread's earlier register writes (accumulators, A fragments) before the
+// warpgroup's next wgmma reads them; commit closes a group of wgmmas; wait blocks until at
+// most kPending groups are still running (their accumulators are then safe to read).
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// The compiler sees a wgmma's accumulators as written when the instruction is issued, not
+// when wgmma_wait returns: these empty statements (never reordered against the other volatile
+// ones) mark every register as rewritten at this point, so that no read of it moves above the
+// wait and no write below the wgmma that reads it.
+template <int N>
+__device__ __forceinline__ void wgmma_hold(float (&registers)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(registers[i])::"memory");
+}
+template <int M, int N>
+__device__ __forceinline__ void wgmma_hold(uint32_t (&registers)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < N; ++j) asm volatile("" : "+r"(registers[i][j])::"memory");
 }
 
 // D (16x8, fp32) += A (16x16, row-major) * B (16x8, column-major). Fragments per lane

@@ -1,0 +1,56 @@
+// Tile shapes of the sm90 forward kernel per 64-column head-dim bucket, with the reasons, and
+// its launch. Each (dtype, bucket) instantiates it in its own generated file (src/CMakeLists.txt).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/fit.cuh"
+#include "cuda/common/kernel_code.cuh"
+#include "cuda/common/per_device.hpp"
+#include "cuda/common/tile_order.cuh"
+#include "cuda/sm90/forward_kernel.cuh"
+
+namespace flashattn::detail::cuda::sm90 {
+
+// ForwardConfig<Element, head dim, keys per block, warpgroups>. Two warpgroups (128 query
+// rows) everywhere: each K/V tile read from L2 serves 128 rows, and while one warpgroup's
+// softmax runs the other's wgmmas keep the tensor cores busy.
+// 64 and 128: 128-key blocks (S is 64 registers per thread; at 128 with O's 64 that fits the
+// 255 of one CTA of 256 threads per SM: 160 KiB of shared memory there, 80 KiB at 64).
+// 192 and 256: 64-key blocks, as O alone is 96 or 128 registers: 144 and 192 KiB.
+template <typename E, int kHeadDim>
+struct TunedForward {
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  using Config = ForwardConfig<E, kHeadDim, kBlockN, 2>;
+};
+
+// Whether the sm90 kernel for Cfg can run here: its sm_90a code is what the current device
+// loaded (a Hopper GPU and a build that has sm_90a; elsewhere the kernel is only a trap) and
+// its shared memory fits.
+template <typename Cfg>
+bool runs_here() {
+  static PerDevice<bool> runs;
+  return runs.get([] {
+    return kernel_ptx_version(forward_kernel<Cfg>) >= 90 &&
+           Cfg::kSharedBytes <= shared_bytes_per_block_limit();
+  });
+}
+
+template <typename Cfg>
+void launch_forward(const ForwardParams& p) {
+  static PerDevice<bool> shared_bytes_allowed;  // once per kernel and device
+  shared_bytes_allowed.get([] {
+    allow_shared_bytes(forward_kernel<Cfg>, Cfg::kSharedBytes);
+    return true;
+  });
+  const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch,
+                                   blocks_work_differs(p.window_left, p.window_right));
+  forward_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(p);
+}
+
+// Defined once per (dtype, bucket) in its own generated file: runs the call and returns true,
+// or returns false (launching nothing) where the kernel cannot run on the current device.
+template <typename Element, int kHeadDim>
+bool run_forward(const ForwardParams& params);
+
+}  // namespace flashattn::detail::cuda::sm90

@@ -1,0 +1,324 @@
+// The sm90 (Hopper) forward kernel: FlashAttention-2's schedule with warpgroup MMAs (wgmma).
+//
+// A CTA owns kBlockM = 64 * kWarpGroups query rows of one (batch, head); each warpgroup (4
+// warps) owns 64 of them for the whole kernel. Per key block of kBlockN keys:
+//
+//   S = Q K^T      wgmma, A (Q) and B (K) both from shared memory; fp32 S in registers
+//   mask           only on blocks some row does not see whole (causal, window, the end)
+//   softmax        online, base-2 exponentials, row max/sum across the lane quad (the
+//                  accumulator layout is mma.sync's, so this is the sm80 kernel's softmax)
+//   O += P V       wgmma, A (P) from registers, B (V) from shared memory read MN-major
+//
+// Against mma.sync, one wgmma multiplies a 64 x N x 16 block per warpgroup and reads its
+// shared operands itself (no ldmatrix), which is where the sm80 kernels spend their issue
+// slots and, on the H200's power cap, their energy (docs/PERFORMANCE.md).
+//
+// The two wgmmas of consecutive blocks overlap: block n issues S(n) = Q K(n)^T and
+// O += P(n - 1) V(n - 1) together and computes the softmax of S(n) while the second runs.
+//
+// Shared tiles are stored as wgmma reads them: 64-column panels of 128-byte rows with the
+// 128-byte swizzle (ptx::wgmma_descriptor), filled by cp.async from all threads. K and V are
+// double-buffered: K(n + 1) and V(n) load while block n is computed.
+//
+// This first Hopper kernel covers the plain forward (no softcap, ALiBi or dropout; every mask,
+// GQA, varlen, LSE); other calls take the sm80 kernel (cuda/forward.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/mask.hpp"
+#include "common/params.hpp"
+#include "cuda/common/per_device.hpp"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/tile_order.cuh"
+#include "cuda/common/wgmma.cuh"
+
+namespace flashattn::detail::cuda::sm90 {
+
+template <typename Element_, int kHeadDim_, int kBlockN_, int kWarpGroups_>
+struct ForwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;  // a multiple of 64: whole 128-byte panels
+  static constexpr int kBlockN = kBlockN_;    // keys per block: a multiple of 16
+  static constexpr int kWarpGroups = kWarpGroups_;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kBlockM = 64 * kWarpGroups;
+  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+  static constexpr int kQBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
+  static constexpr int kTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
+  // Q, two stages of K and V, and 1 KiB to align the base to a swizzle atom.
+  static constexpr int kSharedBytes = 1024 + kQBytes + 4 * kTileBytes;
+  static constexpr int kMaxSharedBytes = kSharedBytes;
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kBlockN % 16 == 0 && kBlockN <= 256, "shapes");
+  static_assert(sizeof(Element) == 2, "16-bit elements: 64 of them fill a 128-byte row");
+};
+
+// Byte offset of element column `col` (a multiple of 8) of row `row` in a swizzled tile of
+// kRows rows: panel col / 64, then the row, then its 16-byte chunk at position chunk ^ (row % 8).
+template <int kRows>
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
+  const int chunk = (col % 64) / 8;
+  return static_cast<uint32_t>((col / 64) * kRows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16));
+}
+
+// Copies a kRows x kHeadDim tile into its swizzled shared form with cp.async, all threads
+// helping (consecutive threads take consecutive chunks of a row, so reads coalesce). Rows
+// from `valid_rows` on and columns from `valid_cols` on are zero-filled.
+template <typename Cfg, int kRows>
+__device__ __forceinline__ void load_swizzled(uint32_t tile, const typename Cfg::Element* src,
+                                              int64_t row_stride, int64_t valid_rows, int valid_cols) {
+  constexpr int kCopies = kRows * Cfg::kChunksPerRow / Cfg::kThreads;
+  static_assert(kRows * Cfg::kChunksPerRow % Cfg::kThreads == 0, "whole passes");
+#pragma unroll
+  for (int i = 0; i < kCopies; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
+    const int row = idx / Cfg::kChunksPerRow, col = (idx % Cfg::kChunksPerRow) * 8;
+    const bool valid = row < valid_rows && col < valid_cols;
+    ptx::cp_async_16(tile + swizzled_offset<kRows>(row, col), valid ? src + row * row_stride + col : src,
+                     valid);
+  }
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    forward_kernel(const __grid_constant__ ForwardParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Cfg::Element;
+  using SMma = ptx::Wgmma<Element, Cfg::kBlockN>;    // S = Q K^T: 64 x kBlockN per warpgroup
+  using OMma = ptx::Wgmma<Element, Cfg::kHeadDim>;   // O += P V: 64 x kHeadDim per warpgroup
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  constexpr int kSTiles = kBlockN / 8;   // n8 tiles of S per row pair
+  constexpr int kOTiles = kHeadDim / 8;  // n8 tiles of O
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const uint32_t sQ = (ptx::shared_address(shared_raw) + 1023) & ~1023u;
+  const uint32_t sK = sQ + Cfg::kQBytes;            // two stages
+  const uint32_t sV = sK + 2 * Cfg::kTileBytes;     // two stages
+
+  // Heavier (later, under causal masks) query blocks first (cuda/common/tile_order.cuh).
+  const int m_block = tile_blocks(p.heads) - 1 - tile_rank(p.heads);
+  const int h = tile_head(p.heads), b = tile_batch();
+  const SequenceView seq = sequence_view(p, b);
+  const int64_t m0 = int64_t{m_block} * kBlockM;
+  if (m0 >= seq.seqlen_q) return;
+  const int64_t rows_here = seq.seqlen_q - m0 < kBlockM ? seq.seqlen_q - m0 : kBlockM;
+  const int hk = h / p.group_size();
+
+  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
+                     (seq.q_row0 + m0) * p.q_row_stride + h * p.q_head_stride;
+  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride +
+                     seq.k_row0 * p.k_row_stride + hk * p.k_head_stride;
+  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
+                     seq.k_row0 * p.v_row_stride + hk * p.v_head_stride;
+
+  const KeyRange keys = visible_keys_of_rows(m0, m0 + rows_here, seq.seqlen_q, seq.seqlen_k,
+                                             p.window_left, p.window_right);
+  const int n_blocks =
+      keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + kBlockN - 1) / kBlockN);
+  // The key blocks every row of the CTA sees whole, [full_begin, full_end): no mask there.
+  int full_begin = 0, full_end = 0;
+  if (n_blocks > 0) {
+    const int64_t seen_by_all_from =
+        visible_keys(m0 + rows_here - 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).begin -
+        keys.begin;
+    const int64_t seen_by_all_to =
+        visible_keys(m0, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).end - keys.begin;
+    const int64_t first = seen_by_all_from <= 0 ? 0 : (seen_by_all_from + kBlockN - 1) / kBlockN;
+    const int64_t last = seen_by_all_to < kBlockN ? 0 : (seen_by_all_to - kBlockN) / kBlockN + 1;
+    full_begin = static_cast<int>(first < n_blocks ? first : n_blocks);
+    full_end = static_cast<int>(last < n_blocks ? last : n_blocks);
+  }
+
+  // Prologue: Q and K(0) in one copy group.
+  load_swizzled<Cfg, kBlockM>(sQ, q, p.q_row_stride, rows_here, p.head_dim);
+  if (n_blocks > 0)
+    load_swizzled<Cfg, kBlockN>(sK, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin,
+                                p.head_dim);
+  ptx::cp_async_commit();
+
+  const int warpgroup = threadIdx.x / 128;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;  // warp within the warpgroup
+  const int quad_col = (lane % 4) * 2;  // this lane's columns within each n8 tile
+  // This lane's rows within the CTA tile: r = 0, 1 (the accumulator layout, wgmma.cuh).
+  const auto cta_row = [&](int r) { return warpgroup * 64 + warp * 16 + lane / 4 + r * 8; };
+  const float exp_scale = p.softmax_scale * kLog2e;
+
+  // Descriptors: this warpgroup's 64 rows of Q, and stage 0 of K and V; a k-step or a stage
+  // moves the start address only (descriptor addresses count 16-byte units).
+  const uint64_t q_desc = ptx::wgmma_descriptor(sQ + warpgroup * 64 * 128, 16, 1024);
+  const uint64_t k_desc = ptx::wgmma_descriptor(sK, 16, 1024);
+  const uint64_t v_desc = ptx::wgmma_descriptor(sV, kBlockN * 128, 1024);
+  const auto panel_step = [](int kk, int rows) -> uint64_t {
+    return static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
+  };
+  float o[kOTiles * 4] = {};
+  float s[kSTiles * 4] = {};
+  uint32_t pf[kBlockN / 16][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  // Block n: S(n) = Q K(n)^T and O += P(n - 1) V(n - 1) run on the tensor cores together,
+  // and the softmax of S(n) overlaps the second; O is rescaled once the latter is done. K(n)
+  // and V(n - 1) were copied during block n - 1 (V a block behind K, since P V comes a block
+  // after Q K^T), into the stages that block n - 2 used.
+  for (int n = 0; n < n_blocks; ++n) {
+    const int64_t j0 = keys.begin + int64_t{n} * kBlockN;
+    ptx::cp_async_wait<0>();
+    // The copies wrote through the generic proxy; wgmma reads through the async proxy. The
+    // barrier also tells that every warpgroup is done with block n - 1's wgmmas.
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+
+    ptx::wgmma_hold(s);
+    ptx::wgmma_hold(o);
+    ptx::wgmma_hold(pf);
+    ptx::wgmma_fence();
+    const uint64_t k_stage = k_desc + (((n & 1) * Cfg::kTileBytes) >> 4);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      SMma::ss(s, q_desc + panel_step(kk, kBlockM), k_stage + panel_step(kk, kBlockN), kk > 0);
+    ptx::wgmma_commit();
+    if (n > 0) {
+      const uint64_t v_stage = v_desc + ((((n - 1) & 1) * Cfg::kTileBytes) >> 4);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
+    }
+    ptx::wgmma_commit();
+
+    // K(n + 1) and V(n) for the next block, while the wgmmas run.
+    if (n + 1 < n_blocks)
+      load_swizzled<Cfg, kBlockN>(sK + ((n + 1) & 1) * Cfg::kTileBytes, k + (j0 + kBlockN) * p.k_row_stride,
+                                  p.k_row_stride, keys.end - (j0 + kBlockN), p.head_dim);
+    load_swizzled<Cfg, kBlockN>(sV + (n & 1) * Cfg::kTileBytes, v + j0 * p.v_row_stride, p.v_row_stride,
+                                keys.end - j0, p.head_dim_v);
+    ptx::cp_async_commit();
+
+    ptx::wgmma_wait<1>();  // S(n) is done; P V may still run
+    ptx::wgmma_hold(s);
+
+    // The mask, on blocks that some row does not see whole.
+    if (n < full_begin || n >= full_end) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const KeyRange visible = visible_keys(m0 + cta_row(r), seq.seqlen_q, seq.seqlen_k,
+                                              p.window_left, p.window_right);
+        const int64_t lo64 = visible.begin - j0, hi64 = visible.end - j0;
+        const int lo = lo64 < 0 ? 0 : (lo64 > kBlockN ? kBlockN : static_cast<int>(lo64));
+        const int hi = hi64 < 0 ? 0 : (hi64 > kBlockN ? kBlockN : static_cast<int>(hi64));
+#pragma unroll
+        for (int t = 0; t < kSTiles; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = t * 8 + quad_col + e;
+            if (c < lo || c >= hi) s[4 * t + 2 * r + e] = -INFINITY;
+          }
+      }
+    }
+
+    // Online softmax: new running max per row (across the lane quad), exponentiate.
+    float scale_o[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float block_max = -INFINITY;
+#pragma unroll
+      for (int t = 0; t < kSTiles; ++t)
+        block_max = fmaxf(block_max, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+      const float new_max = fmaxf(row_max[r], block_max);
+      // A row with nothing visible so far keeps max -inf: subtract 0 so that 2^-inf = 0.
+      const float base = new_max == -INFINITY ? 0.0f : new_max * exp_scale;
+      scale_o[r] = ptx::exp2_approx(row_max[r] * exp_scale - base);
+      row_max[r] = new_max;
+      float sum = 0.0f;
+#pragma unroll
+      for (int t = 0; t < kSTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = ptx::exp2_approx(fmaf(s[4 * t + 2 * r + e], exp_scale, -base));
+          s[4 * t + 2 * r + e] = pe;
+          sum += pe;
+        }
+      row_sum[r] = row_sum[r] * scale_o[r] + sum;
+    }
+
+    ptx::wgmma_wait<0>();  // O += P(n - 1) V(n - 1) is done: O and pf are free
+    ptx::wgmma_hold(o);
+    ptx::wgmma_hold(pf);
+#pragma unroll
+    for (int t = 0; t < kOTiles; ++t) {
+      o[4 * t + 0] *= scale_o[0];
+      o[4 * t + 1] *= scale_o[0];
+      o[4 * t + 2] *= scale_o[1];
+      o[4 * t + 3] *= scale_o[1];
+    }
+    // P(n) as A fragments: the S accumulators of two adjacent n8 tiles are one (16 keys).
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      pf[kk][0] = ptx::pack2<Element>(s[8 * kk + 0], s[8 * kk + 1]);
+      pf[kk][1] = ptx::pack2<Element>(s[8 * kk + 2], s[8 * kk + 3]);
+      pf[kk][2] = ptx::pack2<Element>(s[8 * kk + 4], s[8 * kk + 5]);
+      pf[kk][3] = ptx::pack2<Element>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  }
+  // The last block's O += P V, once its V has landed.
+  if (n_blocks > 0) {
+    ptx::cp_async_wait<0>();
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+    ptx::wgmma_hold(o);
+    ptx::wgmma_hold(pf);
+    ptx::wgmma_fence();
+    const uint64_t v_stage = v_desc + ((((n_blocks - 1) & 1) * Cfg::kTileBytes) >> 4);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::wgmma_hold(o);
+  }
+
+  // Epilogue: out = O / l in the storage dtype; lse = ln 2 * (c max + log2 l). O goes through
+  // this warp's own 16 rows of the Q tile (no other warp reads them; its warpgroup's wgmmas
+  // have completed), so that global stores are 16 bytes per lane. With no key block at all,
+  // Q's copies may still be in flight.
+  if (n_blocks == 0) {
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key: out = 0
+#pragma unroll
+    for (int t = 0; t < kOTiles; ++t)
+      ptx::st_shared_32(sQ + swizzled_offset<kBlockM>(cta_row(r), t * 8) + quad_col * 2,
+                        ptx::pack2<Element>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv));
+    const int64_t i = m0 + cta_row(r);
+    if (p.lse != nullptr && lane % 4 == 0 && i < seq.seqlen_q)
+      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_row0 + i] =
+          l == 0.0f ? -INFINITY : (row_max[r] * exp_scale + log2f(l)) * 0.6931471805599453f;
+  }
+  __syncwarp();
+  const int warp_row0 = warpgroup * 64 + warp * 16;
+  Element* out = static_cast<Element*>(p.out) + b * p.out_batch_stride +
+                 (seq.q_row0 + m0 + warp_row0) * p.out_row_stride + h * p.out_head_stride;
+  const int64_t warp_rows_valid = seq.seqlen_q - (m0 + warp_row0);
+#pragma unroll
+  for (int pass = 0; pass < 16 * Cfg::kChunksPerRow / 32; ++pass) {
+    const int idx = lane + 32 * pass;
+    const int row = idx / Cfg::kChunksPerRow, col = (idx % Cfg::kChunksPerRow) * 8;
+    if (row < warp_rows_valid && col < p.head_dim_v)
+      ptx::st_global_128(out + row * p.out_row_stride + col,
+                         ptx::ld_shared_128(sQ + swizzled_offset<kBlockM>(warp_row0 + row, col)));
+  }
+#else
+  __trap();  // compiled for sm_90a only; the host launches it only where that code is loaded
+#endif
+}
+
+}  // namespace flashattn::detail::cuda::sm90
