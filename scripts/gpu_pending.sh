@@ -32,6 +32,8 @@
 #   scripts/gpu_pending.sh sm90       the sm90 (wgmma) forward: the CUDA forward suite on it and
 #                                     on the sm80 kernel, memcheck, the forward benchmark with
 #                                     flash and cuDNN (~5 min)
+#   scripts/gpu_pending.sh sm90final  the forward over the standard grid with every peer, then
+#                                     the whole GPU suite (~9 min)
 #   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
 #                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward, or decode with AB_PASSES=dec
@@ -42,7 +44,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90 or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -220,6 +222,25 @@ case "$stage" in
     echo "bench forward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -20
     grep -h "min ours" "$OUT/forward/results.md"; tail -3 "$OUT/bench_forward.log" ;;
+  sm90final)
+    # The release with the sm90 forward: the forward over the standard grid with every peer
+    # (the README's table and chart), then the whole GPU suite. (The sanitizers on the sm90
+    # forward: stage sm90.)
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
+      && cmake --build build-gpu -j "$(nproc)"; } >"$OUT/build.log" 2>&1 || { grep -B2 -A12 error "$OUT/build.log" | head -60; exit 1; }
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    with_clock_log "$OUT/clocks_forward.csv" env PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpu_forward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --time-budget-s 260 >"$OUT/bench_forward.log" 2>&1
+    echo "bench forward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    python3 scripts/clock_windows.py "$OUT/clocks_forward.csv" "$OUT/forward/results.json" >"$OUT/clocks_forward.md" 2>&1
+    left=$(( 585 - ($(date +%s) - t0) ))
+    timeout $left ctest --test-dir build-gpu -L gpu -j 8 --output-on-failure --timeout 300 >"$OUT/tests_gpu.log" 2>&1
+    echo "gpu tests: status $? $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -E '\*\*\*Failed' "$OUT/tests_gpu.log" | head -10
+    grep -A38 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -38
+    grep -h "min ours" "$OUT/forward/results.md" ;;
   quickbwd)
     # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.
     build_library . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
