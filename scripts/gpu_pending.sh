@@ -34,6 +34,7 @@
 #                                     flash and cuDNN (~5 min)
 #   scripts/gpu_pending.sh sm90final  the forward over the standard grid with every peer, then
 #                                     the whole GPU suite (~9 min)
+#   scripts/gpu_pending.sh sm90race   racecheck on the sm90 forward, a test per bucket (~6 min)
 #   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
 #                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward, or decode with AB_PASSES=dec
@@ -44,7 +45,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -241,6 +242,18 @@ case "$stage" in
     grep -E '\*\*\*Failed' "$OUT/tests_gpu.log" | head -10
     grep -A38 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -38
     grep -h "min ours" "$OUT/forward/results.md" ;;
+  sm90race)
+    # racecheck on the sm90 forward (it is slow there: a few head dims and masks, each bucket).
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
+      && cmake --build build-gpu -j "$(nproc)" --target test_forward_cuda; } >"$OUT/build.log" 2>&1 || { grep -B2 -A12 error "$OUT/build.log" | head -60; exit 1; }
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    filter='*HeadDims*/7:*HeadDims*/14:*HeadDims*/15:*HeadDims*/23:*HeadDims*/31:*FeatureGrid*causal_bf16*:*FeatureGrid*sliding_fp16*:EdgeCases.FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse'
+    FLASHATTN_CUDA_FORWARD=sm90 timeout ${RACE_S:-330} compute-sanitizer --tool racecheck --error-exitcode 99 \
+      build-gpu/tests/test_forward_cuda --gtest_filter="$filter" >"$OUT/racecheck.log" 2>&1
+    echo "racecheck (sm90 forward): status $? ($(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -E '^\[ +(OK|FAILED) ' "$OUT/racecheck.log" | head -12 ;;
   quickbwd)
     # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.
     build_library . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
