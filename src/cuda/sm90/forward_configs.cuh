@@ -4,10 +4,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "cuda/common/fit.cuh"
 #include "cuda/common/kernel_code.cuh"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/tile_order.cuh"
+#include "cuda/devices.hpp"
 #include "cuda/sm90/forward_kernel.cuh"
 
 namespace flashattn::detail::cuda::sm90 {
@@ -43,9 +47,19 @@ void launch_forward(const ForwardParams& p) {
     allow_shared_bytes(forward_kernel<Cfg>, Cfg::kSharedBytes);
     return true;
   });
-  const dim3 grid = attention_grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.heads, p.batch,
-                                   blocks_work_differs(p.window_left, p.window_right));
-  forward_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(p);
+  ForwardTiles tiles;
+  tiles.p = p;
+  tiles.m_blocks = static_cast<int32_t>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  tiles.tiles = int64_t{tiles.m_blocks} * p.heads * p.batch;
+  tiles.heads_first = blocks_work_differs(p.window_left, p.window_right) ? 1 : 0;
+  // Without a mask every tile does the same work: one CTA per SM (its registers and shared
+  // memory allow no second one) walks its share. Under causal and windowed masks the tiles'
+  // work differs, and a static share leaves SMs idle at the end (H200: -10 to -30 % at
+  // 1k-4k causal): one CTA per tile, started by the hardware as SMs free up.
+  const int64_t ctas = tiles.heads_first ? tiles.tiles
+                                         : std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
+  forward_kernel<Cfg><<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSharedBytes,
+                        static_cast<cudaStream_t>(p.stream)>>>(tiles);
 }
 
 // Defined once per (dtype, bucket) in its own generated file: runs the call and returns true,

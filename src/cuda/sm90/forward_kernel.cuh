@@ -66,25 +66,114 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
 
 // Copies a kRows x kHeadDim tile into its swizzled shared form with cp.async, all threads
 // helping (consecutive threads take consecutive chunks of a row, so reads coalesce). Rows
-// from `valid_rows` on and columns from `valid_cols` on are zero-filled.
+// from `valid_rows` on and columns from `valid_cols` on are zero-filled. Where the threads
+// cover whole rows per pass, each thread keeps one column and walks its rows with one
+// pointer (precomputed per-copy 64-bit offsets would hold registers the wgmma accumulators
+// need: the hdim-256 kernel spilled).
 template <typename Cfg, int kRows>
 __device__ __forceinline__ void load_swizzled(uint32_t tile, const typename Cfg::Element* src,
                                               int64_t row_stride, int64_t valid_rows, int valid_cols) {
   constexpr int kCopies = kRows * Cfg::kChunksPerRow / Cfg::kThreads;
   static_assert(kRows * Cfg::kChunksPerRow % Cfg::kThreads == 0, "whole passes");
+  if constexpr (Cfg::kThreads % Cfg::kChunksPerRow == 0) {
+    constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
+    const int row0 = static_cast<int>(threadIdx.x) / Cfg::kChunksPerRow;
+    const int col = (static_cast<int>(threadIdx.x) % Cfg::kChunksPerRow) * 8;
+    const typename Cfg::Element* from = src + row0 * row_stride + col;
 #pragma unroll
-  for (int i = 0; i < kCopies; ++i) {
-    const int idx = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
-    const int row = idx / Cfg::kChunksPerRow, col = (idx % Cfg::kChunksPerRow) * 8;
-    const bool valid = row < valid_rows && col < valid_cols;
-    ptx::cp_async_16(tile + swizzled_offset<kRows>(row, col), valid ? src + row * row_stride + col : src,
-                     valid);
+    for (int i = 0; i < kCopies; ++i) {
+      const int row = row0 + i * kRowsPerPass;
+      const bool valid = row < valid_rows && col < valid_cols;
+      ptx::cp_async_16(tile + swizzled_offset<kRows>(row, col), valid ? from : src, valid);
+      from += kRowsPerPass * row_stride;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int idx = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
+      const int row = idx / Cfg::kChunksPerRow, col = (idx % Cfg::kChunksPerRow) * 8;
+      const bool valid = row < valid_rows && col < valid_cols;
+      ptx::cp_async_16(tile + swizzled_offset<kRows>(row, col), valid ? src + row * row_stride + col : src,
+                       valid);
+    }
   }
 }
 
+// The grid is persistent: one CTA per SM walks the tiles (query block, head, batch element)
+// blockIdx.x, + gridDim.x, ..., in the order the hardware would start one CTA per tile
+// (cuda/common/tile_order.cuh: under causal and windowed masks the heaviest query block of
+// every head first). A CTA copies the next tile's Q and K(0) while it writes the current
+// tile's output, so that short sequences, whose tiles have only a few key blocks, do not pay
+// a tile's prologue and epilogue latency one after the other.
+struct ForwardTiles {
+  ForwardParams p;
+  int64_t tiles = 0;        // query blocks x heads x batch
+  int32_t m_blocks = 0;     // query blocks per (batch element, head)
+  int32_t heads_first = 0;  // tile order: heads fastest (masks) or query blocks fastest
+};
+
+// One tile's coordinates, its sequence and the key blocks its rows see.
+template <typename Cfg>
+struct Tile {
+  using Element = typename Cfg::Element;
+  int b = 0, h = 0;
+  SequenceView seq;
+  int64_t m0 = 0, rows_here = 0;  // rows_here <= 0: past its sequence (varlen), nothing to do
+  const Element *q = nullptr, *k = nullptr, *v = nullptr;
+  KeyRange keys;
+  int n_blocks = 0;
+  int full_begin = 0, full_end = 0;  // the blocks every row sees whole: no mask there
+
+  __device__ Tile(const ForwardTiles& t, int64_t index) {
+    const ForwardParams& p = t.p;
+    int64_t rank;
+    if (t.heads_first) {
+      h = static_cast<int>(index % p.heads);
+      rank = index / p.heads % t.m_blocks;
+      b = static_cast<int>(index / p.heads / t.m_blocks);
+    } else {
+      rank = index % t.m_blocks;
+      h = static_cast<int>(index / t.m_blocks % p.heads);
+      b = static_cast<int>(index / t.m_blocks / p.heads);
+    }
+    seq = sequence_view(p, b);
+    m0 = (t.m_blocks - 1 - rank) * Cfg::kBlockM;  // heavier (later) query blocks first
+    rows_here = seq.seqlen_q - m0 < Cfg::kBlockM ? seq.seqlen_q - m0 : Cfg::kBlockM;
+    if (rows_here <= 0) return;
+    const int hk = h / p.group_size();
+    q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + (seq.q_row0 + m0) * p.q_row_stride +
+        h * p.q_head_stride;
+    k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + seq.k_row0 * p.k_row_stride +
+        hk * p.k_head_stride;
+    v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + seq.k_row0 * p.v_row_stride +
+        hk * p.v_head_stride;
+    keys = visible_keys_of_rows(m0, m0 + rows_here, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    n_blocks = keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + Cfg::kBlockN - 1) / Cfg::kBlockN);
+    if (n_blocks == 0) return;
+    const int64_t seen_by_all_from =
+        visible_keys(m0 + rows_here - 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).begin -
+        keys.begin;
+    const int64_t seen_by_all_to =
+        visible_keys(m0, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).end - keys.begin;
+    const int64_t first = seen_by_all_from <= 0 ? 0 : (seen_by_all_from + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    const int64_t last = seen_by_all_to < Cfg::kBlockN ? 0 : (seen_by_all_to - Cfg::kBlockN) / Cfg::kBlockN + 1;
+    full_begin = static_cast<int>(first < n_blocks ? first : n_blocks);
+    full_end = static_cast<int>(last < n_blocks ? last : n_blocks);
+  }
+
+  // Q and K(0), as one copy group.
+  __device__ void load_first(const ForwardParams& p, uint32_t sQ, uint32_t sK) const {
+    load_swizzled<Cfg, Cfg::kBlockM>(sQ, q, p.q_row_stride, rows_here, p.head_dim);
+    if (n_blocks > 0)
+      load_swizzled<Cfg, Cfg::kBlockN>(sK, k + keys.begin * p.k_row_stride, p.k_row_stride,
+                                       keys.end - keys.begin, p.head_dim);
+    ptx::cp_async_commit();
+  }
+};
+
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    forward_kernel(const __grid_constant__ ForwardParams p) {
+    forward_kernel(const __grid_constant__ ForwardTiles tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Cfg::Element;
   using SMma = ptx::Wgmma<Element, Cfg::kBlockN>;    // S = Q K^T: 64 x kBlockN per warpgroup
@@ -93,52 +182,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kSTiles = kBlockN / 8;   // n8 tiles of S per row pair
   constexpr int kOTiles = kHeadDim / 8;  // n8 tiles of O
   constexpr float kLog2e = 1.4426950408889634f;
+  const ForwardParams& p = tiles.p;
 
   extern __shared__ __align__(16) unsigned char shared_raw[];
   const uint32_t sQ = (ptx::shared_address(shared_raw) + 1023) & ~1023u;
   const uint32_t sK = sQ + Cfg::kQBytes;            // two stages
-  const uint32_t sV = sK + 2 * Cfg::kTileBytes;     // two stages
-
-  // Heavier (later, under causal masks) query blocks first (cuda/common/tile_order.cuh).
-  const int m_block = tile_blocks(p.heads) - 1 - tile_rank(p.heads);
-  const int h = tile_head(p.heads), b = tile_batch();
-  const SequenceView seq = sequence_view(p, b);
-  const int64_t m0 = int64_t{m_block} * kBlockM;
-  if (m0 >= seq.seqlen_q) return;
-  const int64_t rows_here = seq.seqlen_q - m0 < kBlockM ? seq.seqlen_q - m0 : kBlockM;
-  const int hk = h / p.group_size();
-
-  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
-                     (seq.q_row0 + m0) * p.q_row_stride + h * p.q_head_stride;
-  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride +
-                     seq.k_row0 * p.k_row_stride + hk * p.k_head_stride;
-  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
-                     seq.k_row0 * p.v_row_stride + hk * p.v_head_stride;
-
-  const KeyRange keys = visible_keys_of_rows(m0, m0 + rows_here, seq.seqlen_q, seq.seqlen_k,
-                                             p.window_left, p.window_right);
-  const int n_blocks =
-      keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + kBlockN - 1) / kBlockN);
-  // The key blocks every row of the CTA sees whole, [full_begin, full_end): no mask there.
-  int full_begin = 0, full_end = 0;
-  if (n_blocks > 0) {
-    const int64_t seen_by_all_from =
-        visible_keys(m0 + rows_here - 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).begin -
-        keys.begin;
-    const int64_t seen_by_all_to =
-        visible_keys(m0, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).end - keys.begin;
-    const int64_t first = seen_by_all_from <= 0 ? 0 : (seen_by_all_from + kBlockN - 1) / kBlockN;
-    const int64_t last = seen_by_all_to < kBlockN ? 0 : (seen_by_all_to - kBlockN) / kBlockN + 1;
-    full_begin = static_cast<int>(first < n_blocks ? first : n_blocks);
-    full_end = static_cast<int>(last < n_blocks ? last : n_blocks);
-  }
-
-  // Prologue: Q and K(0) in one copy group.
-  load_swizzled<Cfg, kBlockM>(sQ, q, p.q_row_stride, rows_here, p.head_dim);
-  if (n_blocks > 0)
-    load_swizzled<Cfg, kBlockN>(sK, k + keys.begin * p.k_row_stride, p.k_row_stride, keys.end - keys.begin,
-                                p.head_dim);
-  ptx::cp_async_commit();
+  const uint32_t sV = sK + 2 * Cfg::kTileBytes;     // two stages; the output's staging at the end
+  static_assert(2 * Cfg::kTileBytes >= Cfg::kQBytes, "the output tile fits in the V stages");
 
   const int warpgroup = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;  // warp within the warpgroup
@@ -155,166 +205,195 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const auto panel_step = [](int kk, int rows) -> uint64_t {
     return static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
   };
-  float o[kOTiles * 4] = {};
-  float s[kSTiles * 4] = {};
-  uint32_t pf[kBlockN / 16][4] = {};
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-
-  // Block n: S(n) = Q K(n)^T and O += P(n - 1) V(n - 1) run on the tensor cores together,
-  // and the softmax of S(n) overlaps the second; O is rescaled once the latter is done. K(n)
-  // and V(n - 1) were copied during block n - 1 (V a block behind K, since P V comes a block
-  // after Q K^T), into the stages that block n - 2 used.
-  for (int n = 0; n < n_blocks; ++n) {
-    const int64_t j0 = keys.begin + int64_t{n} * kBlockN;
-    ptx::cp_async_wait<0>();
-    // The copies wrote through the generic proxy; wgmma reads through the async proxy. The
-    // barrier also tells that every warpgroup is done with block n - 1's wgmmas.
-    ptx::fence_proxy_async_shared();
-    __syncthreads();
-
-    ptx::wgmma_hold(s);
-    ptx::wgmma_hold(o);
-    ptx::wgmma_hold(pf);
-    ptx::wgmma_fence();
-    const uint64_t k_stage = k_desc + (((n & 1) * Cfg::kTileBytes) >> 4);
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      SMma::ss(s, q_desc + panel_step(kk, kBlockM), k_stage + panel_step(kk, kBlockN), kk > 0);
-    ptx::wgmma_commit();
-    if (n > 0) {
-      const uint64_t v_stage = v_desc + ((((n - 1) & 1) * Cfg::kTileBytes) >> 4);
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
+  int64_t index = blockIdx.x;
+  Tile<Cfg> tile(tiles, index);
+  bool first_loaded = false;  // the tile's Q and K(0) copies are issued
+  while (true) {
+    // Tiles past their sequence (varlen) are skipped; the same for the whole CTA.
+    while (tile.rows_here <= 0 && index + gridDim.x < tiles.tiles) {
+      index += gridDim.x;
+      tile = Tile<Cfg>(tiles, index);
+      first_loaded = false;
     }
-    ptx::wgmma_commit();
+    if (tile.rows_here <= 0) break;
+    if (!first_loaded) tile.load_first(p, sQ, sK);
+    const int64_t m0 = tile.m0;
+    const KeyRange keys = tile.keys;
+    const int n_blocks = tile.n_blocks;
+    const SequenceView seq = tile.seq;
 
-    // K(n + 1) and V(n) for the next block, while the wgmmas run.
-    if (n + 1 < n_blocks)
-      load_swizzled<Cfg, kBlockN>(sK + ((n + 1) & 1) * Cfg::kTileBytes, k + (j0 + kBlockN) * p.k_row_stride,
-                                  p.k_row_stride, keys.end - (j0 + kBlockN), p.head_dim);
-    load_swizzled<Cfg, kBlockN>(sV + (n & 1) * Cfg::kTileBytes, v + j0 * p.v_row_stride, p.v_row_stride,
-                                keys.end - j0, p.head_dim_v);
-    ptx::cp_async_commit();
+    float o[kOTiles * 4] = {};
+    float s[kSTiles * 4] = {};
+    uint32_t pf[kBlockN / 16][4] = {};
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-    ptx::wgmma_wait<1>();  // S(n) is done; P V may still run
-    ptx::wgmma_hold(s);
+    // Block n: S(n) = Q K(n)^T and O += P(n - 1) V(n - 1) run on the tensor cores together,
+    // and the softmax of S(n) overlaps the second; O is rescaled once the latter is done. K(n)
+    // and V(n - 1) were copied during block n - 1 (V a block behind K, since P V comes a block
+    // after Q K^T), into the stages that block n - 2 used.
+    for (int n = 0; n < n_blocks; ++n) {
+      const int64_t j0 = keys.begin + int64_t{n} * kBlockN;
+      ptx::cp_async_wait<0>();
+      // The copies wrote through the generic proxy; wgmma reads through the async proxy. The
+      // barrier also tells that every warpgroup is done with block n - 1's wgmmas.
+      ptx::fence_proxy_async_shared();
+      __syncthreads();
 
-    // The mask, on blocks that some row does not see whole.
-    if (n < full_begin || n >= full_end) {
+      ptx::wgmma_hold(s);
+      ptx::wgmma_hold(o);
+      ptx::wgmma_hold(pf);
+      ptx::wgmma_fence();
+      const uint64_t k_stage = k_desc + (((n & 1) * Cfg::kTileBytes) >> 4);
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        SMma::ss(s, q_desc + panel_step(kk, kBlockM), k_stage + panel_step(kk, kBlockN), kk > 0);
+      ptx::wgmma_commit();
+      if (n > 0) {
+        const uint64_t v_stage = v_desc + ((((n - 1) & 1) * Cfg::kTileBytes) >> 4);
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
+      }
+      ptx::wgmma_commit();
+
+      // K(n + 1) and V(n) for the next block, while the wgmmas run.
+      if (n + 1 < n_blocks)
+        load_swizzled<Cfg, kBlockN>(sK + ((n + 1) & 1) * Cfg::kTileBytes, tile.k + (j0 + kBlockN) * p.k_row_stride,
+                                    p.k_row_stride, keys.end - (j0 + kBlockN), p.head_dim);
+      load_swizzled<Cfg, kBlockN>(sV + (n & 1) * Cfg::kTileBytes, tile.v + j0 * p.v_row_stride, p.v_row_stride,
+                                  keys.end - j0, p.head_dim_v);
+      ptx::cp_async_commit();
+
+      ptx::wgmma_wait<1>();  // S(n) is done; P V may still run
+      ptx::wgmma_hold(s);
+
+      // The mask, on blocks that some row does not see whole.
+      if (n < tile.full_begin || n >= tile.full_end) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const KeyRange visible = visible_keys(m0 + cta_row(r), seq.seqlen_q, seq.seqlen_k,
+                                                p.window_left, p.window_right);
+          const int64_t lo64 = visible.begin - j0, hi64 = visible.end - j0;
+          const int lo = lo64 < 0 ? 0 : (lo64 > kBlockN ? kBlockN : static_cast<int>(lo64));
+          const int hi = hi64 < 0 ? 0 : (hi64 > kBlockN ? kBlockN : static_cast<int>(hi64));
+#pragma unroll
+          for (int t = 0; t < kSTiles; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = t * 8 + quad_col + e;
+              if (c < lo || c >= hi) s[4 * t + 2 * r + e] = -INFINITY;
+            }
+        }
+      }
+
+      // Online softmax: new running max per row (across the lane quad), exponentiate.
+      float scale_o[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const KeyRange visible = visible_keys(m0 + cta_row(r), seq.seqlen_q, seq.seqlen_k,
-                                              p.window_left, p.window_right);
-        const int64_t lo64 = visible.begin - j0, hi64 = visible.end - j0;
-        const int lo = lo64 < 0 ? 0 : (lo64 > kBlockN ? kBlockN : static_cast<int>(lo64));
-        const int hi = hi64 < 0 ? 0 : (hi64 > kBlockN ? kBlockN : static_cast<int>(hi64));
+        float block_max = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < kSTiles; ++t)
+          block_max = fmaxf(block_max, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
+        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+        const float new_max = fmaxf(row_max[r], block_max);
+        // A row with nothing visible so far keeps max -inf: subtract 0 so that 2^-inf = 0.
+        const float base = new_max == -INFINITY ? 0.0f : new_max * exp_scale;
+        scale_o[r] = ptx::exp2_approx(row_max[r] * exp_scale - base);
+        row_max[r] = new_max;
+        float sum = 0.0f;
 #pragma unroll
         for (int t = 0; t < kSTiles; ++t)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int c = t * 8 + quad_col + e;
-            if (c < lo || c >= hi) s[4 * t + 2 * r + e] = -INFINITY;
+            const float pe = ptx::exp2_approx(fmaf(s[4 * t + 2 * r + e], exp_scale, -base));
+            s[4 * t + 2 * r + e] = pe;
+            sum += pe;
           }
+        row_sum[r] = row_sum[r] * scale_o[r] + sum;
+      }
+
+      ptx::wgmma_wait<0>();  // O += P(n - 1) V(n - 1) is done: O and pf are free
+      ptx::wgmma_hold(o);
+      ptx::wgmma_hold(pf);
+#pragma unroll
+      for (int t = 0; t < kOTiles; ++t) {
+        o[4 * t + 0] *= scale_o[0];
+        o[4 * t + 1] *= scale_o[0];
+        o[4 * t + 2] *= scale_o[1];
+        o[4 * t + 3] *= scale_o[1];
+      }
+      // P(n) as A fragments: the S accumulators of two adjacent n8 tiles are one (16 keys).
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        pf[kk][0] = ptx::pack2<Element>(s[8 * kk + 0], s[8 * kk + 1]);
+        pf[kk][1] = ptx::pack2<Element>(s[8 * kk + 2], s[8 * kk + 3]);
+        pf[kk][2] = ptx::pack2<Element>(s[8 * kk + 4], s[8 * kk + 5]);
+        pf[kk][3] = ptx::pack2<Element>(s[8 * kk + 6], s[8 * kk + 7]);
       }
     }
+    // The last block's O += P V, once its V has landed.
+    if (n_blocks > 0) {
+      ptx::cp_async_wait<0>();
+      ptx::fence_proxy_async_shared();
+      __syncthreads();
+      ptx::wgmma_hold(o);
+      ptx::wgmma_hold(pf);
+      ptx::wgmma_fence();
+      const uint64_t v_stage = v_desc + ((((n_blocks - 1) & 1) * Cfg::kTileBytes) >> 4);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      ptx::wgmma_hold(o);
+    }
 
-    // Online softmax: new running max per row (across the lane quad), exponentiate.
-    float scale_o[2];
+    // Every warpgroup is done with this tile's shared memory (with no key block at all, Q's
+    // copies may still be in flight). Epilogue: out = O / l in the storage dtype, staged in
+    // this warp's own 16 rows of the V stages (so that global stores are 16 bytes per lane);
+    // lse = ln 2 * (c max + log2 l). This tile's coordinates are recomputed here rather than
+    // kept in registers through the loop.
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+    const Tile<Cfg> done(tiles, index);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float block_max = -INFINITY;
+      float l = row_sum[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key: out = 0
 #pragma unroll
-      for (int t = 0; t < kSTiles; ++t)
-        block_max = fmaxf(block_max, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-      const float new_max = fmaxf(row_max[r], block_max);
-      // A row with nothing visible so far keeps max -inf: subtract 0 so that 2^-inf = 0.
-      const float base = new_max == -INFINITY ? 0.0f : new_max * exp_scale;
-      scale_o[r] = ptx::exp2_approx(row_max[r] * exp_scale - base);
-      row_max[r] = new_max;
-      float sum = 0.0f;
-#pragma unroll
-      for (int t = 0; t < kSTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pe = ptx::exp2_approx(fmaf(s[4 * t + 2 * r + e], exp_scale, -base));
-          s[4 * t + 2 * r + e] = pe;
-          sum += pe;
-        }
-      row_sum[r] = row_sum[r] * scale_o[r] + sum;
+      for (int t = 0; t < kOTiles; ++t)
+        ptx::st_shared_32(sV + swizzled_offset<kBlockM>(cta_row(r), t * 8) + quad_col * 2,
+                          ptx::pack2<Element>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv));
+      const int64_t i = done.m0 + cta_row(r);
+      if (p.lse != nullptr && lane % 4 == 0 && i < done.seq.seqlen_q)
+        p.lse[done.b * p.lse_batch_stride + done.h * p.lse_head_stride + done.seq.q_row0 + i] =
+            l == 0.0f ? -INFINITY : (row_max[r] * exp_scale + log2f(l)) * 0.6931471805599453f;
     }
-
-    ptx::wgmma_wait<0>();  // O += P(n - 1) V(n - 1) is done: O and pf are free
-    ptx::wgmma_hold(o);
-    ptx::wgmma_hold(pf);
-#pragma unroll
-    for (int t = 0; t < kOTiles; ++t) {
-      o[4 * t + 0] *= scale_o[0];
-      o[4 * t + 1] *= scale_o[0];
-      o[4 * t + 2] *= scale_o[1];
-      o[4 * t + 3] *= scale_o[1];
+    // The next tile's Q and K(0) copies, while this tile's output is stored.
+    index += gridDim.x;
+    first_loaded = false;
+    if (index < tiles.tiles) {
+      tile = Tile<Cfg>(tiles, index);
+      first_loaded = tile.rows_here > 0;
+      if (first_loaded) tile.load_first(p, sQ, sK);
     }
-    // P(n) as A fragments: the S accumulators of two adjacent n8 tiles are one (16 keys).
+    __syncwarp();
+    const int warp_row0 = warpgroup * 64 + warp * 16;
+    Element* out = static_cast<Element*>(p.out) + done.b * p.out_batch_stride +
+                   (done.seq.q_row0 + done.m0 + warp_row0) * p.out_row_stride + done.h * p.out_head_stride;
+    const int64_t warp_rows_valid = done.seq.seqlen_q - (done.m0 + warp_row0);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      pf[kk][0] = ptx::pack2<Element>(s[8 * kk + 0], s[8 * kk + 1]);
-      pf[kk][1] = ptx::pack2<Element>(s[8 * kk + 2], s[8 * kk + 3]);
-      pf[kk][2] = ptx::pack2<Element>(s[8 * kk + 4], s[8 * kk + 5]);
-      pf[kk][3] = ptx::pack2<Element>(s[8 * kk + 6], s[8 * kk + 7]);
+    for (int pass = 0; pass < 16 * Cfg::kChunksPerRow / 32; ++pass) {
+      const int idx = lane + 32 * pass;
+      const int row = idx / Cfg::kChunksPerRow, col = (idx % Cfg::kChunksPerRow) * 8;
+      if (row < warp_rows_valid && col < p.head_dim_v)
+        ptx::st_global_128(out + row * p.out_row_stride + col,
+                           ptx::ld_shared_128(sV + swizzled_offset<kBlockM>(warp_row0 + row, col)));
     }
-  }
-  // The last block's O += P V, once its V has landed.
-  if (n_blocks > 0) {
-    ptx::cp_async_wait<0>();
-    ptx::fence_proxy_async_shared();
-    __syncthreads();
-    ptx::wgmma_hold(o);
-    ptx::wgmma_hold(pf);
-    ptx::wgmma_fence();
-    const uint64_t v_stage = v_desc + ((((n_blocks - 1) & 1) * Cfg::kTileBytes) >> 4);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::wgmma_hold(o);
-  }
-
-  // Epilogue: out = O / l in the storage dtype; lse = ln 2 * (c max + log2 l). O goes through
-  // this warp's own 16 rows of the Q tile (no other warp reads them; its warpgroup's wgmmas
-  // have completed), so that global stores are 16 bytes per lane. With no key block at all,
-  // Q's copies may still be in flight.
-  if (n_blocks == 0) {
-    ptx::cp_async_wait<0>();
-    __syncthreads();
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key: out = 0
-#pragma unroll
-    for (int t = 0; t < kOTiles; ++t)
-      ptx::st_shared_32(sQ + swizzled_offset<kBlockM>(cta_row(r), t * 8) + quad_col * 2,
-                        ptx::pack2<Element>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv));
-    const int64_t i = m0 + cta_row(r);
-    if (p.lse != nullptr && lane % 4 == 0 && i < seq.seqlen_q)
-      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_row0 + i] =
-          l == 0.0f ? -INFINITY : (row_max[r] * exp_scale + log2f(l)) * 0.6931471805599453f;
-  }
-  __syncwarp();
-  const int warp_row0 = warpgroup * 64 + warp * 16;
-  Element* out = static_cast<Element*>(p.out) + b * p.out_batch_stride +
-                 (seq.q_row0 + m0 + warp_row0) * p.out_row_stride + h * p.out_head_stride;
-  const int64_t warp_rows_valid = seq.seqlen_q - (m0 + warp_row0);
-#pragma unroll
-  for (int pass = 0; pass < 16 * Cfg::kChunksPerRow / 32; ++pass) {
-    const int idx = lane + 32 * pass;
-    const int row = idx / Cfg::kChunksPerRow, col = (idx % Cfg::kChunksPerRow) * 8;
-    if (row < warp_rows_valid && col < p.head_dim_v)
-      ptx::st_global_128(out + row * p.out_row_stride + col,
-                         ptx::ld_shared_128(sQ + swizzled_offset<kBlockM>(warp_row0 + row, col)));
+    // The staging is read back by the warp that wrote it; the next tile's first barrier keeps
+    // its V copies from overwriting it early.
+    if (index >= tiles.tiles) break;
   }
 #else
   __trap();  // compiled for sm_90a only; the host launches it only where that code is loaded
