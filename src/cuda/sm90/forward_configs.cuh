@@ -54,8 +54,8 @@ void launch_forward(const ForwardParams& p) {
   tiles.heads_first = blocks_work_differs(p.window_left, p.window_right) ? 1 : 0;
   // Without a mask every tile does the same work: one CTA per SM (its registers and shared
   // memory allow no second one) walks its share. Under causal and windowed masks the tiles'
-  // work differs, and a static share leaves SMs idle at the end (H200: -10 to -30 % at
-  // 1k-4k causal): one CTA per tile, started by the hardware as SMs free up.
+  // work differs, and a static share leaves SMs idle at the end (H200: -3 to -30 % at
+  // 512-4k causal): one CTA per tile, started by the hardware as SMs free up.
   const int64_t ctas = tiles.heads_first ? tiles.tiles
                                          : std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
   forward_kernel<Cfg><<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSharedBytes,
