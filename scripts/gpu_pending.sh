@@ -68,6 +68,13 @@ build_library() {  # DIR [JOBS]
     -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_TOOLS=OFF &&
     PATH="/usr/local/cuda/bin:$PATH" cmake --build "$1/build-gpu" -j "${2:-$(nproc)}" --target flashattn_c
 }
+# The whole release build with the tests (or one TARGET) in ./build-gpu, its log in
+# $OUT/build.log; on failure the errors are printed and the status is 1.
+build_all() {  # [TARGET]
+  { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
+    && cmake --build build-gpu -j "$(nproc)" ${1:+--target "$1"}; } >"$OUT/build.log" 2>&1 ||
+    { grep -B2 -A12 -m5 error "$OUT/build.log" | head -60; tail -5 "$OUT/build.log"; return 1; }
+}
 export OUT="$top/$stage"
 mkdir -p "$OUT"
 case "$stage" in
@@ -162,8 +169,7 @@ case "$stage" in
     # forward racecheck if the time is left. The CPU tests are left to CI.
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
-    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
-      && cmake --build build-gpu -j "$(nproc)"; } >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    build_all || exit 1
     echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
     ctest --test-dir build-gpu -L gpu -j 8 --output-on-failure --timeout 300 >"$OUT/tests_gpu.log" 2>&1
     echo "gpu tests: $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
@@ -203,8 +209,7 @@ case "$stage" in
     # forward benchmark (the default dispatch) against flash and cuDNN.
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
-    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
-      && cmake --build build-gpu -j "$(nproc)"; } >"$OUT/build.log" 2>&1 || { grep -B2 -A12 error "$OUT/build.log" | head -60; exit 1; }
+    build_all || exit 1
     echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
     FLASHATTN_CUDA_FORWARD=sm90 timeout 240 build-gpu/tests/test_forward_cuda >"$OUT/test_forward_sm90.log" 2>&1
     echo "test_forward_cuda (sm90 wherever it covers the call): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_forward_sm90.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
@@ -229,8 +234,7 @@ case "$stage" in
     # forward: stage sm90.)
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
-    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
-      && cmake --build build-gpu -j "$(nproc)"; } >"$OUT/build.log" 2>&1 || { grep -B2 -A12 error "$OUT/build.log" | head -60; exit 1; }
+    build_all || exit 1
     echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
     with_clock_log "$OUT/clocks_forward.csv" env PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpu_forward.py \
       --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --time-budget-s 260 >"$OUT/bench_forward.log" 2>&1
@@ -246,8 +250,7 @@ case "$stage" in
     # racecheck on the sm90 forward (it is slow there: a few head dims and masks, each bucket).
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
-    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
-      && cmake --build build-gpu -j "$(nproc)" --target test_forward_cuda; } >"$OUT/build.log" 2>&1 || { grep -B2 -A12 error "$OUT/build.log" | head -60; exit 1; }
+    build_all test_forward_cuda || exit 1
     echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
     filter='*HeadDims*/7:*HeadDims*/14:*HeadDims*/15:*HeadDims*/23:*HeadDims*/31:*FeatureGrid*causal_bf16*:*FeatureGrid*sliding_fp16*:EdgeCases.FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse'
     FLASHATTN_CUDA_FORWARD=sm90 timeout ${RACE_S:-330} compute-sanitizer --tool racecheck --error-exitcode 99 \

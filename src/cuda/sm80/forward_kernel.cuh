@@ -27,6 +27,7 @@
 #include "common/mask.hpp"
 #include "common/params.hpp"
 #include "common/philox.hpp"
+#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile_order.cuh"
@@ -291,20 +292,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const KeyRange visible = visible_keys(row_of(mt, r), seq.seqlen_q, seq.seqlen_k,
-                                                p.window_left, p.window_right);
-          const int64_t lo64 = visible.begin - j0, hi64 = visible.end - j0;
-          const int lo = lo64 < 0 ? 0 : (lo64 > kBlockN ? kBlockN : static_cast<int>(lo64));
-          const int hi = hi64 < 0 ? 0 : (hi64 > kBlockN ? kBlockN : static_cast<int>(hi64));
-#pragma unroll
-          for (int t = 0; t < kSTiles; ++t)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = t * 8 + quad_col + e;
-              if (c < lo || c >= hi) s[mt][t][2 * r + e] = -INFINITY;
-            }
-        }
+        for (int r = 0; r < 2; ++r)
+          mask_row<kSTiles>(&s[mt][0][0], r,
+                            block_columns<kBlockN>(visible_keys(row_of(mt, r), seq.seqlen_q, seq.seqlen_k,
+                                                                p.window_left, p.window_right),
+                                                   j0),
+                            quad_col);
     }
 
     if (!kDoubleBuffered) {
@@ -323,28 +316,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       float scale_o[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float block_max = -INFINITY;
-#pragma unroll
-        for (int t = 0; t < kSTiles; ++t)
-          block_max = fmaxf(block_max, fmaxf(s[mt][t][2 * r], s[mt][t][2 * r + 1]));
-        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
-        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-        const float new_max = fmaxf(row_max[mt][r], block_max);
-        // A row with nothing visible so far keeps max -inf; subtract 0 instead so that
-        // 2^(-inf - base) is 0 rather than NaN.
-        const float base = new_max == -INFINITY ? 0.0f : new_max * exp_scale;
-        scale_o[r] = ptx::exp2_approx(row_max[mt][r] * exp_scale - base);
-        row_max[mt][r] = new_max;
-        float sum = 0.0f;
-#pragma unroll
-        for (int t = 0; t < kSTiles; ++t)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = ptx::exp2_approx(fmaf(s[mt][t][2 * r + e], exp_scale, -base));
-            s[mt][t][2 * r + e] = pe;
-            sum += pe;
-          }
-        row_sum[mt][r] = row_sum[mt][r] * scale_o[r] + sum;
+        scale_o[r] = online_softmax_row<kSTiles>(&s[mt][0][0], r, row_max[mt][r], row_sum[mt][r], exp_scale);
         if (dropout) {
           // Key column j = j0 + c of row i: its keep bit is bit j % 4 of the Philox call for
           // group j / 4. A lane's two columns share one call unless they straddle groups.

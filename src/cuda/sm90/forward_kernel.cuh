@@ -31,6 +31,7 @@
 
 #include "common/mask.hpp"
 #include "common/params.hpp"
+#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile_order.cuh"
@@ -266,51 +267,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ptx::wgmma_wait<1>();  // S(n) is done; P V may still run
       ptx::wgmma_hold(s);
 
-      // The mask, on blocks that some row does not see whole.
+      // The mask on blocks that some row does not see whole, then the online softmax.
       if (n < tile.full_begin || n >= tile.full_end) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const KeyRange visible = visible_keys(m0 + cta_row(r), seq.seqlen_q, seq.seqlen_k,
-                                                p.window_left, p.window_right);
-          const int64_t lo64 = visible.begin - j0, hi64 = visible.end - j0;
-          const int lo = lo64 < 0 ? 0 : (lo64 > kBlockN ? kBlockN : static_cast<int>(lo64));
-          const int hi = hi64 < 0 ? 0 : (hi64 > kBlockN ? kBlockN : static_cast<int>(hi64));
-#pragma unroll
-          for (int t = 0; t < kSTiles; ++t)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = t * 8 + quad_col + e;
-              if (c < lo || c >= hi) s[4 * t + 2 * r + e] = -INFINITY;
-            }
-        }
+        for (int r = 0; r < 2; ++r)
+          mask_row<kSTiles>(s, r,
+                            block_columns<kBlockN>(visible_keys(m0 + cta_row(r), seq.seqlen_q, seq.seqlen_k,
+                                                                p.window_left, p.window_right),
+                                                   j0),
+                            quad_col);
       }
-
-      // Online softmax: new running max per row (across the lane quad), exponentiate.
       float scale_o[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float block_max = -INFINITY;
-#pragma unroll
-        for (int t = 0; t < kSTiles; ++t)
-          block_max = fmaxf(block_max, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
-        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
-        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-        const float new_max = fmaxf(row_max[r], block_max);
-        // A row with nothing visible so far keeps max -inf: subtract 0 so that 2^-inf = 0.
-        const float base = new_max == -INFINITY ? 0.0f : new_max * exp_scale;
-        scale_o[r] = ptx::exp2_approx(row_max[r] * exp_scale - base);
-        row_max[r] = new_max;
-        float sum = 0.0f;
-#pragma unroll
-        for (int t = 0; t < kSTiles; ++t)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = ptx::exp2_approx(fmaf(s[4 * t + 2 * r + e], exp_scale, -base));
-            s[4 * t + 2 * r + e] = pe;
-            sum += pe;
-          }
-        row_sum[r] = row_sum[r] * scale_o[r] + sum;
-      }
+      for (int r = 0; r < 2; ++r) scale_o[r] = online_softmax_row<kSTiles>(s, r, row_max[r], row_sum[r], exp_scale);
 
       ptx::wgmma_wait<0>();  // O += P(n - 1) V(n - 1) is done: O and pf are free
       ptx::wgmma_hold(o);
