@@ -100,12 +100,13 @@ __device__ __forceinline__ void load_swizzled(uint32_t tile, const typename Cfg:
   }
 }
 
-// The grid is persistent: one CTA per SM walks the tiles (query block, head, batch element)
-// blockIdx.x, + gridDim.x, ..., in the order the hardware would start one CTA per tile
-// (cuda/common/tile_order.cuh: under causal and windowed masks the heaviest query block of
-// every head first). A CTA copies the next tile's Q and K(0) while it writes the current
-// tile's output, so that short sequences, whose tiles have only a few key blocks, do not pay
-// a tile's prologue and epilogue latency one after the other.
+// A CTA walks the tiles (query block, head, batch element) blockIdx.x, + gridDim.x, ..., in
+// the order the hardware would start one CTA per tile (cuda/common/tile_order.cuh: under
+// causal and windowed masks the heaviest query block of every head first). Without a mask
+// the grid is persistent, one CTA per SM (forward_configs.cuh), and a CTA copies the next
+// tile's Q and K(0) while it writes the current tile's output, so that short sequences, whose
+// tiles have only a few key blocks, do not pay a tile's prologue and epilogue latency one
+// after the other. Under the masks the grid has one CTA per tile, which then does one.
 struct ForwardTiles {
   ForwardParams p;
   int64_t tiles = 0;        // query blocks x heads x batch
