@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/common/fit.cuh"
 #include "cuda/common/kernel_code.cuh"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/tile_order.cuh"
@@ -55,9 +54,10 @@ void launch_forward(const ForwardParams& p) {
   // Without a mask every tile does the same work: one CTA per SM (its registers and shared
   // memory allow no second one) walks its share. Under causal and windowed masks the tiles'
   // work differs, and a static share leaves SMs idle at the end (H200: -3 to -30 % at
-  // 512-4k causal): one CTA per tile, started by the hardware as SMs free up.
-  const int64_t ctas = tiles.heads_first ? tiles.tiles
-                                         : std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
+  // 512-4k causal): one CTA per tile, started by the hardware as SMs free up (up to the
+  // grid's x extent, 2^31 - 1; past it the persistent grid takes those calls too).
+  const int64_t persistent = std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
+  const int64_t ctas = tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent;
   forward_kernel<Cfg><<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSharedBytes,
                         static_cast<cudaStream_t>(p.stream)>>>(tiles);
 }
