@@ -3,9 +3,11 @@
 
 An inline-asm statement names every accumulator register, up to 128 of them for N = 256, so
 the wrappers are generated rather than typed: one per (dtype, N, operand source). Run it after
-changing the lists below; the output is committed.
+changing the lists below; the output is committed, and `--check` (a CPU test) fails when it
+no longer matches.
 """
 import pathlib
+import sys
 
 DTYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
 WIDTHS = (64, 128, 192, 256)  # N of m64nNk16
@@ -86,6 +88,11 @@ def main():
             text += wrapper(element, ptx_type, n)
     text += "\n}  // namespace flashattn::detail::cuda::ptx\n"
     out = pathlib.Path(__file__).resolve().parent.parent / "src/cuda/common/wgmma.cuh"
+    if "--check" in sys.argv[1:]:  # the committed header is what this script writes (a CPU test)
+        if out.read_text() != text:
+            sys.exit(f"{out} differs from what scripts/generate_wgmma.py writes: run the script")
+        print(f"{out.name} matches scripts/generate_wgmma.py")
+        return
     out.write_text(text)
 
 
