@@ -81,6 +81,34 @@ TEST(Mask, BlockSummariesAreExact) {
             }
 }
 
+// The forward kernels skip the mask on the key blocks fully_visible_blocks names: exactly the
+// blocks of block_n keys (from the rows' first visible key) that every row sees whole (a block
+// wrongly inside would let masked keys through; one wrongly outside only costs the mask).
+TEST(Mask, FullyVisibleKeyBlocksAreExact) {
+  for (int64_t sq : {1, 5, 13, 20})
+    for (int64_t sk : {1, 4, 13, 20, 33})
+      for (int left : {-1, 0, 2, 9})
+        for (int right : {-1, 0, 3, 30})
+          for (int64_t block_n : {1, 2, 4, 8})
+            for (int64_t i0 = 0; i0 < sq; i0 += 3)
+              for (int64_t i1 = i0 + 1; i1 <= sq; i1 += 2) {
+                const KeyRange keys = visible_keys_of_rows(i0, i1, sq, sk, left, right);
+                if (keys.empty()) continue;
+                const int64_t n_blocks = (keys.end - keys.begin + block_n - 1) / block_n;
+                const KeyRange full =
+                    fully_visible_blocks(i0, i1, keys.begin, block_n, n_blocks, sq, sk, left, right);
+                for (int64_t n = 0; n < n_blocks; ++n) {
+                  const int64_t j0 = keys.begin + n * block_n, j1 = j0 + block_n;
+                  bool all = j1 <= sk;
+                  for (int64_t i = i0; i < i1 && all; ++i)
+                    for (int64_t j = j0; j < j1; ++j) all = all && literal_visible(i, j, sq, sk, left, right);
+                  ASSERT_EQ(n >= full.begin && n < full.end, all)
+                      << sq << " " << sk << " " << left << " " << right << " block_n " << block_n << " rows "
+                      << i0 << ".." << i1 << " block " << n;
+                }
+              }
+}
+
 // The backward's key-parallel pass walks rows_seeing_keys: exactly the rows that see at least
 // one key of the block (a row outside would lose its gradient, one inside that sees nothing
 // would only cost time).

@@ -51,6 +51,22 @@ FA_HOST_DEVICE bool block_fully_visible(int64_t i0, int64_t i1, int64_t j0, int6
          j1 <= visible_keys(i0, seqlen_q, seqlen_k, left, right).end;
 }
 
+// The key blocks that every row of [i0, i1) sees whole, as block indices [begin, end) within
+// the n_blocks blocks of block_n keys that start at key `first_key` (end <= begin: none).
+// Blocks outside need the mask; the forward kernels find this range once, before their loop.
+FA_HOST_DEVICE KeyRange fully_visible_blocks(int64_t i0, int64_t i1, int64_t first_key, int64_t block_n,
+                                             int64_t n_blocks, int64_t seqlen_q, int64_t seqlen_k,
+                                             int32_t left, int32_t right) {
+  const int64_t seen_by_all_from = visible_keys(i1 - 1, seqlen_q, seqlen_k, left, right).begin - first_key;
+  const int64_t seen_by_all_to = visible_keys(i0, seqlen_q, seqlen_k, left, right).end - first_key;
+  const int64_t first = seen_by_all_from <= 0 ? 0 : (seen_by_all_from + block_n - 1) / block_n;
+  const int64_t last = seen_by_all_to < block_n ? 0 : (seen_by_all_to - block_n) / block_n + 1;
+  KeyRange r;
+  r.begin = first < n_blocks ? first : n_blocks;
+  r.end = last < n_blocks ? last : n_blocks;
+  return r;
+}
+
 // The query rows that see at least one key of [j0, j1) (0 <= j0 < j1 <= seqlen_k), as a
 // [begin, end) range within [0, seqlen_q): row i sees a key there iff d + right >= j0 (when
 // right >= 0) and d - left < j1 (when left >= 0), d = i + seqlen_k - seqlen_q, both

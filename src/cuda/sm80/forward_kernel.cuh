@@ -113,15 +113,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // registers its general variant spilled 188 bytes (ptxas, sm_90a), against none.
   int full_begin = 0, full_end = 0;
   if (kDoubleBuffered && n_blocks > 0) {
-    const int64_t seen_by_all_from =
-        visible_keys(m0 + rows_here - 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).begin -
-        keys.begin;
-    const int64_t seen_by_all_to =
-        visible_keys(m0, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).end - keys.begin;
-    const int64_t first = seen_by_all_from <= 0 ? 0 : (seen_by_all_from + kBlockN - 1) / kBlockN;
-    const int64_t last = seen_by_all_to < kBlockN ? 0 : (seen_by_all_to - kBlockN) / kBlockN + 1;
-    full_begin = static_cast<int>(first < n_blocks ? first : n_blocks);
-    full_end = static_cast<int>(last < n_blocks ? last : n_blocks);
+    const KeyRange full = fully_visible_blocks(m0, m0 + rows_here, keys.begin, kBlockN, n_blocks, seq.seqlen_q,
+                                               seq.seqlen_k, p.window_left, p.window_right);
+    full_begin = static_cast<int>(full.begin);
+    full_end = static_cast<int>(full.end);
   }
 
   // Prologue: Q and the first K block (and V block, double-buffered). Double-buffered, K and

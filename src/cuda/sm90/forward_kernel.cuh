@@ -152,15 +152,10 @@ struct Tile {
     keys = visible_keys_of_rows(m0, m0 + rows_here, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
     n_blocks = keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + Cfg::kBlockN - 1) / Cfg::kBlockN);
     if (n_blocks == 0) return;
-    const int64_t seen_by_all_from =
-        visible_keys(m0 + rows_here - 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).begin -
-        keys.begin;
-    const int64_t seen_by_all_to =
-        visible_keys(m0, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right).end - keys.begin;
-    const int64_t first = seen_by_all_from <= 0 ? 0 : (seen_by_all_from + Cfg::kBlockN - 1) / Cfg::kBlockN;
-    const int64_t last = seen_by_all_to < Cfg::kBlockN ? 0 : (seen_by_all_to - Cfg::kBlockN) / Cfg::kBlockN + 1;
-    full_begin = static_cast<int>(first < n_blocks ? first : n_blocks);
-    full_end = static_cast<int>(last < n_blocks ? last : n_blocks);
+    const KeyRange full = fully_visible_blocks(m0, m0 + rows_here, keys.begin, Cfg::kBlockN, n_blocks,
+                                               seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    full_begin = static_cast<int>(full.begin);
+    full_end = static_cast<int>(full.end);
   }
 
   // Q and K(0), as one copy group.
@@ -207,6 +202,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const auto panel_step = [](int kk, int rows) -> uint64_t {
     return static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
   };
+  // O += P V for the block whose V is in `stage` (P in pf), 16 keys per wgmma.
+  const auto issue_pv = [&](float (&o)[kOTiles * 4], const uint32_t (&pf)[kBlockN / 16][4], int stage) {
+    const uint64_t v_stage = v_desc + ((stage * Cfg::kTileBytes) >> 4);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
+  };
   int64_t index = blockIdx.x;
   Tile<Cfg> tile(tiles, index);
   bool first_loaded = false;  // the tile's Q and K(0) copies are issued
@@ -250,11 +251,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int kk = 0; kk < kHeadDim / 16; ++kk)
         SMma::ss(s, q_desc + panel_step(kk, kBlockM), k_stage + panel_step(kk, kBlockN), kk > 0);
       ptx::wgmma_commit();
-      if (n > 0) {
-        const uint64_t v_stage = v_desc + ((((n - 1) & 1) * Cfg::kTileBytes) >> 4);
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
-      }
+      if (n > 0) issue_pv(o, pf, (n - 1) & 1);
       ptx::wgmma_commit();
 
       // K(n + 1) and V(n) for the next block, while the wgmmas run.
@@ -309,9 +306,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ptx::wgmma_hold(o);
       ptx::wgmma_hold(pf);
       ptx::wgmma_fence();
-      const uint64_t v_stage = v_desc + ((((n_blocks - 1) & 1) * Cfg::kTileBytes) >> 4);
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
+      issue_pv(o, pf, (n_blocks - 1) & 1);
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
       ptx::wgmma_hold(o);
