@@ -22,8 +22,7 @@ bool run_tuning_candidate(const ForwardParams& params);  // forward_tuning.cu
 #endif
 namespace {
 
-// The sm90 kernel takes plain calls (no softcap, ALiBi or dropout, a positive scale: the
-// features it does not have yet) with head dims above 64 on a GPU that loaded its sm_90a code;
+// The sm90 kernel takes calls with head dims above 64 on a GPU that loaded its sm_90a code;
 // head dims go up to the next multiple of 64. At head dim 64 the sm80 kernel is faster
 // (H200, 2026-12-01: sm90 0.88-0.99x FlashAttention-2 at 1k-16k, sm80 1.05-1.16x).
 // FLASHATTN_CUDA_FORWARD=sm80 keeps every call on the sm80 kernel, =sm90 sends head dims
@@ -33,9 +32,7 @@ bool run_sm90(const ForwardParams& p) {
   const char* forced = std::getenv("FLASHATTN_CUDA_FORWARD");
   if (forced != nullptr && std::strcmp(forced, "sm80") == 0) return false;
   const bool all_head_dims = forced != nullptr && std::strcmp(forced, "sm90") == 0;
-  if (p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f) || p.dropout_p > 0.0f ||
-      (p.head_dim <= 64 && !all_head_dims))
-    return false;
+  if (p.head_dim <= 64 && !all_head_dims) return false;
   switch ((p.head_dim + 63) / 64 * 64) {
     case 64: return sm90::run_forward<Element, 64>(p);
     case 128: return sm90::run_forward<Element, 128>(p);

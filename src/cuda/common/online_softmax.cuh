@@ -1,4 +1,5 @@
-// The mask and the online softmax of the forward kernels, on a lane's score fragment. The
+// The score modifiers, the mask, the online softmax and dropout of the forward kernels, on a
+// lane's score fragment. The
 // sm80 (mma.sync) and sm90 (wgmma) kernels share the layout: for each n8 tile t of a key
 // block, s[4 t + 2 r + e] is the score of the lane's row r (r = 0: row lane / 4 of its m16
 // tile, r = 1: that row + 8) and block column 8 t + 2 (lane % 4) + e. A row's four lanes
@@ -9,9 +10,30 @@
 #include <cstdint>
 
 #include "common/mask.hpp"
+#include "common/philox.hpp"
 #include "cuda/common/ptx.cuh"
 
 namespace flashattn::detail::cuda {
+
+// Softcap and ALiBi on row r's scores, which become base-2 scores x (the general kernels: the
+// exponent's scale is then 1): x = s score_scale; with a softcap c > 0, x = c tanh(x) log2 e
+// (score_scale = scale / c); then x -= slope log2 e |diagonal - column|, where
+// diagonal = i + Sk - Sq - j0 for the row's query i and the block's first key j0.
+template <int kSTiles>
+__device__ __forceinline__ void modify_scores_row(float* s, int r, float score_scale, float softcap,
+                                                  float slope, int diagonal, int quad_col) {
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int t = 0; t < kSTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float x = s[4 * t + 2 * r + e] * score_scale;
+      if (softcap > 0.0f) x = softcap * tanhf(x) * kLog2e;
+      const int c = t * 8 + quad_col + e;
+      x -= slope * kLog2e * static_cast<float>(abs(diagonal - c));
+      s[4 * t + 2 * r + e] = x;
+    }
+}
 
 // The columns [lo, hi) of a key block starting at key j0 (kBlockN keys) that lie in `visible`.
 struct BlockColumns {
@@ -64,6 +86,23 @@ __device__ __forceinline__ float online_softmax_row(float* s, int r, float& row_
     }
   row_sum = row_sum * scale_o + sum;
   return scale_o;
+}
+
+// Dropout on row r's probabilities, after the row sum (so l and lse are of the undropped
+// softmax): key column j = j0 + c of query row i keeps its p iff bit j % 4 of the Philox call
+// for group j / 4 is set (common/philox.hpp), the same bits as on the CPU. A lane's two
+// columns share one call unless they straddle groups.
+template <int kSTiles>
+__device__ __forceinline__ void dropout_row(float* s, int r, const DropoutRng& rng, uint32_t b, uint32_t h,
+                                            uint32_t i, int64_t j0, int quad_col) {
+#pragma unroll
+  for (int t = 0; t < kSTiles; ++t) {
+    const uint32_t j = static_cast<uint32_t>(j0 + t * 8 + quad_col);
+    uint32_t bits = rng.keep_bits4(b, h, i, j / 4) >> (j % 4);
+    if (j % 4 == 3) bits = (bits & 1u) | (rng.keep_bits4(b, h, i, j / 4 + 1) & 1u) << 1;
+    if (!(bits & 1u)) s[4 * t + 2 * r] = 0.0f;
+    if (!(bits & 2u)) s[4 * t + 2 * r + 1] = 0.0f;
+  }
 }
 
 }  // namespace flashattn::detail::cuda

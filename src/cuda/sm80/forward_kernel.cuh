@@ -268,20 +268,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          // |i + Sk - Sq - j| = |diagonal - c| for the block column c = j - j0.
-          const int diagonal = static_cast<int>(row_of(mt, r) + seq.seqlen_k - seq.seqlen_q - j0);
-#pragma unroll
-          for (int t = 0; t < kSTiles; ++t)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float x = s[mt][t][2 * r + e] * score_scale;
-              if (softcap) x = p.softcap * tanhf(x) * kLog2e;
-              const int c = t * 8 + quad_col + e;
-              x -= slope * kLog2e * static_cast<float>(abs(diagonal - c));
-              s[mt][t][2 * r + e] = x;
-            }
-        }
+        for (int r = 0; r < 2; ++r)
+          modify_scores_row<kSTiles>(&s[mt][0][0], r, score_scale, softcap ? p.softcap : 0.0f, slope,
+                                     static_cast<int>(row_of(mt, r) + seq.seqlen_k - seq.seqlen_q - j0), quad_col);
     }
     if (needs_mask) {
 #pragma unroll
@@ -312,19 +301,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         scale_o[r] = online_softmax_row<kSTiles>(&s[mt][0][0], r, row_max[mt][r], row_sum[mt][r], exp_scale);
-        if (dropout) {
-          // Key column j = j0 + c of row i: its keep bit is bit j % 4 of the Philox call for
-          // group j / 4. A lane's two columns share one call unless they straddle groups.
-          const uint32_t i = static_cast<uint32_t>(row_of(mt, r));
-#pragma unroll
-          for (int t = 0; t < kSTiles; ++t) {
-            const uint32_t j = static_cast<uint32_t>(j0 + t * 8 + quad_col);
-            uint32_t bits = rng.keep_bits4(b, h, i, j / 4) >> (j % 4);
-            if (j % 4 == 3) bits = (bits & 1u) | (rng.keep_bits4(b, h, i, j / 4 + 1) & 1u) << 1;
-            if (!(bits & 1u)) s[mt][t][2 * r] = 0.0f;
-            if (!(bits & 2u)) s[mt][t][2 * r + 1] = 0.0f;
-          }
-        }
+        if (dropout)
+          dropout_row<kSTiles>(&s[mt][0][0], r, rng, b, h, static_cast<uint32_t>(row_of(mt, r)), j0, quad_col);
       }
 #pragma unroll
       for (int t = 0; t < kOTiles; ++t) {

@@ -34,7 +34,7 @@ template <typename Cfg>
 bool runs_here() {
   static PerDevice<bool> runs;
   return runs.get([] {
-    return kernel_ptx_version(forward_kernel<Cfg>) >= 90 &&
+    return kernel_ptx_version(forward_kernel<Cfg, false>) >= 90 &&
            Cfg::kSharedBytes <= shared_bytes_per_block_limit();
   });
 }
@@ -43,9 +43,13 @@ template <typename Cfg>
 void launch_forward(const ForwardParams& p) {
   static PerDevice<bool> shared_bytes_allowed;  // once per kernel and device
   shared_bytes_allowed.get([] {
-    allow_shared_bytes(forward_kernel<Cfg>, Cfg::kSharedBytes);
+    allow_shared_bytes(forward_kernel<Cfg, false>, Cfg::kSharedBytes);
+    allow_shared_bytes(forward_kernel<Cfg, true>, Cfg::kSharedBytes);
     return true;
   });
+  const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f) ||
+                       p.dropout_p > 0.0f;
+  const auto kernel = general ? forward_kernel<Cfg, true> : forward_kernel<Cfg, false>;
   ForwardTiles tiles;
   tiles.p = p;
   tiles.m_blocks = static_cast<int32_t>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
@@ -58,8 +62,8 @@ void launch_forward(const ForwardParams& p) {
   // grid's x extent, 2^31 - 1; past it the persistent grid takes those calls too).
   const int64_t persistent = std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
   const int64_t ctas = tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent;
-  forward_kernel<Cfg><<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSharedBytes,
-                        static_cast<cudaStream_t>(p.stream)>>>(tiles);
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
+      tiles);
 }
 
 // Defined once per (dtype, bucket) in its own generated file: runs the call and returns true,

@@ -20,8 +20,8 @@
 // 128-byte swizzle (ptx::wgmma_descriptor), filled by cp.async from all threads. K and V are
 // double-buffered: K(n + 1) and V(n) load while block n is computed.
 //
-// This first Hopper kernel covers the plain forward (no softcap, ALiBi or dropout; every mask,
-// GQA, varlen, LSE); other calls take the sm80 kernel (cuda/forward.cu).
+// Every forward feature: masks, GQA, varlen, LSE, and in the general variant softcap, ALiBi,
+// dropout and any scale (the sm80 kernel's code for them, cuda/common/online_softmax.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +31,7 @@
 
 #include "common/mask.hpp"
 #include "common/params.hpp"
+#include "common/philox.hpp"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/ptx.cuh"
@@ -168,7 +169,10 @@ struct Tile {
   }
 };
 
-template <typename Cfg>
+// kGeneral: softcap, ALiBi, a non-positive scale or dropout may occur (the general variant,
+// as in the sm80 kernel: without them S holds raw dot products and the scale folds into the
+// exponent, and the kernel is compiled without that code).
+template <typename Cfg, bool kGeneral>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardTiles tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -192,7 +196,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int quad_col = (lane % 4) * 2;  // this lane's columns within each n8 tile
   // This lane's rows within the CTA tile: r = 0, 1 (the accumulator layout, wgmma.cuh).
   const auto cta_row = [&](int r) { return warpgroup * 64 + warp * 16 + lane / 4 + r * 8; };
-  const float exp_scale = p.softmax_scale * kLog2e;
+  // The plain path keeps raw dot products in S and folds the scale into the exponent:
+  // p = 2^(s c - m c) with c = scale log2(e). Otherwise S becomes base-2 scores first
+  // (modify_scores_row) and c = 1. Dropout's kept probabilities enter P V unscaled; 1 / (1 - p)
+  // is applied once in the epilogue.
+  const bool softcap = kGeneral && p.softcap > 0.0f;
+  const bool plain = !kGeneral || (!softcap && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f);
+  const bool dropout = kGeneral && p.dropout_p > 0.0f;
+  const DropoutRng rng = dropout ? make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p) : DropoutRng{};
+  const float exp_scale = plain ? p.softmax_scale * kLog2e : 1.0f;
+  const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
 
   // Descriptors: this warpgroup's 64 rows of Q, and stage 0 of K and V; a k-step or a stage
   // moves the start address only (descriptor addresses count 16-byte units).
@@ -265,7 +278,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ptx::wgmma_wait<1>();  // S(n) is done; P V may still run
       ptx::wgmma_hold(s);
 
-      // The mask on blocks that some row does not see whole, then the online softmax.
+      // Softcap and ALiBi, the mask on blocks that some row does not see whole, then the online
+      // softmax and dropout.
+      if (!plain) {
+        const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[tile.b * p.alibi_batch_stride + tile.h] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          modify_scores_row<kSTiles>(s, r, score_scale, softcap ? p.softcap : 0.0f, slope,
+                                     static_cast<int>(m0 + cta_row(r) + seq.seqlen_k - seq.seqlen_q - j0), quad_col);
+      }
       if (n < tile.full_begin || n >= tile.full_end) {
 #pragma unroll
         for (int r = 0; r < 2; ++r)
@@ -277,7 +298,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       float scale_o[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) scale_o[r] = online_softmax_row<kSTiles>(s, r, row_max[r], row_sum[r], exp_scale);
+      for (int r = 0; r < 2; ++r) {
+        scale_o[r] = online_softmax_row<kSTiles>(s, r, row_max[r], row_sum[r], exp_scale);
+        if (dropout)
+          dropout_row<kSTiles>(s, r, rng, tile.b, tile.h, static_cast<uint32_t>(m0 + cta_row(r)), j0, quad_col);
+      }
 
       ptx::wgmma_wait<0>();  // O += P(n - 1) V(n - 1) is done: O and pf are free
       ptx::wgmma_hold(o);
@@ -325,7 +350,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       float l = row_sum[r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key: out = 0
+      const float inv = l == 0.0f ? 0.0f : (dropout ? rng.scale : 1.0f) / l;  // no key seen: out = 0
 #pragma unroll
       for (int t = 0; t < kOTiles; ++t)
         ptx::st_shared_32(sV + swizzled_offset<kBlockM>(cta_row(r), t * 8) + quad_col * 2,
