@@ -35,6 +35,8 @@
 #   scripts/gpu_pending.sh sm90final  the forward over the standard grid with every peer, then
 #                                     the whole GPU suite (~9 min)
 #   scripts/gpu_pending.sh sm90race   racecheck on the sm90 forward, a test per bucket (~6 min)
+#   scripts/gpu_pending.sh sm90bwd    the sm90 (wgmma) backward: the backward suite on it and on
+#                                     the sm80 kernels, sanitizers, the benchmark (~6 min)
 #   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
 #                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward, or decode with AB_PASSES=dec
@@ -45,7 +47,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90bwd or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -257,6 +259,33 @@ case "$stage" in
       build-gpu/tests/test_forward_cuda --gtest_filter="$filter" >"$OUT/racecheck.log" 2>&1
     echo "racecheck (sm90 forward): status $? ($(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '^\[ +(OK|FAILED) ' "$OUT/racecheck.log" | head -12 ;;
+  sm90bwd)
+    # The sm90 (wgmma) backward: the CUDA backward suite on it (the default on Hopper) and on
+    # the sm80 kernels, memcheck and racecheck on a small filter, then the backward benchmark
+    # against flash and cuDNN at head dims 64 and 128.
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    build_all || exit 1
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    timeout 200 build-gpu/tests/test_backward_cuda >"$OUT/test_backward_sm90.log" 2>&1
+    echo "test_backward_cuda (sm90 default): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_backward_sm90.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -E '^\[  FAILED' "$OUT/test_backward_sm90.log" | head -12
+    grep -m3 -B3 -A12 'Failure' "$OUT/test_backward_sm90.log" | head -50
+    FLASHATTN_CUDA_BACKWARD=sm80 timeout 200 build-gpu/tests/test_backward_cuda >"$OUT/test_backward_sm80.log" 2>&1
+    echo "test_backward_cuda (sm80 forced): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_backward_sm80.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    filter='*BackwardGrid*causal_bf16:*BackwardGrid*sliding_fp16:*BackwardGrid*band_bf16:BackwardLong.*:BackwardEdgeCases.*'
+    for tool in memcheck racecheck; do
+      timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
+        --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
+      echo "$tool (sm90 backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    done
+    left=$(( 570 - ($(date +%s) - t0) ))
+    PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
+      --out "$OUT/backward" --peers flash,cudnn --hdims 64,128 --seqlens 1k,4k,16k --time-budget-s $(( left - 20 )) \
+      >"$OUT/bench_backward.log" 2>&1
+    echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -A14 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -14
+    grep -h "min ours" "$OUT/backward/results.md" ;;
   quickbwd)
     # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.
     build_library . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }

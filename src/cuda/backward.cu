@@ -13,6 +13,8 @@
 // synchronisation, and freed on every path out of this function.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/backward.hpp"
@@ -21,6 +23,7 @@
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/stream_allocation.hpp"
 #include "cuda/sm80/backward_configs.cuh"
+#include "cuda/sm90/backward_kernel.cuh"
 
 namespace flashattn::detail::cuda {
 #ifdef FLASHATTN_SM80_TUNING
@@ -110,8 +113,26 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
   }
 }
 
+// The sm90 key-parallel kernel takes plain calls (no softcap, ALiBi or dropout) in the default
+// (atomic dQ) mode with head-dim buckets 64 and 128, on a GPU that loaded its sm_90a code.
+// FLASHATTN_CUDA_BACKWARD=sm80 keeps every call on the sm80 kernels.
+template <typename Element>
+bool run_sm90(const sm80::BackwardKernelParams& kp) {
+  const ForwardParams& p = kp.bp.fwd;
+  const char* forced = std::getenv("FLASHATTN_CUDA_BACKWARD");
+  if ((forced != nullptr && std::strcmp(forced, "sm80") == 0) || kp.bp.deterministic || kp.has_dropout ||
+      p.softcap > 0.0f || p.alibi_slopes != nullptr)
+    return false;
+  switch (head_dim_bucket(p.head_dim)) {
+    case 64: return sm90::run_backward<Element, 64>(kp);
+    case 128: return sm90::run_backward<Element, 128>(kp);
+  }
+  return false;
+}
+
 template <typename Element>
 void run_bucket(const sm80::BackwardKernelParams& kp) {
+  if (run_sm90<Element>(kp)) return;
   with_head_dim_bucket(kp.bp.fwd.head_dim, [&](auto bucket) {
     sm80::run_backward<Element, decltype(bucket)::value>(kp);
   });

@@ -37,6 +37,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile_order.cuh"
 #include "cuda/common/wgmma.cuh"
+#include "cuda/sm90/swizzled_tile.cuh"
 
 namespace flashattn::detail::cuda::sm90 {
 
@@ -57,49 +58,6 @@ struct ForwardConfig {
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kBlockN % 16 == 0 && kBlockN <= 256, "shapes");
   static_assert(sizeof(Element) == 2, "16-bit elements: 64 of them fill a 128-byte row");
 };
-
-// Byte offset of element column `col` (a multiple of 8) of row `row` in a swizzled tile of
-// kRows rows: panel col / 64, then the row, then its 16-byte chunk at position chunk ^ (row % 8).
-template <int kRows>
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int col) {
-  const int chunk = (col % 64) / 8;
-  return static_cast<uint32_t>((col / 64) * kRows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16));
-}
-
-// Copies a kRows x kHeadDim tile into its swizzled shared form with cp.async, all threads
-// helping (consecutive threads take consecutive chunks of a row, so reads coalesce). Rows
-// from `valid_rows` on and columns from `valid_cols` on are zero-filled. Where the threads
-// cover whole rows per pass, each thread keeps one column and walks its rows with one
-// pointer (precomputed per-copy 64-bit offsets would hold registers the wgmma accumulators
-// need: the hdim-256 kernel spilled).
-template <typename Cfg, int kRows>
-__device__ __forceinline__ void load_swizzled(uint32_t tile, const typename Cfg::Element* src,
-                                              int64_t row_stride, int64_t valid_rows, int valid_cols) {
-  constexpr int kCopies = kRows * Cfg::kChunksPerRow / Cfg::kThreads;
-  static_assert(kRows * Cfg::kChunksPerRow % Cfg::kThreads == 0, "whole passes");
-  if constexpr (Cfg::kThreads % Cfg::kChunksPerRow == 0) {
-    constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
-    const int row0 = static_cast<int>(threadIdx.x) / Cfg::kChunksPerRow;
-    const int col = (static_cast<int>(threadIdx.x) % Cfg::kChunksPerRow) * 8;
-    const typename Cfg::Element* from = src + row0 * row_stride + col;
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int row = row0 + i * kRowsPerPass;
-      const bool valid = row < valid_rows && col < valid_cols;
-      ptx::cp_async_16(tile + swizzled_offset<kRows>(row, col), valid ? from : src, valid);
-      from += kRowsPerPass * row_stride;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int idx = static_cast<int>(threadIdx.x) + i * Cfg::kThreads;
-      const int row = idx / Cfg::kChunksPerRow, col = (idx % Cfg::kChunksPerRow) * 8;
-      const bool valid = row < valid_rows && col < valid_cols;
-      ptx::cp_async_16(tile + swizzled_offset<kRows>(row, col), valid ? src + row * row_stride + col : src,
-                       valid);
-    }
-  }
-}
 
 // A CTA walks the tiles (query block, head, batch element) blockIdx.x, + gridDim.x, ..., in
 // the order the hardware would start one CTA per tile (cuda/common/tile_order.cuh: under
