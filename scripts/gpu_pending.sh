@@ -259,6 +259,35 @@ case "$stage" in
       build-gpu/tests/test_forward_cuda --gtest_filter="$filter" >"$OUT/racecheck.log" 2>&1
     echo "racecheck (sm90 forward): status $? ($(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '^\[ +(OK|FAILED) ' "$OUT/racecheck.log" | head -12 ;;
+  sm90all)
+    # The sm90 forward and backward kernels and the kv-cache kernel on one build: the CUDA
+    # forward suite with every call on the sm90 kernel (FLASHATTN_CUDA_FORWARD=sm90), the
+    # backward suite (the sm90 backward is the default on Hopper) and the kv-cache suite run
+    # side by side, memcheck on the backward filter, then the backward benchmark against flash
+    # and cuDNN at head dims 64 and 128 (~6 min).
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    build_all || exit 1
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    FLASHATTN_CUDA_FORWARD=sm90 timeout 240 build-gpu/tests/test_forward_cuda >"$OUT/test_forward_sm90.log" 2>&1 & fwd=$!
+    timeout 240 build-gpu/tests/test_backward_cuda >"$OUT/test_backward.log" 2>&1 & bwd=$!
+    timeout 240 build-gpu/tests/test_kvcache_cuda >"$OUT/test_kvcache.log" 2>&1 & kv=$!
+    for run in "fwd test_forward_sm90" "bwd test_backward" "kv test_kvcache"; do
+      set -- $run; wait "${!1}"; status=$?
+      echo "$2: status $status $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/$2.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      grep -E '^\[  FAILED' "$OUT/$2.log" | head -8
+      grep -m2 -B3 -A10 'Failure' "$OUT/$2.log" | head -30
+    done
+    filter='*BackwardGrid*causal_bf16:*BackwardGrid*sliding_fp16:*BackwardGrid*band_bf16:BackwardLong.*:BackwardEdgeCases.*'
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 build-gpu/tests/test_backward_cuda \
+      --gtest_filter="$filter" >"$OUT/sanitizer_memcheck.log" 2>&1
+    echo "memcheck (backward): status $? ($(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_memcheck.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    left=$(( 570 - ($(date +%s) - t0) ))
+    PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
+      --out "$OUT/backward" --peers flash,cudnn --hdims 64,128 --seqlens 1k,4k,16k --time-budget-s $(( left - 20 )) \
+      >"$OUT/bench_backward.log" 2>&1
+    echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -A14 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -14 ;;
   sm90bwd)
     # The sm90 (wgmma) backward: the CUDA backward suite on it (the default on Hopper) and on
     # the sm80 kernels, memcheck and racecheck on a small filter, then the backward benchmark
