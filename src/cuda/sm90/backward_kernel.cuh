@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (it + 1 < steps) load_step(it + 1, stage ^ 1);
     ptx::cp_async_commit();
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x the block's 64 rows.
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x the block's 64 rows, in two
+    // commit groups: P is computed (and dV issued) while dP^T is still in the tensor cores.
     const uint64_t q_stage = q_b + ((stage * Cfg::kQBytes) >> 4), do_stage = do_b + ((stage * Cfg::kQBytes) >> 4);
     ptx::wgmma_hold(st);
     ptx::wgmma_hold(dpt);
@@ -189,17 +190,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
       TMma::ss(st, k_a + panel_step(kk, kBlockN), q_stage + panel_step(kk, kBlockM), kk > 0);
+    ptx::wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
       TMma::ss(dpt, v_a + panel_step(kk, kBlockN), do_stage + panel_step(kk, kBlockM), kk > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
+    ptx::wgmma_wait<1>();  // S^T
     ptx::wgmma_hold(st);
-    ptx::wgmma_hold(dpt);
 
-    // P^T and dS^T. Column c of the block is query row m0 + c: its lse (+inf, so that P = 0,
-    // for a row that saw no key) and D come from shared memory. Under a mask, key j sees the
-    // rows rows_seeing_keys(j, j + 1); keys past the sequence see none.
+    // P^T. Column c of the block is query row m0 + c: its lse (+inf, so that P = 0, for a row
+    // that saw no key) comes from shared memory. Under a mask, key j sees the rows
+    // rows_seeing_keys(j, j + 1); keys past the sequence see none.
     const int64_t m1 = m0 + kBlockM < seq.seqlen_q ? m0 + kBlockM : seq.seqlen_q;
     const bool needs_mask =
         !block_fully_visible(m0, m1, j0, j0 + kBlockN, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
@@ -229,21 +230,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           float prob = ptx::exp2_approx(fmaf(st[4 * t + 2 * r + e], score_scale, -lse2));
           if (needs_mask && (c < lo || c >= hi)) prob = 0.0f;
           st[4 * t + 2 * r + e] = prob;
-          dpt[4 * t + 2 * r + e] = prob * (dpt[4 * t + 2 * r + e] - d_stage[c]);
         }
     }
-    // As A fragments (16 rows of the block each), and dS^T into shared memory for dQ.
+    // P^T as A fragments (16 rows of the block each), then dV += P^T dO.
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      pf[kk][0] = ptx::pack2<Element>(st[8 * kk + 0], st[8 * kk + 1]);
-      pf[kk][1] = ptx::pack2<Element>(st[8 * kk + 2], st[8 * kk + 3]);
-      pf[kk][2] = ptx::pack2<Element>(st[8 * kk + 4], st[8 * kk + 5]);
-      pf[kk][3] = ptx::pack2<Element>(st[8 * kk + 6], st[8 * kk + 7]);
-      dsf[kk][0] = ptx::pack2<Element>(dpt[8 * kk + 0], dpt[8 * kk + 1]);
-      dsf[kk][1] = ptx::pack2<Element>(dpt[8 * kk + 2], dpt[8 * kk + 3]);
-      dsf[kk][2] = ptx::pack2<Element>(dpt[8 * kk + 4], dpt[8 * kk + 5]);
-      dsf[kk][3] = ptx::pack2<Element>(dpt[8 * kk + 6], dpt[8 * kk + 7]);
-    }
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pf[kk][i] = ptx::pack2<Element>(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+    const uint64_t do_stage_mn = do_mn + ((stage * Cfg::kQBytes) >> 4);
+    const uint64_t q_stage_mn = q_mn + ((stage * Cfg::kQBytes) >> 4);
+    ptx::wgmma_hold(dv);
+    ptx::wgmma_hold(pf);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) KvMma::rs(dv, pf[kk], do_stage_mn + kk * kRows16);
+    ptx::wgmma_commit();
+
+    // dS^T = P^T o (dP^T - D), D per column; into A fragments and, for dQ, shared memory.
+    ptx::wgmma_wait<1>();  // dP^T
+    ptx::wgmma_hold(dpt);
+#pragma unroll
+    for (int t = 0; t < kTTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dpt[4 * t + i] = st[4 * t + i] * (dpt[4 * t + i] - d_stage[t * 8 + quad_col + i % 2]);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dsf[kk][i] = ptx::pack2<Element>(dpt[8 * kk + 2 * i], dpt[8 * kk + 2 * i + 1]);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -252,16 +265,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                           dsf[t / 2][(t % 2) * 2 + r]);
     ptx::fence_proxy_async_shared();
 
-    // dV += P^T dO and dK += dS^T Q, running while the warpgroups meet below.
-    const uint64_t do_stage_mn = do_mn + ((stage * Cfg::kQBytes) >> 4);
-    const uint64_t q_stage_mn = q_mn + ((stage * Cfg::kQBytes) >> 4);
-    ptx::wgmma_hold(dv);
+    // dK += dS^T Q, running while the warpgroups meet below.
     ptx::wgmma_hold(dk);
-    ptx::wgmma_hold(pf);
     ptx::wgmma_hold(dsf);
     ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) KvMma::rs(dv, pf[kk], do_stage_mn + kk * kRows16);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) KvMma::rs(dk, dsf[kk], q_stage_mn + kk * kRows16);
     ptx::wgmma_commit();
