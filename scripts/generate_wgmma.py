@@ -26,6 +26,8 @@ HEADER = """\
 //       accumulate = 0 overwrites d instead of adding to it.
 //   ss_mn: the same with A and B both MN-major (the 64 m values of a k row contiguous, and
 //       the N values of a k row contiguous: both "transposed").
+//   ss_kmn: A K-major and B MN-major (the backward's dK and dV from P^T and dS^T in shared
+//       memory times Q and dO as stored).
 //   rs: A from registers (4 x 32 bits per thread, the mma.sync m16n8k16 A fragment of the
 //       thread's warp's 16 rows), B from shared memory MN-major (the N values of a k row
 //       contiguous: the "transposed" B); always accumulates.
@@ -75,6 +77,17 @@ def wrapper(element, ptx_type, n):
         : "l"(a), "l"(b), "r"(accumulate));
 #endif
   }}"""
+    ss_kmn = f"""
+  __device__ __forceinline__ static void ss_kmn(float (&d)[{acc}], uint64_t a, uint64_t b, int accumulate) {{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "
+        "{{{registers(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, 0, 1;\\n}}\\n"
+        : {outs}
+        : "l"(a), "l"(b), "r"(accumulate));
+#endif
+  }}"""
     rs = f"""
   __device__ __forceinline__ static void rs(float (&d)[{acc}], const uint32_t (&a)[4], uint64_t b) {{
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -90,6 +103,7 @@ def wrapper(element, ptx_type, n):
 template <>
 struct Wgmma<{element}, {n}> {{{ss}
 {ss_mn}
+{ss_kmn}
 {rs}
 }};
 """

@@ -35,8 +35,9 @@
 #   scripts/gpu_pending.sh sm90final  the forward over the standard grid with every peer, then
 #                                     the whole GPU suite (~9 min)
 #   scripts/gpu_pending.sh sm90race   racecheck on the sm90 forward, a test per bucket (~6 min)
-#   scripts/gpu_pending.sh sm90bwd    the sm90 (wgmma) backward: the backward suite on it and on
-#                                     the sm80 kernels, sanitizers, the benchmark (~6 min)
+#   scripts/gpu_pending.sh sm90all    the sm90 forward (every call on it) and backward suites and
+#                                     the kv-cache suite, backward sanitizers, the backward
+#                                     benchmark against flash and cuDNN (~7 min)
 #   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
 #                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward, or decode with AB_PASSES=dec
@@ -47,7 +48,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90bwd or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -264,8 +265,8 @@ case "$stage" in
     # The sm90 forward and backward kernels and the kv-cache kernel on one build: the CUDA
     # forward suite with every call on the sm90 kernel (FLASHATTN_CUDA_FORWARD=sm90), the
     # backward suite (the sm90 backward is the default on Hopper) and the kv-cache suite run
-    # side by side, memcheck on the backward filter, then the backward benchmark against flash
-    # and cuDNN at head dims 64 and 128 (~6 min).
+    # side by side, memcheck and racecheck on the backward's plain calls, then the backward
+    # benchmark against flash and cuDNN (head dims SM90ALL_HDIMS, default 64,128,256; ~7 min).
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
     build_all || exit 1
@@ -279,43 +280,19 @@ case "$stage" in
       grep -E '^\[  FAILED' "$OUT/$2.log" | head -8
       grep -m2 -B3 -A10 'Failure' "$OUT/$2.log" | head -30
     done
-    filter='*BackwardGrid*causal_bf16:*BackwardGrid*sliding_fp16:*BackwardGrid*band_bf16:BackwardLong.*:BackwardEdgeCases.*'
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 build-gpu/tests/test_backward_cuda \
-      --gtest_filter="$filter" >"$OUT/sanitizer_memcheck.log" 2>&1
-    echo "memcheck (backward): status $? ($(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_memcheck.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
-    left=$(( 570 - ($(date +%s) - t0) ))
-    PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
-      --out "$OUT/backward" --peers flash,cudnn --hdims 64,128 --seqlens 1k,4k,16k --time-budget-s $(( left - 20 )) \
-      >"$OUT/bench_backward.log" 2>&1
-    echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
-    grep -A14 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -14 ;;
-  sm90bwd)
-    # The sm90 (wgmma) backward: the CUDA backward suite on it (the default on Hopper) and on
-    # the sm80 kernels, memcheck and racecheck on a small filter, then the backward benchmark
-    # against flash and cuDNN at head dims 64 and 128.
-    t0=$(date +%s)
-    export PATH="/usr/local/cuda/bin:$PATH"
-    build_all || exit 1
-    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
-    timeout 200 build-gpu/tests/test_backward_cuda >"$OUT/test_backward_sm90.log" 2>&1
-    echo "test_backward_cuda (sm90 default): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_backward_sm90.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
-    grep -E '^\[  FAILED' "$OUT/test_backward_sm90.log" | head -12
-    grep -m3 -B3 -A12 'Failure' "$OUT/test_backward_sm90.log" | head -50
-    FLASHATTN_CUDA_BACKWARD=sm80 timeout 200 build-gpu/tests/test_backward_cuda >"$OUT/test_backward_sm80.log" 2>&1
-    echo "test_backward_cuda (sm80 forced): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_backward_sm80.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
-    filter='*BackwardGrid*causal_bf16:*BackwardGrid*sliding_fp16:*BackwardGrid*band_bf16:BackwardLong.*:BackwardEdgeCases.*'
+    # The sm90 backward's plain calls at each bucket (64, 128, 256), masks and edge cases.
+    filter='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
     for tool in memcheck racecheck; do
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
         --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
-      echo "$tool (sm90 backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      echo "$tool (backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done
     left=$(( 570 - ($(date +%s) - t0) ))
     PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
-      --out "$OUT/backward" --peers flash,cudnn --hdims 64,128 --seqlens 1k,4k,16k --time-budget-s $(( left - 20 )) \
-      >"$OUT/bench_backward.log" 2>&1
+      --out "$OUT/backward" --peers flash,cudnn --hdims ${SM90ALL_HDIMS:-64,128,256} --seqlens 1k,4k,16k \
+      --time-budget-s $(( left - 20 )) >"$OUT/bench_backward.log" 2>&1
     echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
-    grep -A14 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -14
-    grep -h "min ours" "$OUT/backward/results.md" ;;
+    grep -A14 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -14 ;;
   quickbwd)
     # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.
     build_library . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }

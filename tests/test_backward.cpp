@@ -107,6 +107,28 @@ TEST_P(BackwardHeadDims, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Some, BackwardHeadDims,
                          ::testing::Values(8, 16, 24, 56, 72, 88, 120, 128, 152, 184, 232, 256));
 
+// Plain calls (no softcap, ALiBi or dropout; the default mode) at head dims in each bucket
+// that the Hopper backward kernels take (64, 128 and 256, padded or whole), every mask, both
+// 16-bit dtypes (fp32 on the CPU stands in for one), GQA 2 and 4, several key and query
+// blocks, and the memory layouts: on an H100/H200 these are the sm90 kernels' calls.
+class BackwardPlainCalls : public ::testing::TestWithParam<int> {};
+
+TEST_P(BackwardPlainCalls, MatchesReference) {
+  const int d = GetParam();
+  const Layout layouts[] = {Layout::Contiguous, Layout::HeadMajor, Layout::Padded};
+  int n = 0;
+  for (const Mask& m : kMasks)
+    for (DType dt : {DType::Float16, DType::BFloat16}) {
+      Case c{.batch = 1 + n % 2, .seqlen_q = 150 + n % 3, .seqlen_k = 201 - 2 * (n % 4), .heads = 4,
+             .heads_k = n % 3 == 0 ? 1 : 2, .head_dim = d, .dtype = dt, .causal = m.causal,
+             .window_left = m.left, .window_right = m.right, .layout = layouts[n % 3]};
+      run_backward_case(c, 0.0f);
+      ++n;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(HopperBuckets, BackwardPlainCalls, ::testing::Values(40, 64, 104, 128, 232, 256));
+
 TEST(BackwardLong, CausalBf16AcrossTiles) {
   Case c{.seqlen_q = 300, .seqlen_k = 333, .heads = 2, .heads_k = 1, .head_dim = 64,
          .dtype = DType::BFloat16, .causal = true};
@@ -220,10 +242,14 @@ TEST(BackwardDeterminism, RepeatedRunsAndThreadCountsAreBitwiseEqual) {
 
 // --- Ragged batches -----------------------------------------------------------------------
 
-TEST(BackwardVarlen, EmptySequencesSequsedAndEveryFeature) {
+class BackwardVarlen : public ::testing::TestWithParam<int> {};
+
+// At head dims whose buckets take different kernels (on an H100/H200: the sm80 kernel at 32,
+// the sm90 kernels at 64, 128 and 256 for the plain calls).
+TEST_P(BackwardVarlen, EmptySequencesSequsedAndEveryFeature) {
   const std::vector<int32_t> lens_q{0, 37, 1, 64, 100, 5, 0};
   const std::vector<int32_t> lens_k{3, 0, 77, 64, 99, 0, 0};
-  const int64_t B = int64_t(lens_q.size()), H = 4, D = 32;
+  const int64_t B = int64_t(lens_q.size()), H = 4, D = GetParam();
   std::vector<int32_t> cu_q{0}, cu_k{0};
   for (int32_t n : lens_q) cu_q.push_back(cu_q.back() + n);
   for (int32_t n : lens_k) cu_k.push_back(cu_k.back() + n);
@@ -295,6 +321,8 @@ TEST(BackwardVarlen, EmptySequencesSequsedAndEveryFeature) {
       ++n;
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, BackwardVarlen, ::testing::Values(32, 64, 128, 256));
 
 }  // namespace
 }  // namespace flashattn::testing

@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
 }
 
 // The sm90 key-parallel kernel takes plain calls (no softcap, ALiBi or dropout) in the default
-// (atomic dQ) mode with head-dim buckets 64 and 128, on a GPU that loaded its sm_90a code.
+// (atomic dQ) mode with head-dim buckets 64, 128 and 256, on a GPU that loaded its sm_90a code.
 // FLASHATTN_CUDA_BACKWARD=sm80 keeps every call on the sm80 kernels.
 template <typename Element>
 bool run_sm90(const sm80::BackwardKernelParams& kp) {
@@ -126,6 +126,7 @@ bool run_sm90(const sm80::BackwardKernelParams& kp) {
   switch (head_dim_bucket(p.head_dim)) {
     case 64: return sm90::run_backward<Element, 64>(kp);
     case 128: return sm90::run_backward<Element, 128>(kp);
+    case 256: return sm90::run_backward<Element, 256>(kp);
   }
   return false;
 }

@@ -17,14 +17,19 @@
 //                      MN-major as A), K MN-major as B; warpgroup g takes half g of the head
 //                      dim and adds it to the accumulator with vector atomics.
 //
-// This first Hopper backward covers the plain call (no softcap, ALiBi or dropout), head-dim
-// buckets 64 and 128, and the default (atomic dQ) mode; other calls take the sm80 kernels.
+// At head dim 256 dK and dV of 64 keys do not fit one warpgroup's registers: there both
+// warpgroups take the same 64 keys and split the head dim instead (BackwardSplitConfig,
+// backward_dkdv_split_kernel below).
+//
+// The Hopper backward covers the plain call (no softcap, ALiBi or dropout), head-dim buckets
+// 64, 128 and 256, and the default (atomic dQ) mode; other calls take the sm80 kernels.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mask.hpp"
 #include "common/params.hpp"
@@ -41,6 +46,8 @@ namespace flashattn::detail::cuda::sm90 {
 
 using sm80::BackwardKernelParams;
 
+// Head-dim buckets 64 and 128: the keys split between the warpgroups (64 each), each keeping
+// dK and dV of its keys whole.
 template <typename Element_, int kHeadDim_>
 struct BackwardConfig {
   using Element = Element_;
@@ -55,9 +62,212 @@ struct BackwardConfig {
   static constexpr int kStatBytes = kBlockM * 4;          // lse or D, per stage
   // K, V; Q and dO in two stages; dS^T; lse and D in two stages; 1 KiB to align the base.
   static constexpr int kSharedBytes = 1024 + 2 * kKBytes + 4 * kQBytes + kDsBytes + 4 * kStatBytes;
+  static constexpr bool kSplitHeadDim = false;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head-dim buckets 64 and 128");
   static_assert(sizeof(Element) == 2, "16-bit elements");
 };
+
+// Head-dim bucket 256, where dK and dV of 64 keys whole (128 fp32 registers per thread each)
+// do not fit one warpgroup: both warpgroups take the same 64 keys and split the head dim, each
+// keeping its half of dK and dV (and computing its half of dQ). Warpgroup 0 computes S^T,
+// warpgroup 1 dP^T; they meet through shared memory (P^T in bf16/fp16 for the dV wgmma and in
+// fp32 for dS^T, then dS^T).
+template <typename Element_>
+struct BackwardSplitConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = 256;
+  static constexpr int kHalf = kHeadDim / 2;  // head-dim columns per warpgroup
+  static constexpr int kBlockN = 64;          // keys per CTA, both warpgroups'
+  static constexpr int kBlockM = 64;          // query rows per step
+  static constexpr int kThreads = 256;
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kKBytes = kBlockN * kHeadDim * 2;    // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // Q or dO, per stage
+  static constexpr int kTileBytes = kBlockN * kBlockM * 2;  // P^T or dS^T: one 128-byte panel
+  static constexpr int kProbBytes = kBlockN * kBlockM * 4;  // P^T in fp32
+  static constexpr int kStatBytes = kBlockM * 4;            // lse or D, per stage
+  // K, V; Q, dO, lse and D in two stages; P^T, dS^T, fp32 P^T; 1 KiB to align the base:
+  // 226 KiB, within the 227 KiB a Hopper block may have.
+  static constexpr int kSharedBytes =
+      1024 + 2 * kKBytes + 2 * (2 * kQBytes + 2 * kStatBytes) + 2 * kTileBytes + kProbBytes;
+  static constexpr bool kSplitHeadDim = true;
+  static_assert(sizeof(Element) == 2, "16-bit elements");
+};
+
+// The configuration of a head-dim bucket (64, 128 or 256).
+template <typename Element, int kHeadDim>
+using BackwardConfigFor =
+    std::conditional_t<kHeadDim == 256, BackwardSplitConfig<Element>, BackwardConfig<Element, kHeadDim>>;
+
+// The CTA's key block and the query steps that visit it (one per query block that sees the
+// keys, for each query head of the GQA group), from the grid position (tile_order.cuh:
+// heavier key blocks first).
+struct BackwardBlock {
+  int hk, b;
+  SequenceView seq;
+  int64_t stored_k;   // keys written (past seqused_k too, with zeros)
+  int64_t j0;         // first key
+  int64_t keys_here;  // keys of the block within the sequence
+  int64_t m_first;    // first query block that sees them
+  int m_blocks, group, steps;
+
+  __device__ int head(int step) const { return hk * group + step / m_blocks; }
+  template <int kBlockM>
+  __device__ int64_t first_row(int step) const {
+    return (m_first + step % m_blocks) * kBlockM;
+  }
+};
+
+template <int kBlockN, int kBlockM>
+__device__ __forceinline__ BackwardBlock backward_block(const ForwardParams& p) {
+  BackwardBlock blk;
+  const int n_block = tile_rank(p.heads_k);
+  blk.hk = tile_head(p.heads_k);
+  blk.b = tile_batch();
+  blk.seq = sequence_view(p, blk.b);
+  const SequenceView& seq = blk.seq;
+  blk.stored_k = p.is_varlen() ? int64_t{p.cu_seqlens_k[blk.b + 1]} - p.cu_seqlens_k[blk.b] : seq.seqlen_k;
+  blk.j0 = int64_t{n_block} * kBlockN;
+  const int64_t left = seq.seqlen_k - blk.j0;
+  blk.keys_here = left < 0 ? 0 : (left < kBlockN ? left : kBlockN);
+  blk.m_first = 0;
+  blk.m_blocks = 0;
+  if (blk.keys_here > 0 && seq.seqlen_q > 0) {
+    const KeyRange rows = rows_seeing_keys(blk.j0, blk.j0 + blk.keys_here, seq.seqlen_q, seq.seqlen_k,
+                                           p.window_left, p.window_right);
+    if (!rows.empty()) {
+      blk.m_first = rows.begin / kBlockM;
+      blk.m_blocks = static_cast<int>((rows.end + kBlockM - 1) / kBlockM - blk.m_first);
+    }
+  }
+  blk.group = p.group_size();
+  blk.steps = blk.group * blk.m_blocks;
+  return blk;
+}
+
+// Q, dO, lse and D of `step` into one stage (addresses given); rows past the sequence are
+// zero-filled (lse and D too).
+template <typename Cfg>
+__device__ __forceinline__ void load_backward_step(const BackwardKernelParams& kp, const BackwardBlock& blk,
+                                                   int step, uint32_t sQ, uint32_t sdO, uint32_t sLse,
+                                                   uint32_t sD) {
+  using Element = typename Cfg::Element;
+  constexpr int kBlockM = Cfg::kBlockM;
+  const ForwardParams& p = kp.bp.fwd;
+  const BackwardParams& bp = kp.bp;
+  const int h = blk.head(step);
+  const int64_t m0 = blk.first_row<kBlockM>(step);
+  const int64_t row0 = blk.seq.q_row0 + m0;
+  const Element* q =
+      static_cast<const Element*>(p.q) + blk.b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride;
+  const Element* dout = static_cast<const Element*>(bp.dout) + blk.b * bp.dout_batch_stride +
+                        row0 * bp.dout_row_stride + h * bp.dout_head_stride;
+  load_swizzled<Cfg, kBlockM>(sQ, q, p.q_row_stride, blk.seq.seqlen_q - m0, p.head_dim);
+  load_swizzled<Cfg, kBlockM>(sdO, dout, bp.dout_row_stride, blk.seq.seqlen_q - m0, p.head_dim_v);
+  if (threadIdx.x < kBlockM) {
+    const bool valid = m0 + threadIdx.x < blk.seq.seqlen_q;
+    const int64_t at = valid ? sm80::row_index(p, blk.b, h, blk.seq.q_row0, m0 + threadIdx.x) : 0;
+    ptx::cp_async_4(sLse + threadIdx.x * 4, p.lse + at, valid);
+    ptx::cp_async_4(sD + threadIdx.x * 4, kp.delta + at, valid);
+  }
+}
+
+// P^T in place of S^T (64 keys x kBlockM rows, the wgmma accumulator layout; this lane's keys
+// key(0) and key(1) = key(0) + 8 of the block starting at j0, query rows m0 + column): column c
+// is query row m0 + c, with its lse from shared memory (+inf, so that P = 0, for a row that saw
+// no key). Under a mask key j sees the rows rows_seeing_keys(j, j + 1); keys past the sequence
+// see none.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ void probabilities_from_scores(float (&st)[kBlockM / 2], const float* lse_stage,
+                                                          const BackwardBlock& blk, const ForwardParams& p,
+                                                          int64_t m0, int key0, float score_scale) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const SequenceView& seq = blk.seq;
+  const int quad_col = (threadIdx.x % 4) * 2;
+  const int64_t m1 = m0 + kBlockM < seq.seqlen_q ? m0 + kBlockM : seq.seqlen_q;
+  const bool needs_mask = !block_fully_visible(m0, m1, blk.j0, blk.j0 + kBlockN, seq.seqlen_q, seq.seqlen_k,
+                                               p.window_left, p.window_right);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int lo = 0, hi = kBlockM;  // the block columns key j sees
+    if (needs_mask) {
+      const int64_t j = blk.j0 + key0 + r * 8;
+      lo = hi = 0;
+      if (j < seq.seqlen_k) {
+        const KeyRange rows = rows_seeing_keys(j, j + 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+        const int64_t lo64 = rows.begin - m0, hi64 = rows.end - m0;
+        lo = lo64 < 0 ? 0 : (lo64 > kBlockM ? kBlockM : static_cast<int>(lo64));
+        hi = hi64 < 0 ? 0 : (hi64 > kBlockM ? kBlockM : static_cast<int>(hi64));
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kBlockM / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = t * 8 + quad_col + e;
+        const float lse = lse_stage[c];
+        const float lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+        float prob = ptx::exp2_approx(fmaf(st[4 * t + 2 * r + e], score_scale, -lse2));
+        if (needs_mask && (c < lo || c >= hi)) prob = 0.0f;
+        st[4 * t + 2 * r + e] = prob;
+      }
+  }
+}
+
+// A 64-row dQ tile of this warpgroup (kCols columns from col0, the accumulator layout) into the
+// fp32 accumulator with vector atomics; rows past the sequence are skipped.
+template <int kCols>
+__device__ __forceinline__ void add_to_dq_accumulator(const BackwardKernelParams& kp, const BackwardBlock& blk,
+                                                      int h, int64_t m0, int col0, int accum_dim,
+                                                      const float (&dq)[kCols / 2]) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * 16 + lane / 4 + r * 8;
+    if (m0 + row >= blk.seq.seqlen_q) continue;
+    float* acc = kp.dq_accum + sm80::row_index(kp.bp.fwd, blk.b, h, blk.seq.q_row0, m0 + row) * accum_dim + col0 +
+                 (lane % 4) * 2;
+#pragma unroll
+    for (int t = 0; t < kCols / 8; ++t) ptx::atomic_add_f32x2(acc + t * 8, dq[4 * t + 2 * r], dq[4 * t + 2 * r + 1]);
+  }
+}
+
+// dK = softmax_scale dS^T Q and dV of this lane's keys key0 and key0 + 8 (kCols columns from
+// col0, the accumulator layout), in the storage dtype; keys past stored_k are not the block's.
+template <typename Element, int kCols>
+__device__ __forceinline__ void store_dk_dv(const BackwardKernelParams& kp, const BackwardBlock& blk, int key0,
+                                            int col0, int64_t keys_out, const float (&dk)[kCols / 2],
+                                            const float (&dv)[kCols / 2]) {
+  const BackwardParams& bp = kp.bp;
+  const ForwardParams& p = bp.fwd;
+  const int quad_col = (threadIdx.x % 4) * 2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + r * 8;
+    if (key >= keys_out) continue;
+    const int64_t row = blk.seq.k_row0 + blk.j0 + key;
+    Element* dk_row = static_cast<Element*>(bp.dk) + blk.b * bp.dk_batch_stride + row * bp.dk_row_stride +
+                      blk.hk * bp.dk_head_stride;
+    Element* dv_row = static_cast<Element*>(bp.dv) + blk.b * bp.dv_batch_stride + row * bp.dv_row_stride +
+                      blk.hk * bp.dv_head_stride;
+#pragma unroll
+    for (int t = 0; t < kCols / 8; ++t) {
+      const int col = col0 + t * 8 + quad_col;
+      if (col < p.head_dim)
+        *reinterpret_cast<uint32_t*>(dk_row + col) =
+            ptx::pack2<Element>(dk[4 * t + 2 * r] * p.softmax_scale, dk[4 * t + 2 * r + 1] * p.softmax_scale);
+      if (col < p.head_dim_v)
+        *reinterpret_cast<uint32_t*>(dv_row + col) = ptx::pack2<Element>(dv[4 * t + 2 * r], dv[4 * t + 2 * r + 1]);
+    }
+  }
+}
+
+// Start of k-step kk (16 columns) in a K-major swizzled tile of `rows` rows: panel kk / 4, then
+// 32 bytes per step within the 128-byte row (descriptor units of 16 bytes).
+__device__ __forceinline__ uint64_t panel_step(int kk, int rows) {
+  return static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
+}
+constexpr uint64_t kRows16 = (16 * 128) >> 4;  // 16 rows further in an MN-major operand
 
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -68,10 +278,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using TMma = ptx::Wgmma<Element, kBlockM>;        // S^T, dP^T: 64 keys x 64 rows
   using KvMma = ptx::Wgmma<Element, kHeadDim>;      // dV, dK: 64 keys x head dim
   using QMma = ptx::Wgmma<Element, kHeadDim / 2>;   // dQ: 64 rows x half the head dim
-  constexpr int kTTiles = kBlockM / 8, kKvTiles = kHeadDim / 8, kQTiles = kHeadDim / 16;
+  constexpr int kTTiles = kBlockM / 8;
   constexpr float kLog2e = 1.4426950408889634f;
-  const BackwardParams& bp = kp.bp;
-  const ForwardParams& p = bp.fwd;
+  const ForwardParams& p = kp.bp.fwd;
 
   extern __shared__ __align__(16) unsigned char shared_raw[];
   const uint32_t sK = (ptx::shared_address(shared_raw) + 1023) & ~1023u;
@@ -84,58 +293,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const float* lse_smem = reinterpret_cast<const float*>(shared_raw + (sLse - ptx::shared_address(shared_raw)));
   const float* d_smem = reinterpret_cast<const float*>(shared_raw + (sD - ptx::shared_address(shared_raw)));
 
-  // Heavier (earlier, under causal masks) key blocks first (cuda/common/tile_order.cuh).
-  const int n_block = tile_rank(p.heads_k), hk = tile_head(p.heads_k), b = tile_batch();
-  const SequenceView seq = sequence_view(p, b);
-  // Keys past seqused_k take no part but are still this CTA's to write (with zeros).
-  const int64_t stored_k = p.is_varlen() ? int64_t{p.cu_seqlens_k[b + 1]} - p.cu_seqlens_k[b] : seq.seqlen_k;
-  const int64_t j0 = int64_t{n_block} * kBlockN;
-  if (j0 >= stored_k) return;
-  const int64_t keys_here = seq.seqlen_k - j0 < 0 ? 0 : (seq.seqlen_k - j0 < kBlockN ? seq.seqlen_k - j0 : kBlockN);
-
-  // The query blocks that see these keys, for each head of the group.
-  int64_t m_first = 0;
-  int m_blocks = 0;
-  if (keys_here > 0 && seq.seqlen_q > 0) {
-    const KeyRange rows = rows_seeing_keys(j0, j0 + keys_here, seq.seqlen_q, seq.seqlen_k, p.window_left,
-                                           p.window_right);
-    if (!rows.empty()) {
-      m_first = rows.begin / kBlockM;
-      m_blocks = static_cast<int>((rows.end + kBlockM - 1) / kBlockM - m_first);
-    }
-  }
-  const int group = p.group_size();
-  const int steps = group * m_blocks;
-
-  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + (seq.k_row0 + j0) * p.k_row_stride +
-                     hk * p.k_head_stride;
-  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + (seq.k_row0 + j0) * p.v_row_stride +
-                     hk * p.v_head_stride;
-  // Q, dO, lse and D of step `step` (head hk * group + step / m_blocks, block step % m_blocks)
-  // into `stage`; rows past the sequence are zero-filled.
+  const BackwardBlock blk = backward_block<kBlockN, kBlockM>(p);
+  if (blk.j0 >= blk.stored_k) return;
+  const int steps = blk.steps;
   const auto load_step = [&](int step, int stage) {
-    const int h = hk * group + step / m_blocks;
-    const int64_t m0 = (m_first + step % m_blocks) * kBlockM;
-    const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + (seq.q_row0 + m0) * p.q_row_stride +
-                       h * p.q_head_stride;
-    const Element* dout = static_cast<const Element*>(bp.dout) + b * bp.dout_batch_stride +
-                          (seq.q_row0 + m0) * bp.dout_row_stride + h * bp.dout_head_stride;
-    load_swizzled<Cfg, kBlockM>(sQ + stage * Cfg::kQBytes, q, p.q_row_stride, seq.seqlen_q - m0, p.head_dim);
-    load_swizzled<Cfg, kBlockM>(sdO + stage * Cfg::kQBytes, dout, bp.dout_row_stride, seq.seqlen_q - m0,
-                                p.head_dim_v);
-    if (threadIdx.x < kBlockM) {
-      const bool valid = m0 + threadIdx.x < seq.seqlen_q;
-      const int64_t at = valid ? sm80::row_index(p, b, h, seq.q_row0, m0 + threadIdx.x) : 0;
-      ptx::cp_async_4(sLse + stage * Cfg::kStatBytes + threadIdx.x * 4, p.lse + at, valid);
-      ptx::cp_async_4(sD + stage * Cfg::kStatBytes + threadIdx.x * 4, kp.delta + at, valid);
-    }
+    load_backward_step<Cfg>(kp, blk, step, sQ + stage * Cfg::kQBytes, sdO + stage * Cfg::kQBytes,
+                            sLse + stage * Cfg::kStatBytes, sD + stage * Cfg::kStatBytes);
   };
 
   const int warpgroup = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int quad_col = (lane % 4) * 2;
-  // This lane's keys within the CTA (the accumulator rows of S^T, dP^T, dK, dV): r = 0, 1.
-  const auto cta_key = [&](int r) { return warpgroup * 64 + warp * 16 + lane / 4 + r * 8; };
+  // This lane's first key within the CTA (the accumulator rows of S^T, dP^T, dK, dV): the
+  // other is 8 further.
+  const int key0 = warpgroup * 64 + warp * 16 + lane / 4;
 
   // Descriptors (addresses in 16-byte units; a k-step or a stage moves the start only).
   // K and V as the A operand of S^T / dP^T: this warpgroup's 64 rows, K-major.
@@ -151,28 +322,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint64_t k_mn = ptx::wgmma_descriptor(
       sK + (warpgroup * (kHeadDim / 2)) / 64 * kBlockN * 128 + (warpgroup * (kHeadDim / 2)) % 64 * 2, kBlockN * 128,
       1024);
-  const auto panel_step = [](int kk, int rows) -> uint64_t {
-    return static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
-  };
-  constexpr uint64_t kRows16 = (16 * 128) >> 4;  // 16 rows further in an MN-major operand
 
-  float dk[kKvTiles * 4] = {}, dv[kKvTiles * 4] = {};
-  float st[kTTiles * 4] = {}, dpt[kTTiles * 4] = {};
-  float dq[kQTiles * 4] = {};
+  float dk[kHeadDim / 2] = {}, dv[kHeadDim / 2] = {};
+  float st[kBlockM / 2] = {}, dpt[kBlockM / 2] = {};
+  float dq[kHeadDim / 4] = {};
   uint32_t pf[kBlockM / 16][4] = {}, dsf[kBlockM / 16][4] = {};
   const float score_scale = p.softmax_scale * kLog2e;
 
   if (steps > 0) {
-    load_swizzled<Cfg, kBlockN>(sK, k, p.k_row_stride, keys_here, p.head_dim);
-    load_swizzled<Cfg, kBlockN>(sV, v, p.v_row_stride, keys_here, p.head_dim_v);
+    load_swizzled<Cfg, kBlockN>(sK, static_cast<const Element*>(p.k) + blk.b * p.k_batch_stride +
+                                        (blk.seq.k_row0 + blk.j0) * p.k_row_stride + blk.hk * p.k_head_stride,
+                                p.k_row_stride, blk.keys_here, p.head_dim);
+    load_swizzled<Cfg, kBlockN>(sV, static_cast<const Element*>(p.v) + blk.b * p.v_batch_stride +
+                                        (blk.seq.k_row0 + blk.j0) * p.v_row_stride + blk.hk * p.v_head_stride,
+                                p.v_row_stride, blk.keys_here, p.head_dim_v);
     load_step(0, 0);
   }
   ptx::cp_async_commit();
 
   for (int it = 0; it < steps; ++it) {
     const int stage = it & 1;
-    const int h = hk * group + it / m_blocks;
-    const int64_t m0 = (m_first + it % m_blocks) * kBlockM;
+    const int64_t m0 = blk.first_row<kBlockM>(it);
     ptx::cp_async_wait<0>();
     // The copies went through the generic proxy, the wgmmas read through the async proxy; the
     // barrier also tells that every warpgroup is done with step it - 1 (its dQ read dS^T).
@@ -198,40 +368,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::wgmma_wait<1>();  // S^T
     ptx::wgmma_hold(st);
 
-    // P^T. Column c of the block is query row m0 + c: its lse (+inf, so that P = 0, for a row
-    // that saw no key) comes from shared memory. Under a mask, key j sees the rows
-    // rows_seeing_keys(j, j + 1); keys past the sequence see none.
-    const int64_t m1 = m0 + kBlockM < seq.seqlen_q ? m0 + kBlockM : seq.seqlen_q;
-    const bool needs_mask =
-        !block_fully_visible(m0, m1, j0, j0 + kBlockN, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
-    const float* lse_stage = lse_smem + stage * kBlockM;
-    const float* d_stage = d_smem + stage * kBlockM;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      int lo = 0, hi = kBlockM;  // the block columns key j sees
-      if (needs_mask) {
-        const int64_t j = j0 + cta_key(r);
-        lo = hi = 0;
-        if (j < seq.seqlen_k) {
-          const KeyRange rows =
-              rows_seeing_keys(j, j + 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
-          const int64_t lo64 = rows.begin - m0, hi64 = rows.end - m0;
-          lo = lo64 < 0 ? 0 : (lo64 > kBlockM ? kBlockM : static_cast<int>(lo64));
-          hi = hi64 < 0 ? 0 : (hi64 > kBlockM ? kBlockM : static_cast<int>(hi64));
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kTTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = t * 8 + quad_col + e;
-          const float lse = lse_stage[c];
-          const float lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-          float prob = ptx::exp2_approx(fmaf(st[4 * t + 2 * r + e], score_scale, -lse2));
-          if (needs_mask && (c < lo || c >= hi)) prob = 0.0f;
-          st[4 * t + 2 * r + e] = prob;
-        }
-    }
+    probabilities_from_scores<kBlockM, kBlockN>(st, lse_smem + stage * kBlockM, blk, p, m0, key0, score_scale);
     // P^T as A fragments (16 rows of the block each), then dV += P^T dO.
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
@@ -249,6 +386,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // dS^T = P^T o (dP^T - D), D per column; into A fragments and, for dQ, shared memory.
     ptx::wgmma_wait<1>();  // dP^T
     ptx::wgmma_hold(dpt);
+    const float* d_stage = d_smem + stage * kBlockM;
 #pragma unroll
     for (int t = 0; t < kTTiles; ++t)
 #pragma unroll
@@ -261,7 +399,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int t = 0; t < kTTiles; ++t)
-        ptx::st_shared_32(sdS + swizzled_offset<kBlockN>(cta_key(r), t * 8) + quad_col * 2,
+        ptx::st_shared_32(sdS + swizzled_offset<kBlockN>(key0 + r * 8, t * 8) + quad_col * 2,
                           dsf[t / 2][(t % 2) * 2 + r]);
     ptx::fence_proxy_async_shared();
 
@@ -286,44 +424,191 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::wgmma_hold(dk);
     ptx::wgmma_hold(pf);
     ptx::wgmma_hold(dsf);
-
-    // Into the accumulator: row m0 + 16 warp + lane / 4 (+ 8), columns from
-    // warpgroup * kHeadDim / 2 (accumulator rows are the bucket wide: kHeadDim floats).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + lane / 4 + r * 8;
-      if (m0 + row >= seq.seqlen_q) continue;
-      float* acc = kp.dq_accum + sm80::row_index(p, b, h, seq.q_row0, m0 + row) * kHeadDim +
-                   warpgroup * (kHeadDim / 2) + quad_col;
-#pragma unroll
-      for (int t = 0; t < kQTiles; ++t) ptx::atomic_add_f32x2(acc + t * 8, dq[4 * t + 2 * r], dq[4 * t + 2 * r + 1]);
-    }
+    // Accumulator rows are the bucket wide (kHeadDim floats).
+    add_to_dq_accumulator<kHeadDim / 2>(kp, blk, blk.head(it), m0, warpgroup * (kHeadDim / 2), kHeadDim, dq);
   }
 
-  // dK = softmax_scale dS^T Q and dV, in the storage dtype, for every stored key of the block.
-  const int64_t rows_out = stored_k - j0 < kBlockN ? stored_k - j0 : kBlockN;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = cta_key(r);
-    if (key >= rows_out) continue;
-    const int64_t row = seq.k_row0 + j0 + key;
-    Element* dk_row = static_cast<Element*>(bp.dk) + b * bp.dk_batch_stride + row * bp.dk_row_stride +
-                      hk * bp.dk_head_stride;
-    Element* dv_row = static_cast<Element*>(bp.dv) + b * bp.dv_batch_stride + row * bp.dv_row_stride +
-                      hk * bp.dv_head_stride;
-#pragma unroll
-    for (int t = 0; t < kKvTiles; ++t) {
-      const int col = t * 8 + quad_col;
-      if (col < p.head_dim)
-        *reinterpret_cast<uint32_t*>(dk_row + col) =
-            ptx::pack2<Element>(dk[4 * t + 2 * r] * p.softmax_scale, dk[4 * t + 2 * r + 1] * p.softmax_scale);
-      if (col < p.head_dim_v)
-        *reinterpret_cast<uint32_t*>(dv_row + col) = ptx::pack2<Element>(dv[4 * t + 2 * r], dv[4 * t + 2 * r + 1]);
-    }
-  }
+  const int64_t keys_out = blk.stored_k - blk.j0 < kBlockN ? blk.stored_k - blk.j0 : kBlockN;
+  store_dk_dv<Element, kHeadDim>(kp, blk, key0, 0, keys_out, dk, dv);
 #else
   __trap();  // compiled for sm_90a only; the host launches it only where that code is loaded
 #endif
+}
+
+// The head-dim-256 kernel (BackwardSplitConfig). Per step of 64 query rows:
+//   warpgroup 0: S^T = K Q^T; P^T from it, to shared memory (16-bit, and fp32)
+//   warpgroup 1: dP^T = V dO^T; after P^T: dS^T = P^T o (dP^T - D), to shared memory
+//   both, for their half of the head dim: dV += P^T dO, dK += dS^T Q (P^T and dS^T K-major from
+//   shared memory), dQ = dS K (dS^T read MN-major), added to the accumulator with atomics.
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    backward_dkdv_split_kernel(const __grid_constant__ BackwardKernelParams kp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Cfg::Element;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim, kHalf = Cfg::kHalf;
+  using TMma = ptx::Wgmma<Element, kBlockM>;  // S^T or dP^T: 64 keys x 64 rows
+  using HalfMma = ptx::Wgmma<Element, kHalf>;  // dV, dK: 64 keys x half; dQ: 64 rows x half
+  constexpr float kLog2e = 1.4426950408889634f;
+  const ForwardParams& p = kp.bp.fwd;
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const uint32_t shared_base = ptx::shared_address(shared_raw);
+  const uint32_t sK = (shared_base + 1023) & ~1023u;
+  const uint32_t sV = sK + Cfg::kKBytes;
+  const uint32_t sQ = sV + Cfg::kKBytes;           // two stages
+  const uint32_t sdO = sQ + 2 * Cfg::kQBytes;      // two stages
+  const uint32_t sP = sdO + 2 * Cfg::kQBytes;      // P^T, 16-bit: [key][row]
+  const uint32_t sdS = sP + Cfg::kTileBytes;       // dS^T, 16-bit: [key][row]
+  const uint32_t sProb = sdS + Cfg::kTileBytes;    // P^T in fp32, per thread
+  const uint32_t sLse = sProb + Cfg::kProbBytes;   // two stages
+  const uint32_t sD = sLse + 2 * Cfg::kStatBytes;  // two stages
+  const float* lse_smem = reinterpret_cast<const float*>(shared_raw + (sLse - shared_base));
+  const float* d_smem = reinterpret_cast<const float*>(shared_raw + (sD - shared_base));
+  float4* prob_smem = reinterpret_cast<float4*>(shared_raw + (sProb - shared_base));
+
+  const BackwardBlock blk = backward_block<kBlockN, kBlockM>(p);
+  if (blk.j0 >= blk.stored_k) return;
+  const int steps = blk.steps;
+  const auto load_step = [&](int step, int stage) {
+    load_backward_step<Cfg>(kp, blk, step, sQ + stage * Cfg::kQBytes, sdO + stage * Cfg::kQBytes,
+                            sLse + stage * Cfg::kStatBytes, sD + stage * Cfg::kStatBytes);
+  };
+
+  const int warpgroup = threadIdx.x / 128;
+  const int wg_thread = threadIdx.x % 128;
+  const int warp = wg_thread / 32, lane = threadIdx.x % 32;
+  const int quad_col = (lane % 4) * 2;
+  const int key0 = warp * 16 + lane / 4;  // this lane's first key (and key0 + 8) in the block
+  const int col0 = warpgroup * kHalf;     // this warpgroup's half of the head dim
+
+  // Descriptors (addresses in 16-byte units; a k-step or a stage moves the start only).
+  // S^T (warpgroup 0) or dP^T (warpgroup 1): K or V as A, Q or dO as B, both K-major.
+  const uint64_t score_a = ptx::wgmma_descriptor(warpgroup == 0 ? sK : sV, 16, 1024);
+  const uint64_t score_b = ptx::wgmma_descriptor(warpgroup == 0 ? sQ : sdO, 16, 1024);
+  // dV and dK: P^T and dS^T as A (K-major, one panel), dO and Q as B (MN-major: rows are k),
+  // from this warpgroup's first panel on.
+  const uint64_t p_a = ptx::wgmma_descriptor(sP, 16, 1024);
+  const uint64_t ds_a = ptx::wgmma_descriptor(sdS, 16, 1024);
+  const uint64_t do_mn = ptx::wgmma_descriptor(sdO + col0 / 64 * kBlockM * 128, kBlockM * 128, 1024);
+  const uint64_t q_mn = ptx::wgmma_descriptor(sQ + col0 / 64 * kBlockM * 128, kBlockM * 128, 1024);
+  // dQ: dS^T as A read MN-major (dS), K as B (MN-major: keys are k) from this half on.
+  const uint64_t ds_mn = ptx::wgmma_descriptor(sdS, 1024, 1024);
+  const uint64_t k_mn = ptx::wgmma_descriptor(sK + col0 / 64 * kBlockN * 128, kBlockN * 128, 1024);
+
+  float dk[kHalf / 2] = {}, dv[kHalf / 2] = {}, dq[kHalf / 2] = {};
+  float scores[kBlockM / 2] = {};  // S^T, then P^T (warpgroup 0), or dP^T, then dS^T (warpgroup 1)
+  const float score_scale = p.softmax_scale * kLog2e;
+
+  if (steps > 0) {
+    load_swizzled<Cfg, kBlockN>(sK, static_cast<const Element*>(p.k) + blk.b * p.k_batch_stride +
+                                        (blk.seq.k_row0 + blk.j0) * p.k_row_stride + blk.hk * p.k_head_stride,
+                                p.k_row_stride, blk.keys_here, p.head_dim);
+    load_swizzled<Cfg, kBlockN>(sV, static_cast<const Element*>(p.v) + blk.b * p.v_batch_stride +
+                                        (blk.seq.k_row0 + blk.j0) * p.v_row_stride + blk.hk * p.v_head_stride,
+                                p.v_row_stride, blk.keys_here, p.head_dim_v);
+    load_step(0, 0);
+  }
+  ptx::cp_async_commit();
+
+  for (int it = 0; it < steps; ++it) {
+    const int stage = it & 1;
+    const int64_t m0 = blk.first_row<kBlockM>(it);
+    const uint64_t stage_offset = (stage * Cfg::kQBytes) >> 4;
+    ptx::cp_async_wait<0>();
+    // Copies (generic proxy) before wgmma reads (async proxy); the barrier also tells that
+    // step it - 1 is done everywhere (its wgmmas were waited for; P^T, dS^T read).
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+    if (it + 1 < steps) load_step(it + 1, stage ^ 1);
+    ptx::cp_async_commit();
+
+    ptx::wgmma_hold(scores);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      TMma::ss(scores, score_a + panel_step(kk, kBlockN), score_b + stage_offset + panel_step(kk, kBlockM), kk > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::wgmma_hold(scores);
+
+    if (warpgroup == 0) {
+      probabilities_from_scores<kBlockM, kBlockN>(scores, lse_smem + stage * kBlockM, blk, p, m0, key0,
+                                                  score_scale);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int t = 0; t < kBlockM / 8; ++t)
+          ptx::st_shared_32(sP + swizzled_offset<kBlockN>(key0 + r * 8, t * 8) + quad_col * 2,
+                            ptx::pack2<Element>(scores[4 * t + 2 * r], scores[4 * t + 2 * r + 1]));
+      // fp32, thread by thread in 16-byte pieces (consecutive threads, consecutive pieces).
+#pragma unroll
+      for (int i = 0; i < kBlockM / 8; ++i)
+        prob_smem[i * 128 + wg_thread] =
+            make_float4(scores[4 * i], scores[4 * i + 1], scores[4 * i + 2], scores[4 * i + 3]);
+    }
+    ptx::fence_proxy_async_shared();
+    __syncthreads();  // P^T is in shared memory
+
+    // dV += P^T dO (this half), running while warpgroup 1 computes dS^T.
+    ptx::wgmma_hold(dv);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      HalfMma::ss_kmn(dv, p_a + ((kk * 32) >> 4), do_mn + stage_offset + kk * kRows16, 1);
+    ptx::wgmma_commit();
+
+    if (warpgroup == 1) {
+      const float* d_stage = d_smem + stage * kBlockM;
+#pragma unroll
+      for (int i = 0; i < kBlockM / 8; ++i) {
+        const float4 prob = prob_smem[i * 128 + wg_thread];
+        const float d0 = d_stage[i * 8 + quad_col], d1 = d_stage[i * 8 + quad_col + 1];
+        scores[4 * i + 0] = prob.x * (scores[4 * i + 0] - d0);
+        scores[4 * i + 1] = prob.y * (scores[4 * i + 1] - d1);
+        scores[4 * i + 2] = prob.z * (scores[4 * i + 2] - d0);
+        scores[4 * i + 3] = prob.w * (scores[4 * i + 3] - d1);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int t = 0; t < kBlockM / 8; ++t)
+          ptx::st_shared_32(sdS + swizzled_offset<kBlockN>(key0 + r * 8, t * 8) + quad_col * 2,
+                            ptx::pack2<Element>(scores[4 * t + 2 * r], scores[4 * t + 2 * r + 1]));
+    }
+    ptx::fence_proxy_async_shared();
+    __syncthreads();  // dS^T is in shared memory
+
+    // dK += dS^T Q and dQ = dS K, this half.
+    ptx::wgmma_hold(dk);
+    ptx::wgmma_hold(dq);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      HalfMma::ss_kmn(dk, ds_a + ((kk * 32) >> 4), q_mn + stage_offset + kk * kRows16, 1);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) HalfMma::ss_mn(dq, ds_mn + kk * kRows16, k_mn + kk * kRows16, kk > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::wgmma_hold(dq);
+    ptx::wgmma_hold(dk);
+    ptx::wgmma_hold(dv);
+    add_to_dq_accumulator<kHalf>(kp, blk, blk.head(it), m0, col0, kHeadDim, dq);
+  }
+
+  const int64_t keys_out = blk.stored_k - blk.j0 < kBlockN ? blk.stored_k - blk.j0 : kBlockN;
+  store_dk_dv<Element, kHalf>(kp, blk, key0, col0, keys_out, dk, dv);
+#else
+  __trap();  // compiled for sm_90a only; the host launches it only where that code is loaded
+#endif
+}
+
+// The kernel of a configuration.
+template <typename Cfg>
+constexpr auto backward_kernel_of() {
+  if constexpr (Cfg::kSplitHeadDim)
+    return backward_dkdv_split_kernel<Cfg>;
+  else
+    return backward_dkdv_kernel<Cfg>;
 }
 
 // Whether the kernel for Cfg can run here (its sm_90a code loaded, its shared memory fits).
@@ -331,7 +616,7 @@ template <typename Cfg>
 bool backward_runs_here() {
   static PerDevice<bool> runs;
   return runs.get([] {
-    return kernel_ptx_version(backward_dkdv_kernel<Cfg>) >= 90 && Cfg::kSharedBytes <= shared_bytes_per_block_limit();
+    return kernel_ptx_version(backward_kernel_of<Cfg>()) >= 90 && Cfg::kSharedBytes <= shared_bytes_per_block_limit();
   });
 }
 
@@ -340,13 +625,13 @@ void launch_backward(const BackwardKernelParams& kp) {
   const ForwardParams& p = kp.bp.fwd;
   static PerDevice<bool> shared_bytes_allowed;
   shared_bytes_allowed.get([] {
-    allow_shared_bytes(backward_dkdv_kernel<Cfg>, Cfg::kSharedBytes);
+    allow_shared_bytes(backward_kernel_of<Cfg>(), Cfg::kSharedBytes);
     return true;
   });
   if (p.seqlen_k == 0) return;
   const dim3 grid = attention_grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_k, p.batch,
                                    blocks_work_differs(p.window_left, p.window_right));
-  backward_dkdv_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(kp);
+  backward_kernel_of<Cfg>()<<<grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(kp);
 }
 
 // Defined once per (dtype, bucket) in its own generated file: runs the key-parallel kernel and
