@@ -32,8 +32,8 @@
 #   scripts/gpu_pending.sh sm90       the sm90 (wgmma) forward: the CUDA forward suite on it and
 #                                     on the sm80 kernel, memcheck, the forward benchmark with
 #                                     flash and cuDNN (~5 min)
-#   scripts/gpu_pending.sh sm90final  the forward over the standard grid with every peer, then
-#                                     the whole GPU suite (~9 min)
+#   scripts/gpu_pending.sh sm90final  the whole GPU suite, the backward over the standard grid
+#                                     and the forward (1k/4k/16k) with flash and cuDNN (~9 min)
 #   scripts/gpu_pending.sh sm90race   racecheck on the sm90 forward, a test per bucket (~6 min)
 #   scripts/gpu_pending.sh sm90all    the sm90 forward (every call on it) and backward suites and
 #                                     the kv-cache suite, backward sanitizers, the backward
@@ -232,23 +232,31 @@ case "$stage" in
     grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -20
     grep -h "min ours" "$OUT/forward/results.md"; tail -3 "$OUT/bench_forward.log" ;;
   sm90final)
-    # The release with the sm90 forward: the forward over the standard grid with every peer
-    # (the README's table and chart), then the whole GPU suite. (The sanitizers on the sm90
-    # forward: stage sm90.)
+    # The release with the sm90 kernels: the whole GPU suite, then the backward over the
+    # standard grid with flash and cuDNN (the README's backward figures), then the forward
+    # with both at FINAL_FWD_SEQLENS (default 1k,4k,16k) in the time left (~9 min).
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
     build_all || exit 1
     echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
-    with_clock_log "$OUT/clocks_forward.csv" env PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpu_forward.py \
-      --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --time-budget-s 260 >"$OUT/bench_forward.log" 2>&1
-    echo "bench forward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
-    python3 scripts/clock_windows.py "$OUT/clocks_forward.csv" "$OUT/forward/results.json" >"$OUT/clocks_forward.md" 2>&1
-    left=$(( 585 - ($(date +%s) - t0) ))
-    timeout $left ctest --test-dir build-gpu -L gpu -j 8 --output-on-failure --timeout 300 >"$OUT/tests_gpu.log" 2>&1
+    timeout 300 ctest --test-dir build-gpu -L gpu -j 8 --output-on-failure --timeout 300 >"$OUT/tests_gpu.log" 2>&1
     echo "gpu tests: status $? $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '\*\*\*Failed' "$OUT/tests_gpu.log" | head -10
-    grep -A38 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -38
-    grep -h "min ours" "$OUT/forward/results.md" ;;
+    with_clock_log "$OUT/clocks_backward.csv" env PYTHONUNBUFFERED=1 timeout 200 python3 bench/gpu_backward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/backward" --peers flash,cudnn --time-budget-s 170 \
+      >"$OUT/bench_backward.log" 2>&1
+    echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    left=$(( 585 - ($(date +%s) - t0) ))
+    with_clock_log "$OUT/clocks_forward.csv" env PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_forward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --peers flash,cudnn \
+      --seqlens ${FINAL_FWD_SEQLENS:-1k,4k,16k} --time-budget-s $(( left - 25 )) >"$OUT/bench_forward.log" 2>&1
+    echo "bench forward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    for pass in backward forward; do
+      python3 scripts/clock_windows.py "$OUT/clocks_$pass.csv" "$OUT/$pass/results.json" >"$OUT/clocks_$pass.md" 2>&1
+    done
+    grep -A38 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -38
+    grep -A20 "^| hdim | causal | seqlen | ours |" "$OUT/forward/results.md" | head -20
+    grep -h "min ours" "$OUT/backward/results.md" "$OUT/forward/results.md" ;;
   sm90race)
     # racecheck on the sm90 forward (it is slow there: a few head dims and masks, each bucket).
     t0=$(date +%s)

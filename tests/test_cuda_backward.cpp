@@ -455,6 +455,45 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// A kernel-family override that names no family is an error naming the variable, before any
+// kernel runs (a typo would otherwise silently measure or test the default kernels).
+TEST(CudaBackwardErrors, UnknownKernelFamilyOverrideIsRejected) {
+  GpuProblem p(ErrorProblem::small(), Options{});
+  DeviceTensors d(p);
+  {
+    ScopedEnv forced("FLASHATTN_CUDA_FORWARD", "sm89");
+    d.out.poison();
+    try {
+      flashattn::forward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.lse.view(), {},
+                         on(Backend::CUDA));
+      ADD_FAILURE() << "FLASHATTN_CUDA_FORWARD=sm89 was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_EQ(e.argument(), "FLASHATTN_CUDA_FORWARD") << e.what();
+      EXPECT_EQ(e.given(), "sm89") << e.what();
+    }
+    cuda_check(cudaDeviceSynchronize(), "sync");
+    d.out.download();
+    for (size_t n = 0; n < p.out.bytes.size(); ++n) ASSERT_EQ(p.out.bytes[n], 0xff) << "out written at byte " << n;
+  }
+  {
+    ScopedEnv forced("FLASHATTN_CUDA_BACKWARD", "sm90");  // the backward can force sm80 only
+    d.dq.poison();
+    try {
+      flashattn::backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(),
+                          d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(), {},
+                          on(Backend::CUDA));
+      ADD_FAILURE() << "FLASHATTN_CUDA_BACKWARD=sm90 was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_EQ(e.argument(), "FLASHATTN_CUDA_BACKWARD") << e.what();
+    }
+    cuda_check(cudaDeviceSynchronize(), "sync");
+    d.dq.download();
+    for (size_t n = 0; n < p.dq.bytes.size(); ++n) ASSERT_EQ(p.dq.bytes[n], 0xff) << "dq written at byte " << n;
+  }
+}
+
 // Where no tile shape of a head dim fits the GPU's shared memory per block (here the limit
 // is lowered to an sm_86/sm_89 GPU's 99 KiB: the backward's smallest hdim-256 tile needs
 // 107 KiB), the call is a clear Unsupported error naming head_dim, raised before any kernel

@@ -13,12 +13,11 @@
 // synchronisation, and freed on every path out of this function.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "cuda/backward.hpp"
 #include "cuda/common/buckets.hpp"
+#include "cuda/common/forced_kernel.hpp"
 #include "cuda/common/grid.hpp"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/stream_allocation.hpp"
@@ -117,11 +116,10 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
 // (atomic dQ) mode with head-dim buckets 64, 128 and 256, on a GPU that loaded its sm_90a code.
 // FLASHATTN_CUDA_BACKWARD=sm80 keeps every call on the sm80 kernels.
 template <typename Element>
-bool run_sm90(const sm80::BackwardKernelParams& kp) {
+bool run_sm90(const sm80::BackwardKernelParams& kp, KernelFamily forced) {
   const ForwardParams& p = kp.bp.fwd;
-  const char* forced = std::getenv("FLASHATTN_CUDA_BACKWARD");
-  if ((forced != nullptr && std::strcmp(forced, "sm80") == 0) || kp.bp.deterministic || kp.has_dropout ||
-      p.softcap > 0.0f || p.alibi_slopes != nullptr)
+  if (forced == KernelFamily::Sm80 || kp.bp.deterministic || kp.has_dropout || p.softcap > 0.0f ||
+      p.alibi_slopes != nullptr)
     return false;
   switch (head_dim_bucket(p.head_dim)) {
     case 64: return sm90::run_backward<Element, 64>(kp);
@@ -132,15 +130,15 @@ bool run_sm90(const sm80::BackwardKernelParams& kp) {
 }
 
 template <typename Element>
-void run_bucket(const sm80::BackwardKernelParams& kp) {
-  if (run_sm90<Element>(kp)) return;
+void run_bucket(const sm80::BackwardKernelParams& kp, KernelFamily forced) {
+  if (run_sm90<Element>(kp, forced)) return;
   with_head_dim_bucket(kp.bp.fwd.head_dim, [&](auto bucket) {
     sm80::run_backward<Element, decltype(bucket)::value>(kp);
   });
 }
 
 template <typename Element>
-void run_all(const sm80::BackwardKernelParams& kp) {
+void run_all(const sm80::BackwardKernelParams& kp, KernelFamily forced) {
   const ForwardParams& p = kp.bp.fwd;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const dim3 rows_grid(static_cast<unsigned>((p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta),
@@ -151,7 +149,7 @@ void run_all(const sm80::BackwardKernelParams& kp) {
 #ifdef FLASHATTN_SM80_TUNING
   if (!sm80::run_backward_tuning_candidate(kp))
 #endif
-    run_bucket<Element>(kp);
+    run_bucket<Element>(kp, forced);
   if (kp.dq_accum != nullptr && p.seqlen_q > 0)
     backward_convert_dq_kernel<Element><<<rows_grid, kThreads, 0, stream>>>(kp);
 }
@@ -163,6 +161,7 @@ size_t backward(const BackwardParams& bp) {
   // The grids hold the heads (H, or Hk <= H) and the batch: the attention kernels' as
   // cuda/common/tile_order.cuh lays them out, the preprocess and conversion (row blocks, H, B).
   check_heads_and_batch(p.heads, p.batch);
+  const KernelFamily forced = forced_kernel_family("FLASHATTN_CUDA_BACKWARD", false);
   if (p.batch == 0) return 0;
   // Before the workspace: it is freed on the same GPU, before the caller's is current again.
   const CurrentDevice on_the_tensors_gpu(p.device);
@@ -187,9 +186,9 @@ size_t backward(const BackwardParams& bp) {
   kp.delta = reinterpret_cast<float*>(base + accum_bytes);
 
   if (p.dtype == DType::Float16)
-    run_all<__half>(kp);
+    run_all<__half>(kp, forced);
   else
-    run_all<__nv_bfloat16>(kp);
+    run_all<__nv_bfloat16>(kp, forced);
   throw_if_failed(cudaGetLastError(), "successful kernel launches");
   return accum_bytes + delta_bytes;
 }

@@ -3,11 +3,10 @@
 // head-dim bucket (head dims rounded up to a multiple of 32).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "cuda/common/buckets.hpp"
+#include "cuda/common/forced_kernel.hpp"
 #include "cuda/common/grid.hpp"
 #include "cuda/common/per_device.hpp"
 #include "cuda/forward.hpp"
@@ -28,11 +27,9 @@ namespace {
 // FLASHATTN_CUDA_FORWARD=sm80 keeps every call on the sm80 kernel, =sm90 sends head dims
 // of 64 and below to the sm90 kernel as well (the tests run the CUDA suite each way).
 template <typename Element>
-bool run_sm90(const ForwardParams& p) {
-  const char* forced = std::getenv("FLASHATTN_CUDA_FORWARD");
-  if (forced != nullptr && std::strcmp(forced, "sm80") == 0) return false;
-  const bool all_head_dims = forced != nullptr && std::strcmp(forced, "sm90") == 0;
-  if (p.head_dim <= 64 && !all_head_dims) return false;
+bool run_sm90(const ForwardParams& p, KernelFamily forced) {
+  if (forced == KernelFamily::Sm80) return false;
+  if (p.head_dim <= 64 && forced != KernelFamily::Sm90) return false;
   switch ((p.head_dim + 63) / 64 * 64) {
     case 64: return sm90::run_forward<Element, 64>(p);
     case 128: return sm90::run_forward<Element, 128>(p);
@@ -43,8 +40,8 @@ bool run_sm90(const ForwardParams& p) {
 }
 
 template <typename Element>
-void run_bucket(const ForwardParams& p) {
-  if (run_sm90<Element>(p)) return;
+void run_bucket(const ForwardParams& p, KernelFamily forced) {
+  if (run_sm90<Element>(p, forced)) return;
   with_head_dim_bucket(p.head_dim, [&](auto bucket) {
     sm80::run_forward<Element, decltype(bucket)::value>(p);
   });
@@ -54,6 +51,7 @@ void run_bucket(const ForwardParams& p) {
 
 size_t forward(const ForwardParams& p) {
   check_heads_and_batch(p.heads, p.batch);  // the grid holds H and B (cuda/common/tile_order.cuh)
+  const KernelFamily forced = forced_kernel_family("FLASHATTN_CUDA_FORWARD", true);
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
   const CurrentDevice on_the_tensors_gpu(p.device);
 #ifdef FLASHATTN_SM80_TUNING
@@ -61,9 +59,9 @@ size_t forward(const ForwardParams& p) {
 #endif
   {
     if (p.dtype == DType::Float16)
-      run_bucket<__half>(p);
+      run_bucket<__half>(p, forced);
     else
-      run_bucket<__nv_bfloat16>(p);
+      run_bucket<__nv_bfloat16>(p, forced);
   }
   const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess)

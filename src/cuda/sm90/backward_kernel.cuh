@@ -614,10 +614,11 @@ constexpr auto backward_kernel_of() {
 // Whether the kernel for Cfg can run here (its sm_90a code loaded, its shared memory fits).
 template <typename Cfg>
 bool backward_runs_here() {
-  static PerDevice<bool> runs;
-  return runs.get([] {
-    return kernel_ptx_version(backward_kernel_of<Cfg>()) >= 90 && Cfg::kSharedBytes <= shared_bytes_per_block_limit();
-  });
+  // The loaded code once per device; the limit on every call (FLASHATTN_CUDA_SMEM_LIMIT may
+  // lower it for one call).
+  static PerDevice<bool> sm90_code;
+  return sm90_code.get([] { return kernel_ptx_version(backward_kernel_of<Cfg>()) >= 90; }) &&
+         Cfg::kSharedBytes <= shared_bytes_per_block_limit();
 }
 
 template <typename Cfg>

@@ -32,11 +32,11 @@ struct TunedForward {
 // its shared memory fits.
 template <typename Cfg>
 bool runs_here() {
-  static PerDevice<bool> runs;
-  return runs.get([] {
-    return kernel_ptx_version(forward_kernel<Cfg, false>) >= 90 &&
-           Cfg::kSharedBytes <= shared_bytes_per_block_limit();
-  });
+  // The loaded code once per device; the limit on every call (FLASHATTN_CUDA_SMEM_LIMIT may
+  // lower it for one call).
+  static PerDevice<bool> sm90_code;
+  return sm90_code.get([] { return kernel_ptx_version(forward_kernel<Cfg, false>) >= 90; }) &&
+         Cfg::kSharedBytes <= shared_bytes_per_block_limit();
 }
 
 template <typename Cfg>
