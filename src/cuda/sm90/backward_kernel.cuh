@@ -172,6 +172,20 @@ __device__ __forceinline__ void load_backward_step(const BackwardKernelParams& k
   }
 }
 
+// The CTA's K and V (kBlockN keys; keys past the sequence zero-filled).
+template <typename Cfg>
+__device__ __forceinline__ void load_keys_and_values(const ForwardParams& p, const BackwardBlock& blk, uint32_t sK,
+                                                     uint32_t sV) {
+  using Element = typename Cfg::Element;
+  const int64_t row0 = blk.seq.k_row0 + blk.j0;
+  load_swizzled<Cfg, Cfg::kBlockN>(
+      sK, static_cast<const Element*>(p.k) + blk.b * p.k_batch_stride + row0 * p.k_row_stride + blk.hk * p.k_head_stride,
+      p.k_row_stride, blk.keys_here, p.head_dim);
+  load_swizzled<Cfg, Cfg::kBlockN>(
+      sV, static_cast<const Element*>(p.v) + blk.b * p.v_batch_stride + row0 * p.v_row_stride + blk.hk * p.v_head_stride,
+      p.v_row_stride, blk.keys_here, p.head_dim_v);
+}
+
 // P^T in place of S^T (64 keys x kBlockM rows, the wgmma accumulator layout; this lane's keys
 // key(0) and key(1) = key(0) + 8 of the block starting at j0, query rows m0 + column): column c
 // is query row m0 + c, with its lse from shared memory (+inf, so that P = 0, for a row that saw
@@ -330,12 +344,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const float score_scale = p.softmax_scale * kLog2e;
 
   if (steps > 0) {
-    load_swizzled<Cfg, kBlockN>(sK, static_cast<const Element*>(p.k) + blk.b * p.k_batch_stride +
-                                        (blk.seq.k_row0 + blk.j0) * p.k_row_stride + blk.hk * p.k_head_stride,
-                                p.k_row_stride, blk.keys_here, p.head_dim);
-    load_swizzled<Cfg, kBlockN>(sV, static_cast<const Element*>(p.v) + blk.b * p.v_batch_stride +
-                                        (blk.seq.k_row0 + blk.j0) * p.v_row_stride + blk.hk * p.v_head_stride,
-                                p.v_row_stride, blk.keys_here, p.head_dim_v);
+    load_keys_and_values<Cfg>(p, blk, sK, sV);
     load_step(0, 0);
   }
   ptx::cp_async_commit();
@@ -500,12 +509,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const float score_scale = p.softmax_scale * kLog2e;
 
   if (steps > 0) {
-    load_swizzled<Cfg, kBlockN>(sK, static_cast<const Element*>(p.k) + blk.b * p.k_batch_stride +
-                                        (blk.seq.k_row0 + blk.j0) * p.k_row_stride + blk.hk * p.k_head_stride,
-                                p.k_row_stride, blk.keys_here, p.head_dim);
-    load_swizzled<Cfg, kBlockN>(sV, static_cast<const Element*>(p.v) + blk.b * p.v_batch_stride +
-                                        (blk.seq.k_row0 + blk.j0) * p.v_row_stride + blk.hk * p.v_head_stride,
-                                p.v_row_stride, blk.keys_here, p.head_dim_v);
+    load_keys_and_values<Cfg>(p, blk, sK, sV);
     load_step(0, 0);
   }
   ptx::cp_async_commit();
