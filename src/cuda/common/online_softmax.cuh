@@ -1,9 +1,8 @@
 // The score modifiers, the mask, the online softmax and dropout of the forward kernels, on a
-// lane's score fragment. The
-// sm80 (mma.sync) and sm90 (wgmma) kernels share the layout: for each n8 tile t of a key
-// block, s[4 t + 2 r + e] is the score of the lane's row r (r = 0: row lane / 4 of its m16
-// tile, r = 1: that row + 8) and block column 8 t + 2 (lane % 4) + e. A row's four lanes
-// (a quad) hold its columns between them.
+// lane's score fragment. The sm80 (mma.sync) and sm90 (wgmma) kernels share the layout: for
+// each n8 tile t of a key block, s[4 t + 2 r + e] is the score of the lane's row r (r = 0: row
+// lane / 4 of its m16 tile, r = 1: that row + 8) and block column 8 t + 2 (lane % 4) + e. A
+// row's four lanes (a quad) hold its columns between them.
 #pragma once
 
 #include <cmath>
