@@ -55,39 +55,24 @@ def registers(first, count):
 def wrapper(element, ptx_type, n):
     acc = n // 2
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
-    ss = f"""
-  __device__ __forceinline__ static void ss(float (&d)[{acc}], uint64_t a, uint64_t b, int accumulate) {{
+    # The forms with both operands in shared memory differ only in their transpose flags
+    # (0: K-major, 1: MN-major) for A and B.
+    def shared_form(name, trans_a, trans_b):
+        return f"""
+  __device__ __forceinline__ static void {name}(float (&d)[{acc}], uint64_t a, uint64_t b, int accumulate) {{
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "
-        "{{{registers(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+        "{{{registers(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, {trans_a}, {trans_b};\\n}}\\n"
         : {outs}
         : "l"(a), "l"(b), "r"(accumulate));
 #endif
   }}"""
-    ss_mn = f"""
-  __device__ __forceinline__ static void ss_mn(float (&d)[{acc}], uint64_t a, uint64_t b, int accumulate) {{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "
-        "{{{registers(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, 1, 1;\\n}}\\n"
-        : {outs}
-        : "l"(a), "l"(b), "r"(accumulate));
-#endif
-  }}"""
-    ss_kmn = f"""
-  __device__ __forceinline__ static void ss_kmn(float (&d)[{acc}], uint64_t a, uint64_t b, int accumulate) {{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "
-        "{{{registers(0, acc)}}}, %{acc}, %{acc + 1}, p, 1, 1, 0, 1;\\n}}\\n"
-        : {outs}
-        : "l"(a), "l"(b), "r"(accumulate));
-#endif
-  }}"""
+
+    ss = shared_form("ss", 0, 0)
+    ss_mn = shared_form("ss_mn", 1, 1)
+    ss_kmn = shared_form("ss_kmn", 0, 1)
     rs = f"""
   __device__ __forceinline__ static void rs(float (&d)[{acc}], const uint32_t (&a)[4], uint64_t b) {{
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
