@@ -109,6 +109,32 @@ TEST(Mask, FullyVisibleKeyBlocksAreExact) {
               }
 }
 
+// The sm90 backward masks only the steps outside fully_visible_row_blocks: a block inside that
+// is not seen whole would keep scores it must drop, one outside costs only time.
+TEST(Mask, FullyVisibleRowBlocksAreExact) {
+  for (int64_t sq : {1, 5, 13, 20})
+    for (int64_t sk : {1, 4, 13, 20, 33})
+      for (int left : {-1, 0, 2, 9})
+        for (int right : {-1, 0, 3, 30})
+          for (int64_t block_m : {1, 2, 4, 8})
+            for (int64_t j0 = 0; j0 < sk; j0 += 2)
+              for (int64_t j1 = j0 + 1; j1 <= sk + 3; j1 += 3) {  // past sk: the last key block
+                const int64_t first_row = (j0 % 3) * block_m < sq ? (j0 % 3) * block_m : 0;
+                const int64_t n_blocks = (sq - first_row + block_m - 1) / block_m;
+                const KeyRange full =
+                    fully_visible_row_blocks(first_row, block_m, n_blocks, j0, j1, sq, sk, left, right);
+                for (int64_t m = 0; m < n_blocks; ++m) {
+                  const int64_t i0 = first_row + m * block_m, i1 = std::min(i0 + block_m, sq);
+                  bool all = j1 <= sk;
+                  for (int64_t i = i0; i < i1 && all; ++i)
+                    for (int64_t j = j0; j < j1; ++j) all = all && literal_visible(i, j, sq, sk, left, right);
+                  ASSERT_EQ(m >= full.begin && m < full.end, all)
+                      << sq << " " << sk << " " << left << " " << right << " block_m " << block_m << " keys "
+                      << j0 << ".." << j1 << " first row " << first_row << " block " << m;
+                }
+              }
+}
+
 // The backward's key-parallel pass walks rows_seeing_keys: exactly the rows that see at least
 // one key of the block (a row outside would lose its gradient, one inside that sees nothing
 // would only cost time).

@@ -67,6 +67,40 @@ FA_HOST_DEVICE KeyRange fully_visible_blocks(int64_t i0, int64_t i1, int64_t fir
   return r;
 }
 
+// The row blocks (n_blocks blocks of block_m rows from first_row, the last one ending at
+// seqlen_q at the latest) whose every row sees every key of [j0, j1), as block indices
+// [begin, end) (end <= begin: none); the backward's steps outside need the mask. A block sees
+// [j0, j1) whole iff its first row's visible keys end at j1 or later and its last row's begin
+// at j0 or earlier; both hold from some block on and up to some block (begin and end never
+// decrease with the row), so each bound is a binary search, done once per key block.
+FA_HOST_DEVICE KeyRange fully_visible_row_blocks(int64_t first_row, int64_t block_m, int64_t n_blocks,
+                                                 int64_t j0, int64_t j1, int64_t seqlen_q, int64_t seqlen_k,
+                                                 int32_t left, int32_t right) {
+  int64_t lo = 0, hi = n_blocks;  // the first block whose first row sees up to j1
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (j1 <= visible_keys(first_row + mid * block_m, seqlen_q, seqlen_k, left, right).end)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  KeyRange r;
+  r.begin = lo;
+  lo = 0;
+  hi = n_blocks;  // the first block whose last row starts past j0
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    const int64_t end_row = first_row + (mid + 1) * block_m;
+    const int64_t last = (end_row < seqlen_q ? end_row : seqlen_q) - 1;
+    if (visible_keys(last, seqlen_q, seqlen_k, left, right).begin <= j0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  r.end = lo;
+  return r;
+}
+
 // The query rows that see at least one key of [j0, j1) (0 <= j0 < j1 <= seqlen_k), as a
 // [begin, end) range within [0, seqlen_q): row i sees a key there iff d + right >= j0 (when
 // right >= 0) and d - left < j1 (when left >= 0), d = i + seqlen_k - seqlen_q, both

@@ -110,12 +110,20 @@ struct BackwardBlock {
   int64_t keys_here;  // keys of the block within the sequence
   int64_t m_first;    // first query block that sees them
   int m_blocks, group, steps;
+  KeyRange full_steps;  // the blocks (m_index) that see every key whole: no mask there
 
-  __device__ int head(int step) const { return hk * group + step / m_blocks; }
+  // A step's query head and block (m_first + m_index): the steps walk the blocks of a head, then
+  // the next head, kept as counters (no division per step).
+  struct Step {
+    int head, m_index;
+  };
+  __device__ Step first_step() const { return {hk * group, 0}; }
+  __device__ Step next(Step s) const { return s.m_index + 1 == m_blocks ? Step{s.head + 1, 0} : Step{s.head, s.m_index + 1}; }
   template <int kBlockM>
-  __device__ int64_t first_row(int step) const {
-    return (m_first + step % m_blocks) * kBlockM;
+  __device__ int64_t first_row(Step s) const {
+    return (m_first + s.m_index) * kBlockM;
   }
+  __device__ bool needs_mask(Step s) const { return s.m_index < full_steps.begin || s.m_index >= full_steps.end; }
 };
 
 template <int kBlockN, int kBlockM>
@@ -142,31 +150,64 @@ __device__ __forceinline__ BackwardBlock backward_block(const ForwardParams& p) 
   }
   blk.group = p.group_size();
   blk.steps = blk.group * blk.m_blocks;
+  blk.full_steps = fully_visible_row_blocks(blk.m_first * kBlockM, kBlockM, blk.m_blocks, blk.j0, blk.j0 + kBlockN,
+                                            seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
   return blk;
 }
 
-// Q, dO, lse and D of `step` into one stage (addresses given); rows past the sequence are
+// Where a step's rows start: Q and dO at its first query row (this CTA's batch, the step's
+// head), and that row's index in the lse-shaped buffers (lse, D, the dQ accumulator, whose rows
+// of one head are consecutive). Within a head the next step's are one block further (adds
+// only); at a new head they are computed again.
+template <typename Cfg>
+struct StepRows {
+  using Element = typename Cfg::Element;
+  const Element* q;
+  const Element* dout;
+  int64_t row;  // lse-shaped index of the first row
+  int64_t m0;   // the first query row
+
+  __device__ static StepRows of(const BackwardKernelParams& kp, const BackwardBlock& blk, BackwardBlock::Step s) {
+    const ForwardParams& p = kp.bp.fwd;
+    const BackwardParams& bp = kp.bp;
+    StepRows r;
+    r.m0 = blk.first_row<Cfg::kBlockM>(s);
+    const int64_t q_row = blk.seq.q_row0 + r.m0;
+    r.q = static_cast<const Element*>(p.q) + blk.b * p.q_batch_stride + q_row * p.q_row_stride +
+          s.head * p.q_head_stride;
+    r.dout = static_cast<const Element*>(bp.dout) + blk.b * bp.dout_batch_stride + q_row * bp.dout_row_stride +
+             s.head * bp.dout_head_stride;
+    r.row = sm80::row_index(p, blk.b, s.head, blk.seq.q_row0, r.m0);
+    return r;
+  }
+  // The rows of `next`, the step after this one.
+  __device__ StepRows after(const BackwardKernelParams& kp, const BackwardBlock& blk,
+                            BackwardBlock::Step next) const {
+    if (next.m_index == 0) return of(kp, blk, next);
+    StepRows r = *this;
+    r.q += Cfg::kBlockM * kp.bp.fwd.q_row_stride;
+    r.dout += Cfg::kBlockM * kp.bp.dout_row_stride;
+    r.row += Cfg::kBlockM;
+    r.m0 += Cfg::kBlockM;
+    return r;
+  }
+};
+
+// Q, dO, lse and D of a step into one stage (addresses given); rows past the sequence are
 // zero-filled (lse and D too).
 template <typename Cfg>
 __device__ __forceinline__ void load_backward_step(const BackwardKernelParams& kp, const BackwardBlock& blk,
-                                                   int step, uint32_t sQ, uint32_t sdO, uint32_t sLse,
-                                                   uint32_t sD) {
-  using Element = typename Cfg::Element;
+                                                   const StepRows<Cfg>& rows, uint32_t sQ, uint32_t sdO,
+                                                   uint32_t sLse, uint32_t sD) {
   constexpr int kBlockM = Cfg::kBlockM;
   const ForwardParams& p = kp.bp.fwd;
-  const BackwardParams& bp = kp.bp;
-  const int h = blk.head(step);
-  const int64_t m0 = blk.first_row<kBlockM>(step);
-  const int64_t row0 = blk.seq.q_row0 + m0;
-  const Element* q =
-      static_cast<const Element*>(p.q) + blk.b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride;
-  const Element* dout = static_cast<const Element*>(bp.dout) + blk.b * bp.dout_batch_stride +
-                        row0 * bp.dout_row_stride + h * bp.dout_head_stride;
-  load_swizzled<Cfg, kBlockM>(sQ, q, p.q_row_stride, blk.seq.seqlen_q - m0, p.head_dim);
-  load_swizzled<Cfg, kBlockM>(sdO, dout, bp.dout_row_stride, blk.seq.seqlen_q - m0, p.head_dim_v);
+  const int64_t rows_left = blk.seq.seqlen_q - rows.m0;
+  const int valid_rows = rows_left < kBlockM ? static_cast<int>(rows_left) : kBlockM;
+  load_swizzled<Cfg, kBlockM>(sQ, rows.q, p.q_row_stride, valid_rows, p.head_dim);
+  load_swizzled<Cfg, kBlockM>(sdO, rows.dout, kp.bp.dout_row_stride, valid_rows, p.head_dim_v);
   if (threadIdx.x < kBlockM) {
-    const bool valid = m0 + threadIdx.x < blk.seq.seqlen_q;
-    const int64_t at = valid ? sm80::row_index(p, blk.b, h, blk.seq.q_row0, m0 + threadIdx.x) : 0;
+    const bool valid = static_cast<int>(threadIdx.x) < valid_rows;
+    const int64_t at = valid ? rows.row + threadIdx.x : 0;
     ptx::cp_async_4(sLse + threadIdx.x * 4, p.lse + at, valid);
     ptx::cp_async_4(sD + threadIdx.x * 4, kp.delta + at, valid);
   }
@@ -187,60 +228,68 @@ __device__ __forceinline__ void load_keys_and_values(const ForwardParams& p, con
 }
 
 // P^T in place of S^T (64 keys x kBlockM rows, the wgmma accumulator layout; this lane's keys
-// key(0) and key(1) = key(0) + 8 of the block starting at j0, query rows m0 + column): column c
-// is query row m0 + c, with its lse from shared memory (+inf, so that P = 0, for a row that saw
-// no key). Under a mask key j sees the rows rows_seeing_keys(j, j + 1); keys past the sequence
-// see none.
-template <int kBlockM, int kBlockN>
+// key0 and key0 + 8 of the block starting at j0): column c is query row m0 + c, with its lse
+// from shared memory (+inf, so that P = 0, for a row that saw no key). Where the step needs the
+// mask (BackwardBlock::needs_mask), key j sees the rows rows_seeing_keys(j, j + 1) and keys
+// past the sequence see none; elsewhere the loop is the exponentials alone.
+template <int kBlockM>
 __device__ __forceinline__ void probabilities_from_scores(float (&st)[kBlockM / 2], const float* lse_stage,
                                                           const BackwardBlock& blk, const ForwardParams& p,
-                                                          int64_t m0, int key0, float score_scale) {
+                                                          int64_t m0, int key0, float score_scale,
+                                                          bool needs_mask) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const SequenceView& seq = blk.seq;
   const int quad_col = (threadIdx.x % 4) * 2;
-  const int64_t m1 = m0 + kBlockM < seq.seqlen_q ? m0 + kBlockM : seq.seqlen_q;
-  const bool needs_mask = !block_fully_visible(m0, m1, blk.j0, blk.j0 + kBlockN, seq.seqlen_q, seq.seqlen_k,
-                                               p.window_left, p.window_right);
+  float lse2[kBlockM / 4];  // this lane's columns t * 8 + quad_col + e, scaled to base 2
+#pragma unroll
+  for (int t = 0; t < kBlockM / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float lse = lse_stage[t * 8 + quad_col + e];
+      lse2[2 * t + e] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    }
+  if (!needs_mask) {
+#pragma unroll
+    for (int t = 0; t < kBlockM / 8; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        st[4 * t + i] = ptx::exp2_approx(fmaf(st[4 * t + i], score_scale, -lse2[2 * t + i % 2]));
+    return;
+  }
+  const SequenceView& seq = blk.seq;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    int lo = 0, hi = kBlockM;  // the block columns key j sees
-    if (needs_mask) {
-      const int64_t j = blk.j0 + key0 + r * 8;
-      lo = hi = 0;
-      if (j < seq.seqlen_k) {
-        const KeyRange rows = rows_seeing_keys(j, j + 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
-        const int64_t lo64 = rows.begin - m0, hi64 = rows.end - m0;
-        lo = lo64 < 0 ? 0 : (lo64 > kBlockM ? kBlockM : static_cast<int>(lo64));
-        hi = hi64 < 0 ? 0 : (hi64 > kBlockM ? kBlockM : static_cast<int>(hi64));
-      }
+    int lo = 0, hi = 0;  // the block columns key j sees
+    const int64_t j = blk.j0 + key0 + r * 8;
+    if (j < seq.seqlen_k) {
+      const KeyRange rows = rows_seeing_keys(j, j + 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+      const int64_t lo64 = rows.begin - m0, hi64 = rows.end - m0;
+      lo = lo64 < 0 ? 0 : (lo64 > kBlockM ? kBlockM : static_cast<int>(lo64));
+      hi = hi64 < 0 ? 0 : (hi64 > kBlockM ? kBlockM : static_cast<int>(hi64));
     }
 #pragma unroll
     for (int t = 0; t < kBlockM / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = t * 8 + quad_col + e;
-        const float lse = lse_stage[c];
-        const float lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-        float prob = ptx::exp2_approx(fmaf(st[4 * t + 2 * r + e], score_scale, -lse2));
-        if (needs_mask && (c < lo || c >= hi)) prob = 0.0f;
-        st[4 * t + 2 * r + e] = prob;
+        const float prob = ptx::exp2_approx(fmaf(st[4 * t + 2 * r + e], score_scale, -lse2[2 * t + e]));
+        st[4 * t + 2 * r + e] = c >= lo && c < hi ? prob : 0.0f;
       }
   }
 }
 
 // A 64-row dQ tile of this warpgroup (kCols columns from col0, the accumulator layout) into the
-// fp32 accumulator with vector atomics; rows past the sequence are skipped.
+// fp32 accumulator with vector atomics, its first row at lse-shaped index `row` (query row m0);
+// rows past the sequence are skipped.
 template <int kCols>
 __device__ __forceinline__ void add_to_dq_accumulator(const BackwardKernelParams& kp, const BackwardBlock& blk,
-                                                      int h, int64_t m0, int col0, int accum_dim,
+                                                      int64_t row, int64_t m0, int col0, int accum_dim,
                                                       const float (&dq)[kCols / 2]) {
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = warp * 16 + lane / 4 + r * 8;
-    if (m0 + row >= blk.seq.seqlen_q) continue;
-    float* acc = kp.dq_accum + sm80::row_index(kp.bp.fwd, blk.b, h, blk.seq.q_row0, m0 + row) * accum_dim + col0 +
-                 (lane % 4) * 2;
+    const int i = warp * 16 + lane / 4 + r * 8;
+    if (m0 + i >= blk.seq.seqlen_q) continue;
+    float* acc = kp.dq_accum + (row + i) * accum_dim + col0 + (lane % 4) * 2;
 #pragma unroll
     for (int t = 0; t < kCols / 8; ++t) ptx::atomic_add_f32x2(acc + t * 8, dq[4 * t + 2 * r], dq[4 * t + 2 * r + 1]);
   }
@@ -310,8 +359,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const BackwardBlock blk = backward_block<kBlockN, kBlockM>(p);
   if (blk.j0 >= blk.stored_k) return;
   const int steps = blk.steps;
-  const auto load_step = [&](int step, int stage) {
-    load_backward_step<Cfg>(kp, blk, step, sQ + stage * Cfg::kQBytes, sdO + stage * Cfg::kQBytes,
+  const auto load_step = [&](const StepRows<Cfg>& rows, int stage) {
+    load_backward_step<Cfg>(kp, blk, rows, sQ + stage * Cfg::kQBytes, sdO + stage * Cfg::kQBytes,
                             sLse + stage * Cfg::kStatBytes, sD + stage * Cfg::kStatBytes);
   };
 
@@ -345,19 +394,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (steps > 0) {
     load_keys_and_values<Cfg>(p, blk, sK, sV);
-    load_step(0, 0);
+    load_step(StepRows<Cfg>::of(kp, blk, blk.first_step()), 0);
   }
   ptx::cp_async_commit();
 
+  BackwardBlock::Step step = blk.first_step();
+  StepRows<Cfg> rows = StepRows<Cfg>::of(kp, blk, step);
   for (int it = 0; it < steps; ++it) {
     const int stage = it & 1;
-    const int64_t m0 = blk.first_row<kBlockM>(it);
+    const int64_t m0 = rows.m0;
+    const BackwardBlock::Step next = blk.next(step);
     ptx::cp_async_wait<0>();
     // The copies went through the generic proxy, the wgmmas read through the async proxy; the
     // barrier also tells that every warpgroup is done with step it - 1 (its dQ read dS^T).
     ptx::fence_proxy_async_shared();
     __syncthreads();
-    if (it + 1 < steps) load_step(it + 1, stage ^ 1);
+    if (it + 1 < steps) load_step(rows.after(kp, blk, next), stage ^ 1);
     ptx::cp_async_commit();
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x the block's 64 rows, in two
@@ -377,7 +429,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::wgmma_wait<1>();  // S^T
     ptx::wgmma_hold(st);
 
-    probabilities_from_scores<kBlockM, kBlockN>(st, lse_smem + stage * kBlockM, blk, p, m0, key0, score_scale);
+    probabilities_from_scores<kBlockM>(st, lse_smem + stage * kBlockM, blk, p, m0, key0, score_scale,
+                                       blk.needs_mask(step));
     // P^T as A fragments (16 rows of the block each), then dV += P^T dO.
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
@@ -434,7 +487,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::wgmma_hold(pf);
     ptx::wgmma_hold(dsf);
     // Accumulator rows are the bucket wide (kHeadDim floats).
-    add_to_dq_accumulator<kHeadDim / 2>(kp, blk, blk.head(it), m0, warpgroup * (kHeadDim / 2), kHeadDim, dq);
+    add_to_dq_accumulator<kHeadDim / 2>(kp, blk, rows.row, m0, warpgroup * (kHeadDim / 2), kHeadDim, dq);
+    rows = rows.after(kp, blk, next);  // adds again, rather than registers held through the step
+    step = next;
   }
 
   const int64_t keys_out = blk.stored_k - blk.j0 < kBlockN ? blk.stored_k - blk.j0 : kBlockN;
@@ -478,8 +533,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const BackwardBlock blk = backward_block<kBlockN, kBlockM>(p);
   if (blk.j0 >= blk.stored_k) return;
   const int steps = blk.steps;
-  const auto load_step = [&](int step, int stage) {
-    load_backward_step<Cfg>(kp, blk, step, sQ + stage * Cfg::kQBytes, sdO + stage * Cfg::kQBytes,
+  const auto load_step = [&](const StepRows<Cfg>& rows, int stage) {
+    load_backward_step<Cfg>(kp, blk, rows, sQ + stage * Cfg::kQBytes, sdO + stage * Cfg::kQBytes,
                             sLse + stage * Cfg::kStatBytes, sD + stage * Cfg::kStatBytes);
   };
 
@@ -510,20 +565,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (steps > 0) {
     load_keys_and_values<Cfg>(p, blk, sK, sV);
-    load_step(0, 0);
+    load_step(StepRows<Cfg>::of(kp, blk, blk.first_step()), 0);
   }
   ptx::cp_async_commit();
 
+  BackwardBlock::Step step = blk.first_step();
+  StepRows<Cfg> rows = StepRows<Cfg>::of(kp, blk, step);
   for (int it = 0; it < steps; ++it) {
     const int stage = it & 1;
-    const int64_t m0 = blk.first_row<kBlockM>(it);
+    const int64_t m0 = rows.m0;
+    const BackwardBlock::Step next = blk.next(step);
     const uint64_t stage_offset = (stage * Cfg::kQBytes) >> 4;
     ptx::cp_async_wait<0>();
     // Copies (generic proxy) before wgmma reads (async proxy); the barrier also tells that
     // step it - 1 is done everywhere (its wgmmas were waited for; P^T, dS^T read).
     ptx::fence_proxy_async_shared();
     __syncthreads();
-    if (it + 1 < steps) load_step(it + 1, stage ^ 1);
+    if (it + 1 < steps) load_step(rows.after(kp, blk, next), stage ^ 1);
     ptx::cp_async_commit();
 
     ptx::wgmma_hold(scores);
@@ -536,8 +594,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::wgmma_hold(scores);
 
     if (warpgroup == 0) {
-      probabilities_from_scores<kBlockM, kBlockN>(scores, lse_smem + stage * kBlockM, blk, p, m0, key0,
-                                                  score_scale);
+      probabilities_from_scores<kBlockM>(scores, lse_smem + stage * kBlockM, blk, p, m0, key0, score_scale,
+                                         blk.needs_mask(step));
 #pragma unroll
       for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -596,7 +654,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::wgmma_hold(dq);
     ptx::wgmma_hold(dk);
     ptx::wgmma_hold(dv);
-    add_to_dq_accumulator<kHalf>(kp, blk, blk.head(it), m0, col0, kHeadDim, dq);
+    add_to_dq_accumulator<kHalf>(kp, blk, rows.row, m0, col0, kHeadDim, dq);
+    rows = rows.after(kp, blk, next);  // adds again, rather than registers held through the step
+    step = next;
   }
 
   const int64_t keys_out = blk.stored_k - blk.j0 < kBlockN ? blk.stored_k - blk.j0 : kBlockN;
