@@ -69,14 +69,15 @@ struct BackwardConfig {
 
 // Head-dim bucket 256, where dK and dV of 64 keys whole (128 fp32 registers per thread each)
 // do not fit one warpgroup: both warpgroups take the same 64 keys and split the head dim, each
-// keeping its half of dK and dV (and computing its half of dQ). Warpgroup 0 computes S^T,
-// warpgroup 1 dP^T; they meet through shared memory (P^T in bf16/fp16 for the dV wgmma and in
-// fp32 for dS^T, then dS^T).
+// keeping its half of dK and dV (and computing its half of dQ). For S^T, dP^T, P^T and dS^T
+// they split the step's 64 query rows instead (32 each) and meet through shared memory (P^T
+// and dS^T, 16-bit, as the dV / dK / dQ wgmmas read them).
 template <typename Element_>
 struct BackwardSplitConfig {
   using Element = Element_;
   static constexpr int kHeadDim = 256;
   static constexpr int kHalf = kHeadDim / 2;  // head-dim columns per warpgroup
+  static constexpr int kRowsPerWarpgroup = 32;  // query rows of S^T, dP^T per warpgroup
   static constexpr int kBlockN = 64;          // keys per CTA, both warpgroups'
   static constexpr int kBlockM = 64;          // query rows per step
   static constexpr int kThreads = 256;
@@ -84,12 +85,9 @@ struct BackwardSplitConfig {
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;    // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // Q or dO, per stage
   static constexpr int kTileBytes = kBlockN * kBlockM * 2;  // P^T or dS^T: one 128-byte panel
-  static constexpr int kProbBytes = kBlockN * kBlockM * 4;  // P^T in fp32
   static constexpr int kStatBytes = kBlockM * 4;            // lse or D, per stage
-  // K, V; Q, dO, lse and D in two stages; P^T, dS^T, fp32 P^T; 1 KiB to align the base:
-  // 226 KiB, within the 227 KiB a Hopper block may have.
-  static constexpr int kSharedBytes =
-      1024 + 2 * kKBytes + 2 * (2 * kQBytes + 2 * kStatBytes) + 2 * kTileBytes + kProbBytes;
+  // K, V; Q, dO, lse and D in two stages; P^T, dS^T; 1 KiB to align the base: 210 KiB.
+  static constexpr int kSharedBytes = 1024 + 2 * kKBytes + 2 * (2 * kQBytes + 2 * kStatBytes) + 2 * kTileBytes;
   static constexpr bool kSplitHeadDim = true;
   static_assert(sizeof(Element) == 2, "16-bit elements");
 };
@@ -227,29 +225,29 @@ __device__ __forceinline__ void load_keys_and_values(const ForwardParams& p, con
       p.v_row_stride, blk.keys_here, p.head_dim_v);
 }
 
-// P^T in place of S^T (64 keys x kBlockM rows, the wgmma accumulator layout; this lane's keys
-// key0 and key0 + 8 of the block starting at j0): column c is query row m0 + c, with its lse
-// from shared memory (+inf, so that P = 0, for a row that saw no key). Where the step needs the
+// P^T in place of S^T (64 keys x kCols query rows, the wgmma accumulator layout; this lane's
+// keys key0 and key0 + 8 of the block starting at j0): column c is query row m0 + c, with its
+// lse at lse_cols[c] in shared memory (+inf, so that P = 0, for a row that saw no key). Where the step needs the
 // mask (BackwardBlock::needs_mask), key j sees the rows rows_seeing_keys(j, j + 1) and keys
 // past the sequence see none; elsewhere the loop is the exponentials alone.
-template <int kBlockM>
-__device__ __forceinline__ void probabilities_from_scores(float (&st)[kBlockM / 2], const float* lse_stage,
+template <int kCols>
+__device__ __forceinline__ void probabilities_from_scores(float (&st)[kCols / 2], const float* lse_cols,
                                                           const BackwardBlock& blk, const ForwardParams& p,
                                                           int64_t m0, int key0, float score_scale,
                                                           bool needs_mask) {
   constexpr float kLog2e = 1.4426950408889634f;
   const int quad_col = (threadIdx.x % 4) * 2;
-  float lse2[kBlockM / 4];  // this lane's columns t * 8 + quad_col + e, scaled to base 2
+  float lse2[kCols / 4];  // this lane's columns t * 8 + quad_col + e, scaled to base 2
 #pragma unroll
-  for (int t = 0; t < kBlockM / 8; ++t)
+  for (int t = 0; t < kCols / 8; ++t)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const float lse = lse_stage[t * 8 + quad_col + e];
+      const float lse = lse_cols[t * 8 + quad_col + e];
       lse2[2 * t + e] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     }
   if (!needs_mask) {
 #pragma unroll
-    for (int t = 0; t < kBlockM / 8; ++t)
+    for (int t = 0; t < kCols / 8; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         st[4 * t + i] = ptx::exp2_approx(fmaf(st[4 * t + i], score_scale, -lse2[2 * t + i % 2]));
@@ -263,11 +261,11 @@ __device__ __forceinline__ void probabilities_from_scores(float (&st)[kBlockM / 
     if (j < seq.seqlen_k) {
       const KeyRange rows = rows_seeing_keys(j, j + 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
       const int64_t lo64 = rows.begin - m0, hi64 = rows.end - m0;
-      lo = lo64 < 0 ? 0 : (lo64 > kBlockM ? kBlockM : static_cast<int>(lo64));
-      hi = hi64 < 0 ? 0 : (hi64 > kBlockM ? kBlockM : static_cast<int>(hi64));
+      lo = lo64 < 0 ? 0 : (lo64 > kCols ? kCols : static_cast<int>(lo64));
+      hi = hi64 < 0 ? 0 : (hi64 > kCols ? kCols : static_cast<int>(hi64));
     }
 #pragma unroll
-    for (int t = 0; t < kBlockM / 8; ++t)
+    for (int t = 0; t < kCols / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = t * 8 + quad_col + e;
@@ -499,18 +497,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
-// The head-dim-256 kernel (BackwardSplitConfig). Per step of 64 query rows:
-//   warpgroup 0: S^T = K Q^T; P^T from it, to shared memory (16-bit, and fp32)
-//   warpgroup 1: dP^T = V dO^T; after P^T: dS^T = P^T o (dP^T - D), to shared memory
-//   both, for their half of the head dim: dV += P^T dO, dK += dS^T Q (P^T and dS^T K-major from
-//   shared memory), dQ = dS K (dS^T read MN-major), added to the accumulator with atomics.
+// The head-dim-256 kernel (BackwardSplitConfig). Per step of 64 query rows, warpgroup g:
+//   S^T and dP^T for the 64 keys x its 32 rows (32 g ..), then P^T and dS^T = P^T o (dP^T - D)
+//   in registers, both to shared memory (16-bit);
+//   after a barrier, for its half of the head dim: dV += P^T dO, dK += dS^T Q (P^T and dS^T
+//   K-major from shared memory), dQ = dS K (dS^T read MN-major), added to the accumulator with
+//   atomics.
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_dkdv_split_kernel(const __grid_constant__ BackwardKernelParams kp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Cfg::Element;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim, kHalf = Cfg::kHalf;
-  using TMma = ptx::Wgmma<Element, kBlockM>;  // S^T or dP^T: 64 keys x 64 rows
+  constexpr int kCols = Cfg::kRowsPerWarpgroup;
+  using ColMma = ptx::Wgmma<Element, kCols>;   // S^T, dP^T: 64 keys x 32 query rows
   using HalfMma = ptx::Wgmma<Element, kHalf>;  // dV, dK: 64 keys x half; dQ: 64 rows x half
   constexpr float kLog2e = 1.4426950408889634f;
   const ForwardParams& p = kp.bp.fwd;
@@ -523,12 +523,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sdO = sQ + 2 * Cfg::kQBytes;      // two stages
   const uint32_t sP = sdO + 2 * Cfg::kQBytes;      // P^T, 16-bit: [key][row]
   const uint32_t sdS = sP + Cfg::kTileBytes;       // dS^T, 16-bit: [key][row]
-  const uint32_t sProb = sdS + Cfg::kTileBytes;    // P^T in fp32, per thread
-  const uint32_t sLse = sProb + Cfg::kProbBytes;   // two stages
+  const uint32_t sLse = sdS + Cfg::kTileBytes;     // two stages
   const uint32_t sD = sLse + 2 * Cfg::kStatBytes;  // two stages
   const float* lse_smem = reinterpret_cast<const float*>(shared_raw + (sLse - shared_base));
   const float* d_smem = reinterpret_cast<const float*>(shared_raw + (sD - shared_base));
-  float4* prob_smem = reinterpret_cast<float4*>(shared_raw + (sProb - shared_base));
 
   const BackwardBlock blk = backward_block<kBlockN, kBlockM>(p);
   if (blk.j0 >= blk.stored_k) return;
@@ -539,16 +537,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   const int warpgroup = threadIdx.x / 128;
-  const int wg_thread = threadIdx.x % 128;
-  const int warp = wg_thread / 32, lane = threadIdx.x % 32;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int quad_col = (lane % 4) * 2;
-  const int key0 = warp * 16 + lane / 4;  // this lane's first key (and key0 + 8) in the block
-  const int col0 = warpgroup * kHalf;     // this warpgroup's half of the head dim
+  const int key0 = warp * 16 + lane / 4;   // this lane's first key (and key0 + 8) in the block
+  const int col0 = warpgroup * kHalf;      // this warpgroup's half of the head dim
+  const int row0 = warpgroup * kCols;      // and its query rows of the step, for S^T and dP^T
 
   // Descriptors (addresses in 16-byte units; a k-step or a stage moves the start only).
-  // S^T (warpgroup 0) or dP^T (warpgroup 1): K or V as A, Q or dO as B, both K-major.
-  const uint64_t score_a = ptx::wgmma_descriptor(warpgroup == 0 ? sK : sV, 16, 1024);
-  const uint64_t score_b = ptx::wgmma_descriptor(warpgroup == 0 ? sQ : sdO, 16, 1024);
+  // S^T and dP^T: K and V as A, this warpgroup's 32 rows of Q and dO as B, all K-major.
+  const uint64_t k_a = ptx::wgmma_descriptor(sK, 16, 1024), v_a = ptx::wgmma_descriptor(sV, 16, 1024);
+  const uint64_t q_b = ptx::wgmma_descriptor(sQ + row0 * 128, 16, 1024);
+  const uint64_t do_b = ptx::wgmma_descriptor(sdO + row0 * 128, 16, 1024);
   // dV and dK: P^T and dS^T as A (K-major, one panel), dO and Q as B (MN-major: rows are k),
   // from this warpgroup's first panel on.
   const uint64_t p_a = ptx::wgmma_descriptor(sP, 16, 1024);
@@ -560,7 +559,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint64_t k_mn = ptx::wgmma_descriptor(sK + col0 / 64 * kBlockN * 128, kBlockN * 128, 1024);
 
   float dk[kHalf / 2] = {}, dv[kHalf / 2] = {}, dq[kHalf / 2] = {};
-  float scores[kBlockM / 2] = {};  // S^T, then P^T (warpgroup 0), or dP^T, then dS^T (warpgroup 1)
+  float st[kCols / 2] = {}, dpt[kCols / 2] = {};
   const float score_scale = p.softmax_scale * kLog2e;
 
   if (steps > 0) {
@@ -578,72 +577,60 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const uint64_t stage_offset = (stage * Cfg::kQBytes) >> 4;
     ptx::cp_async_wait<0>();
     // Copies (generic proxy) before wgmma reads (async proxy); the barrier also tells that
-    // step it - 1 is done everywhere (its wgmmas were waited for; P^T, dS^T read).
+    // step it - 1 is done everywhere (its wgmmas were waited for: P^T, dS^T and the stage read).
     ptx::fence_proxy_async_shared();
     __syncthreads();
     if (it + 1 < steps) load_step(rows.after(kp, blk, next), stage ^ 1);
     ptx::cp_async_commit();
 
-    ptx::wgmma_hold(scores);
+    // S^T and dP^T in two commit groups: P^T is computed while dP^T runs.
+    ptx::wgmma_hold(st);
+    ptx::wgmma_hold(dpt);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      TMma::ss(scores, score_a + panel_step(kk, kBlockN), score_b + stage_offset + panel_step(kk, kBlockM), kk > 0);
+      ColMma::ss(st, k_a + panel_step(kk, kBlockN), q_b + stage_offset + panel_step(kk, kBlockM), kk > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-    ptx::wgmma_hold(scores);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      ColMma::ss(dpt, v_a + panel_step(kk, kBlockN), do_b + stage_offset + panel_step(kk, kBlockM), kk > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<1>();  // S^T
+    ptx::wgmma_hold(st);
+    probabilities_from_scores<kCols>(st, lse_smem + stage * kBlockM + row0, blk, p, m0 + row0, key0, score_scale,
+                                     blk.needs_mask(step));
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int t = 0; t < kCols / 8; ++t)
+        ptx::st_shared_32(sP + swizzled_offset<kBlockN>(key0 + r * 8, row0 + t * 8) + quad_col * 2,
+                          ptx::pack2<Element>(st[4 * t + 2 * r], st[4 * t + 2 * r + 1]));
 
-    if (warpgroup == 0) {
-      probabilities_from_scores<kBlockM>(scores, lse_smem + stage * kBlockM, blk, p, m0, key0, score_scale,
-                                         blk.needs_mask(step));
+    // dS^T = P^T o (dP^T - D), D per column.
+    ptx::wgmma_wait<0>();  // dP^T
+    ptx::wgmma_hold(dpt);
+    const float* d_cols = d_smem + stage * kBlockM + row0;
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+    for (int t = 0; t < kCols / 8; ++t)
 #pragma unroll
-        for (int t = 0; t < kBlockM / 8; ++t)
-          ptx::st_shared_32(sP + swizzled_offset<kBlockN>(key0 + r * 8, t * 8) + quad_col * 2,
-                            ptx::pack2<Element>(scores[4 * t + 2 * r], scores[4 * t + 2 * r + 1]));
-      // fp32, thread by thread in 16-byte pieces (consecutive threads, consecutive pieces).
+      for (int i = 0; i < 4; ++i) dpt[4 * t + i] = st[4 * t + i] * (dpt[4 * t + i] - d_cols[t * 8 + quad_col + i % 2]);
 #pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i)
-        prob_smem[i * 128 + wg_thread] =
-            make_float4(scores[4 * i], scores[4 * i + 1], scores[4 * i + 2], scores[4 * i + 3]);
-    }
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int t = 0; t < kCols / 8; ++t)
+        ptx::st_shared_32(sdS + swizzled_offset<kBlockN>(key0 + r * 8, row0 + t * 8) + quad_col * 2,
+                          ptx::pack2<Element>(dpt[4 * t + 2 * r], dpt[4 * t + 2 * r + 1]));
     ptx::fence_proxy_async_shared();
-    __syncthreads();  // P^T is in shared memory
+    __syncthreads();  // both warpgroups' P^T and dS^T are in shared memory
 
-    // dV += P^T dO (this half), running while warpgroup 1 computes dS^T.
+    // dV += P^T dO, dK += dS^T Q and dQ = dS K, this half of the head dim.
     ptx::wgmma_hold(dv);
+    ptx::wgmma_hold(dk);
+    ptx::wgmma_hold(dq);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
       HalfMma::ss_kmn(dv, p_a + ((kk * 32) >> 4), do_mn + stage_offset + kk * kRows16, 1);
-    ptx::wgmma_commit();
-
-    if (warpgroup == 1) {
-      const float* d_stage = d_smem + stage * kBlockM;
-#pragma unroll
-      for (int i = 0; i < kBlockM / 8; ++i) {
-        const float4 prob = prob_smem[i * 128 + wg_thread];
-        const float d0 = d_stage[i * 8 + quad_col], d1 = d_stage[i * 8 + quad_col + 1];
-        scores[4 * i + 0] = prob.x * (scores[4 * i + 0] - d0);
-        scores[4 * i + 1] = prob.y * (scores[4 * i + 1] - d1);
-        scores[4 * i + 2] = prob.z * (scores[4 * i + 2] - d0);
-        scores[4 * i + 3] = prob.w * (scores[4 * i + 3] - d1);
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int t = 0; t < kBlockM / 8; ++t)
-          ptx::st_shared_32(sdS + swizzled_offset<kBlockN>(key0 + r * 8, t * 8) + quad_col * 2,
-                            ptx::pack2<Element>(scores[4 * t + 2 * r], scores[4 * t + 2 * r + 1]));
-    }
-    ptx::fence_proxy_async_shared();
-    __syncthreads();  // dS^T is in shared memory
-
-    // dK += dS^T Q and dQ = dS K, this half.
-    ptx::wgmma_hold(dk);
-    ptx::wgmma_hold(dq);
-    ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
       HalfMma::ss_kmn(dk, ds_a + ((kk * 32) >> 4), q_mn + stage_offset + kk * kRows16, 1);
