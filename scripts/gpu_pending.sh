@@ -274,7 +274,8 @@ case "$stage" in
     # forward suite with every call on the sm90 kernel (FLASHATTN_CUDA_FORWARD=sm90), the
     # backward suite (the sm90 backward is the default on Hopper) and the kv-cache suite run
     # side by side, memcheck and racecheck on the backward's plain calls, then the backward
-    # benchmark against flash and cuDNN (head dims SM90ALL_HDIMS, default 64,128,256; ~7 min).
+    # benchmark against flash and cuDNN (head dims SM90ALL_HDIMS, default 64,128,256, at
+    # SM90ALL_SEQLENS, default 1k,4k,16k; ~7 min).
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
     build_all || exit 1
@@ -297,7 +298,7 @@ case "$stage" in
     done
     left=$(( 570 - ($(date +%s) - t0) ))
     PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
-      --out "$OUT/backward" --peers flash,cudnn --hdims ${SM90ALL_HDIMS:-64,128,256} --seqlens 1k,4k,16k \
+      --out "$OUT/backward" --peers flash,cudnn --hdims ${SM90ALL_HDIMS:-64,128,256} --seqlens ${SM90ALL_SEQLENS:-1k,4k,16k} \
       --time-budget-s $(( left - 20 )) >"$OUT/bench_backward.log" 2>&1
     echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -A14 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -14 ;;
@@ -318,7 +319,8 @@ case "$stage" in
     # paged, at ANCHORS.md's shapes. AB_FWD_ARGS adds options to the forward runs (the last
     # of a repeated option wins): "--hdims 256 --target-s 2 --repeat 400" times the hdim-256
     # forward in windows long enough for the power cap to settle (without --repeat the
-    # benchmark's cap of 100 timed calls ends them at 0.05-0.75 s).
+    # benchmark's cap of 100 timed calls ends them at 0.05-0.75 s). AB_BWD_ARGS likewise for
+    # the backward ("--seqlens 512,4k" replaces 4k,16k).
     base=${2:?ab needs the base snapshot directory, e.g. ../.snap_base}
     shift 2
     trees=("$base" . "$@")
@@ -326,6 +328,7 @@ case "$stage" in
     for extra in "$@"; do names+=("$(basename "$extra" | tr -dc 'A-Za-z0-9_')"); done
     passes=${AB_PASSES:-fwd bwd}
     AB_FWD_ARGS=${AB_FWD_ARGS:-}
+    AB_BWD_ARGS=${AB_BWD_ARGS:-}
     jobs=$(( $(nproc) / ${#trees[@]} )); [ "$jobs" -ge 1 ] || jobs=1
     builds=()
     for i in "${!trees[@]}"; do
@@ -352,7 +355,7 @@ case "$stage" in
         if [[ " $passes " == *" bwd "* ]]; then
           with_clock_log "$OUT/clocks_bwd_${who}_$round.csv" env PYTHONUNBUFFERED=1 timeout 100 \
             python3 bench/gpu_backward.py --lib "$lib" --skip-peers --hdims 64,128,256 --seqlens 4k,16k \
-            --time-budget-s 45 --out "$OUT/bwd_${who}_$round" >"$OUT/bwd_${who}_$round.log" 2>&1
+            --time-budget-s 45 $AB_BWD_ARGS --out "$OUT/bwd_${who}_$round" >"$OUT/bwd_${who}_$round.log" 2>&1
         fi
       done
     done
