@@ -38,6 +38,9 @@
 #   scripts/gpu_pending.sh sm90all    the sm90 forward (every call on it) and backward suites and
 #                                     the kv-cache suite, backward sanitizers, the backward
 #                                     benchmark against flash and cuDNN (~7 min)
+#   scripts/gpu_pending.sh parts [VARIANT...]  Nsight Compute durations of every kernel of a
+#                                     backward call, ours (and each snapshot given) and flash's,
+#                                     at the 512 shapes; FLASHATTN_FWD_GRID=1 adds the forward grid
 #   scripts/gpu_pending.sh ab BASE [VARIANT...]  this tree's speed (and each further
 #                                     snapshot's) against the snapshot in BASE, ours only,
 #                                     forward and backward, or decode with AB_PASSES=dec
@@ -48,7 +51,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, parts or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -308,6 +311,47 @@ case "$stage" in
     PYTHONUNBUFFERED=1 timeout 60 python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
       --out "$OUT/backward" --skip-peers --hdims 64,128,256 --seqlens 4k --time-budget-s 40 >"$OUT/bench_backward.log" 2>&1
     grep -A8 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -8 ;;
+  parts)
+    # Where a backward call's time goes: Nsight Compute durations (locked clocks) of every
+    # kernel of the timed calls, ours and FlashAttention-2's, at PARTS_SHAPES (hdim-causal-seqlen,
+    # default the 512 points below flash), then, with FLASHATTN_FWD_GRID=1, the forward over the
+    # standard grid with flash and cuDNN in the time left. Further snapshot directories given
+    # are profiled too (ablations: the same call with one part of the kernel removed).
+    t0=$(date +%s)
+    shift
+    trees=(. "$@")
+    for i in "${!trees[@]}"; do
+      build_library "${trees[$i]}" $(( $(nproc) / ${#trees[@]} )) >"$OUT/build_$i.log" 2>&1 & builds[$i]=$!
+    done
+    for i in "${!trees[@]}"; do wait "${builds[$i]}" || { tail -20 "$OUT/build_$i.log"; exit 1; }; done
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    export PATH="/usr/local/cuda/bin:$PATH"
+    for shape in ${PARTS_SHAPES:-256-no-512 64-yes-512}; do
+      IFS=- read -r hdim causal seqlen <<<"$shape"
+      runs=("flash|--peers flash|$(cat COMMIT 2>/dev/null)")
+      for i in "${!trees[@]}"; do
+        runs+=("ours$i|--skip-peers --lib ${trees[$i]}/build-gpu/src/libflashattn_c.so|$(cat "${trees[$i]}/COMMIT" 2>/dev/null)")
+      done
+      for run in "${runs[@]}"; do
+        IFS='|' read -r who args commit <<<"$run"
+        # Every kernel of the run: the timed calls are the last ones (5 backward, then 5
+        # forward + backward; --repeat 5).
+        timeout 75 ncu --metrics gpu__time_duration.sum --csv --launch-count 600 \
+          python3 bench/gpu_backward.py $args --hdims "$hdim" --causal "$causal" --seqlens "$seqlen" \
+          --repeat 5 --target-s 0.001 --out "/tmp/parts-$shape-$who" >"$OUT/ncu_${shape}_$who.csv" 2>"$OUT/ncu_${shape}_$who.err"
+        echo "== $shape $who ($commit): the last 30 launches (us)" | tee -a "$OUT/summary.txt"
+        python3 scripts/ncu_durations.py "$OUT/ncu_${shape}_$who.csv" --last 30 | tee -a "$OUT/summary.txt" | tail -6
+      done
+    done
+    if [ "${FLASHATTN_FWD_GRID:-0}" = 1 ]; then
+      left=$(( 585 - ($(date +%s) - t0) ))
+      with_clock_log "$OUT/clocks_forward.csv" env PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_forward.py \
+        --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --peers flash,cudnn \
+        --time-budget-s $(( left - 30 )) >"$OUT/bench_forward.log" 2>&1
+      echo "bench forward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      python3 scripts/clock_windows.py "$OUT/clocks_forward.csv" "$OUT/forward/results.json" >"$OUT/clocks_forward.md" 2>&1
+      grep -h "min ours" "$OUT/forward/results.md"
+    fi ;;
   ab)
     # This tree against another snapshot carried along (scripts/device_snapshot.sh REF
     # .snap_base), and optionally more variants (further snapshot directories): all libraries
