@@ -22,6 +22,8 @@
 #                                     benchmark with the peers (512..16k without 8k; ~9 min)
 #   scripts/gpu_pending.sh final      a session's last call: GPU suite, sanitizers, backward and
 #                                     forward benchmarks against flash and cuDNN (~7 min)
+#   scripts/gpu_pending.sh bwdcheck   the backward suite, memcheck and racecheck on the sm90
+#                                     backward's tests (~3 min)
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
 #   scripts/gpu_pending.sh ptx        a build of compute_80 PTX only (what a GPU after Hopper
 #                                     runs, JIT-compiled), then the GPU suite on it
@@ -51,7 +53,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, parts or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, parts, bwdcheck or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -305,6 +307,22 @@ case "$stage" in
       --time-budget-s $(( left - 20 )) >"$OUT/bench_backward.log" 2>&1
     echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -A14 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -14 ;;
+  bwdcheck)
+    # The backward suite alone, then memcheck and racecheck on the sm90 backward's plain calls
+    # (each bucket), ragged batches and edge cases (~3 min): a kernel variant's check after an A/B.
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    build_all test_backward_cuda || exit 1
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    timeout 240 build-gpu/tests/test_backward_cuda >"$OUT/test_backward.log" 2>&1
+    echo "test_backward: status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_backward.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -E '^\[  FAILED' "$OUT/test_backward.log" | head -8
+    filter='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
+    for tool in memcheck racecheck; do
+      timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
+        --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
+      echo "$tool (backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    done ;;
   quickbwd)
     # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.
     build_library . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
