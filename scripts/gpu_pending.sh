@@ -79,7 +79,7 @@ build_library() {  # DIR [JOBS]
 # The whole release build with the tests (or one TARGET) in ./build-gpu, its log in
 # $OUT/build.log; on failure the errors are printed and the status is 1.
 build_all() {  # [TARGET]
-  { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF \
+  { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_TOOLS=ON \
     && cmake --build build-gpu -j "$(nproc)" ${1:+--target "$1"}; } >"$OUT/build.log" 2>&1 ||
     { grep -B2 -A12 -m5 error "$OUT/build.log" | head -60; tail -5 "$OUT/build.log"; return 1; }
 }
