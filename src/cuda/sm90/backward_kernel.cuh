@@ -462,30 +462,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::st_shared_32(sdS + swizzled_offset<kBlockN>(key0 + r * 8, t * 8) + quad_col * 2,
                           dsf[t / 2][(t % 2) * 2 + r]);
     ptx::fence_proxy_async_shared();
-
-    // dK += dS^T Q, running while the warpgroups meet below.
-    ptx::wgmma_hold(dk);
-    ptx::wgmma_hold(dsf);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) KvMma::rs(dk, dsf[kk], q_stage_mn + kk * kRows16);
-    ptx::wgmma_commit();
     __syncthreads();  // both warpgroups' dS^T are in shared memory
 
-    // dQ (64 rows x this warpgroup's half of the head dim) = dS K over all 128 keys.
+    // dQ (64 rows x this warpgroup's half of the head dim) = dS K over all 128 keys, then
+    // dK += dS^T Q in a second group: dQ's atomics are issued while dK is in the tensor cores.
     ptx::wgmma_hold(dq);
+    ptx::wgmma_hold(dk);
+    ptx::wgmma_hold(dsf);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) QMma::ss_mn(dq, ds_a + kk * kRows16, k_mn + kk * kRows16, kk > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) KvMma::rs(dk, dsf[kk], q_stage_mn + kk * kRows16);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<1>();  // dV and dQ
     ptx::wgmma_hold(dq);
+    // Accumulator rows are the bucket wide (kHeadDim floats).
+    add_to_dq_accumulator<kHeadDim / 2>(kp, blk, rows.row, m0, warpgroup * (kHeadDim / 2), kHeadDim, dq);
+    ptx::wgmma_wait<0>();
     ptx::wgmma_hold(dv);
     ptx::wgmma_hold(dk);
     ptx::wgmma_hold(pf);
     ptx::wgmma_hold(dsf);
-    // Accumulator rows are the bucket wide (kHeadDim floats).
-    add_to_dq_accumulator<kHeadDim / 2>(kp, blk, rows.row, m0, warpgroup * (kHeadDim / 2), kHeadDim, dq);
     rows = rows.after(kp, blk, next);  // adds again, rather than registers held through the step
     step = next;
   }
@@ -623,25 +622,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::fence_proxy_async_shared();
     __syncthreads();  // both warpgroups' P^T and dS^T are in shared memory
 
-    // dV += P^T dO, dK += dS^T Q and dQ = dS K, this half of the head dim.
+    // dQ = dS K first, then dV += P^T dO and dK += dS^T Q in a second group, this half of the
+    // head dim: dQ's atomics are issued while dV and dK are in the tensor cores.
     ptx::wgmma_hold(dv);
     ptx::wgmma_hold(dk);
     ptx::wgmma_hold(dq);
     ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) HalfMma::ss_mn(dq, ds_mn + kk * kRows16, k_mn + kk * kRows16, kk > 0);
+    ptx::wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
       HalfMma::ss_kmn(dv, p_a + ((kk * 32) >> 4), do_mn + stage_offset + kk * kRows16, 1);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
       HalfMma::ss_kmn(dk, ds_a + ((kk * 32) >> 4), q_mn + stage_offset + kk * kRows16, 1);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) HalfMma::ss_mn(dq, ds_mn + kk * kRows16, k_mn + kk * kRows16, kk > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
+    ptx::wgmma_wait<1>();  // dQ
     ptx::wgmma_hold(dq);
+    add_to_dq_accumulator<kHalf>(kp, blk, rows.row, m0, col0, kHeadDim, dq);
+    ptx::wgmma_wait<0>();
     ptx::wgmma_hold(dk);
     ptx::wgmma_hold(dv);
-    add_to_dq_accumulator<kHalf>(kp, blk, rows.row, m0, col0, kHeadDim, dq);
     rows = rows.after(kp, blk, next);  // adds again, rather than registers held through the step
     step = next;
   }
