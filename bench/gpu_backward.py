@@ -2,7 +2,8 @@
 """flashattn GPU backward benchmark: ours against PyTorch SDPA's backward, one card.
 
 The grid, dtype, input rotation and timing method are bench/gpu_forward.py's (its helpers are
-imported from there): hdim 64/128/256 x seqlen 512..16k x causal, batch = 16384/seqlen,
+imported from there; the systems of a config are timed side by side, in rotating rounds: first
+the backward alone, then forward + backward): hdim 64/128/256 x seqlen 512..16k x causal, batch = 16384/seqlen,
 heads = 2048/hdim, bf16, q/k/v/dout (B, S, H, D) standard normal. For every config:
 
   ours       bwd:     fa_backward (libflashattn_c.so, CUDA backend, default mode) given the
@@ -208,15 +209,6 @@ def first_calls(system: str, prepared: Prepared) -> None:
             raise fw.NotAvailable("; ".join(dict.fromkeys(reasons))[:400]) from e
 
 
-def time_calls(calls: list[Callable], context, target_s: float, max_reps: int) -> fw.Timing:
-    with context():
-        estimate = sorted(fw.event_times(calls, 1, 3))[1]
-        reps = max(min(fw.MIN_REPS, max_reps),
-                   min(max_reps, math.ceil(target_s * 1e3 / max(estimate, 1e-3))))
-        times = sorted(fw.event_times(calls, 0, reps))
-    return fw.Timing(ms=times[len(times) // 2], ms_min=times[0], ms_max=times[-1], reps=reps)
-
-
 # --- correctness -----------------------------------------------------------------------------
 
 def reference_grads(q, k, v, dout, b: int, h: int, causal: bool):
@@ -316,10 +308,12 @@ def base_row(cfg: fw.Config, system: str, dtype: str) -> dict:
             "fwdbwd_tflops": None, "check": None, "memory": None}
 
 
-def run_system(system: str, cfg: fw.Config, sets: list[tuple], lib, args,
-               reference_grads_of: dict) -> dict:
+def prepare_row(system: str, cfg: fw.Config, sets: list[tuple], lib, args,
+                reference_grads_of: dict | None) -> tuple[dict, Prepared | None]:
+    """One row up to its timing: prepare, first calls, the gradients of the first set for the
+    check (when reference_grads_of is given). Returns the row and the prepared system (None
+    where it failed or was refused: the row says what happened)."""
     row = base_row(cfg, system, args.dtype)
-    prepared = None
     try:
         prepared = (prepare_ours(lib, sets, cfg.causal, args.deterministic) if system == "ours"
                     else prepare_peer(system, sets, cfg.causal))
@@ -328,22 +322,35 @@ def run_system(system: str, cfg: fw.Config, sets: list[tuple], lib, args,
             with prepared.context():
                 grads = prepared.grads()
             reference_grads_of[system] = tuple(g.detach().clone() for g in grads)
-        timed_from = time.time()
-        t_bwd = time_calls(prepared.bwd, prepared.context, args.target_s, args.repeat)
-        timed_to = time.time()  # the backward's window (scripts/clock_windows.py)
-        t_all = time_calls(prepared.fwdbwd, prepared.context, args.target_s, args.repeat)
+        if system == "ours":
+            row["workspace_bytes"] = prepared.workspace()
+        return row, prepared
+    except Exception as e:
+        fw.record_failure(row, e)
+        return row, None
+
+
+def time_rows(ready: dict[str, Prepared], config_rows: dict[str, dict], cfg: fw.Config,
+              args) -> None:
+    """The backward alone, then forward + backward, of every prepared system side by side
+    (fw.time_interleaved), into their rows."""
+    timed_bwd = fw.time_interleaved({s: (p.bwd, p.context) for s, p in ready.items()},
+                                    args.target_s, args.repeat)
+    timed_all = fw.time_interleaved({s: (p.fwdbwd, p.context) for s, p in ready.items()
+                                     if timed_bwd[s].error is None}, args.target_s, args.repeat)
+    for system, bwd in timed_bwd.items():
+        row = config_rows[system]
+        both = timed_all.get(system)
+        error = bwd.error or (both.error if both else None)
+        if error is not None:
+            fw.record_failure(row, error)
+            continue
+        t_bwd, t_all = bwd.timing, both.timing
         row.update(bwd_ms=t_bwd.ms, bwd_ms_min=t_bwd.ms_min, bwd_ms_max=t_bwd.ms_max,
-                   bwd_reps=t_bwd.reps, timed_window=[round(timed_from, 3), round(timed_to, 3)],
+                   bwd_reps=t_bwd.reps, timed_windows=bwd.windows,  # the backward's
                    bwd_tflops=BWD_FACTOR * cfg.flops / (t_bwd.ms * 1e-3) / 1e12,
                    fwdbwd_ms=t_all.ms, fwdbwd_reps=t_all.reps,
                    fwdbwd_tflops=(1 + BWD_FACTOR) * cfg.flops / (t_all.ms * 1e-3) / 1e12)
-        if system == "ours":
-            row["workspace_bytes"] = prepared.workspace()
-    except Exception as e:
-        fw.record_failure(row, e)
-    finally:
-        del prepared
-    return row
 
 
 def run_benchmark(args, meta: dict, lib) -> list[dict]:
@@ -370,13 +377,21 @@ def run_benchmark(args, meta: dict, lib) -> list[dict]:
         do_check = (cfg.hdim, cfg.causal) not in checked
         grads: dict | None = {} if do_check else None
         config_rows = {}
+        ready: dict[str, Prepared] = {}
         for system in systems:
-            row = run_system(system, cfg, sets, lib, args, grads)
+            row, prepared = prepare_row(system, cfg, sets, lib, args, grads)
             config_rows[system] = row
             rows.append(row)
+            if prepared is not None:
+                ready[system] = prepared
             if row["status"] == "error" and not fw.cuda_healthy():
                 healthy = False
                 break
+        if healthy and ready:
+            time_rows(ready, config_rows, cfg, args)
+            if any(r["status"] == "error" for r in config_rows.values()):
+                healthy = fw.cuda_healthy()
+        del ready
         if do_check and healthy and grads and "ours" in grads:
             checked.add((cfg.hdim, cfg.causal))
             peer = next((p for p in PEERS if p in grads), None)

@@ -702,8 +702,7 @@ def run_system(system: str, shape: Shape, sets: list[InputSet], lib, args) -> di
                 row["check"] = {"ok": False, "failed": "the check raised " + fw.first_line(e)}
         if args.check_only:
             return row
-        eager = fw.time_calls(fw.Prepared(calls=prepared.calls, context=prepared.context),
-                              args.target_s / 2, args.repeat)
+        eager = fw.time_calls(prepared.calls, prepared.context, args.target_s / 2, args.repeat)
         row.update(us_eager=eager.ms * 1e3, tbps_eager=shape.kv_bytes / (eager.ms * 1e-3) / 1e12)
         row["timing"] = "eager (per-call events, host launch included)"
         if not args.no_graph:

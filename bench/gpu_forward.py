@@ -20,8 +20,11 @@ holds 16k tokens of width 2048 and the flops grow linearly with seqlen.
 Timing (GUIDE.md, METHOD.md): one untimed call (module loading, cuDNN plans), three timed
 warm-up calls to size the run, then N calls bracketed by CUDA events, N chosen so that a
 system spends about --target-s on a config (between 5 and --repeat calls); the median is
-reported. Each call reads the next of several input sets whose total exceeds --rotate-mib
-(the H200 has 60 MB of L2), the same rotation for every system.
+reported. The systems of a config are timed side by side: the N calls of each are split over
+three rounds, every system taking its turn in each round in an order that rotates, so that
+none is always the first to meet a card whose clock the previous (heavier) config's power
+draw still holds down. Each call reads the next of several input sets whose total exceeds
+--rotate-mib (the H200 has 60 MB of L2), the same rotation for every system.
 TFLOP/s = 4*B*H*S*S*D / time, halved when causal.
 
 Correctness: on the first seqlen of every (hdim, causal) group, ours runs on outputs poisoned
@@ -119,6 +122,7 @@ TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}  # absolute, on outputs of magnitude ~1
 RELATIVE_TOLERANCE = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -10}
 LSE_TOLERANCE = 1e-2
 MIN_REPS = 5
+ROUNDS = 3  # timed rounds per config: each system's calls split over them (time_interleaved)
 MAX_INPUT_SETS = 8
 GIB = 1 << 30
 MIB = 1 << 20
@@ -596,15 +600,61 @@ def event_times(calls: Sequence[Callable[[], Any]], start: int, n: int) -> list[
     return [b.elapsed_time(e) for b, e in zip(begins, ends)]
 
 
-def time_calls(prepared: Prepared, target_s: float, max_reps: int) -> Timing:
-    """Times an already-warmed system: three calls size the run, then between MIN_REPS and
-    max_reps calls (about target_s in all) give the median."""
-    with prepared.context():
-        estimate = sorted(event_times(prepared.calls, 1, 3))[1]
-        reps = max(min(MIN_REPS, max_reps),
-                   min(max_reps, math.ceil(target_s * 1e3 / max(estimate, 1e-3))))
-        times = sorted(event_times(prepared.calls, 0, reps))
-    return Timing(ms=times[len(times) // 2], ms_min=times[0], ms_max=times[-1], reps=reps)
+@dataclass
+class Timed:
+    """One system's result from time_interleaved: its timing and the wall-clock windows of
+    its rounds (for scripts/clock_windows.py), or the exception that stopped it."""
+    timing: Timing | None = None
+    windows: list[list[float]] = field(default_factory=list)
+    error: Exception | None = None
+
+
+def time_interleaved(systems: dict[str, tuple[Sequence[Callable[[], Any]],
+                                               Callable[[], AbstractContextManager]]],
+                     target_s: float, max_reps: int, rounds: int = ROUNDS,
+                     times_of: Callable[..., list[float]] = event_times) -> dict[str, Timed]:
+    """Times already-warmed systems of one config side by side. `systems` maps a name to its
+    calls (one per input set) and the context they run in. Three calls of each size its run
+    (about target_s in all, between MIN_REPS and max_reps calls); the calls are then split over
+    `rounds` rounds, every system taking its share in each round, the order rotated by one
+    system per round. The median is over all of a system's calls. A system that raises is
+    left out of the later rounds, its exception returned; the others go on."""
+    result = {name: Timed() for name in systems}
+    reps: dict[str, int] = {}
+    for name, (calls, context) in systems.items():
+        try:
+            with context():
+                estimate = sorted(times_of(calls, 1, 3))[1]
+        except Exception as e:
+            result[name].error = e
+            continue
+        reps[name] = max(min(MIN_REPS, max_reps),
+                         min(max_reps, math.ceil(target_s * 1e3 / max(estimate, 1e-3))))
+    samples: dict[str, list[float]] = {name: [] for name in reps}
+    names = list(reps)
+    for r in range(rounds if names else 0):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if result[name].error is not None:
+                continue
+            # This round's share: the shares of all rounds add up to reps exactly.
+            n = reps[name] * (r + 1) // rounds - reps[name] * r // rounds
+            if n == 0:
+                continue
+            calls, context = systems[name]
+            began = time.time()
+            try:
+                with context():
+                    samples[name] += times_of(calls, len(samples[name]), n)
+            except Exception as e:
+                result[name].error = e
+                continue
+            result[name].windows.append([round(began, 3), round(time.time(), 3)])
+    for name, times in samples.items():
+        if result[name].error is None and times:
+            times = sorted(times)
+            result[name].timing = Timing(ms=times[len(times) // 2], ms_min=times[0],
+                                         ms_max=times[-1], reps=len(times))
+    return result
 
 
 # --- correctness ---------------------------------------------------------------------------
@@ -780,10 +830,11 @@ def cuda_healthy() -> bool:
         return False
 
 
-def run_system(system: str, cfg: Config, sets: list[tuple], lib: FlashAttnLib | None,
-               args: argparse.Namespace, check: bool) -> dict:
-    """One row: prepare, first call, correctness check (ours, when `check`), timing.
-    Never raises for a failure of the system itself; the row says what happened."""
+def prepare_row(system: str, cfg: Config, sets: list[tuple], lib: FlashAttnLib | None,
+                args: argparse.Namespace, check: bool) -> tuple[dict, Prepared | None]:
+    """One row up to its timing: prepare, first call, correctness check (ours, when `check`).
+    Returns the row and the prepared system (None where it failed or was refused: the row
+    says what happened). Never raises for a failure of the system itself."""
     import torch
     row = base_row(cfg, system, args.dtype)
     element_size = torch.empty((), dtype=torch_dtype(args.dtype)).element_size()
@@ -791,7 +842,7 @@ def run_system(system: str, cfg: Config, sets: list[tuple], lib: FlashAttnLib | 
         row.update(status="skipped", reason=f"would need "
                    f"{naive_bytes(cfg, element_size) / GIB:.0f} GiB (budget "
                    f"{args.naive_budget_gib:g} GiB)")
-        return row
+        return row, None
     prepared = None
     try:
         prepared = prepare_system(system, lib, sets, cfg.causal)
@@ -816,20 +867,32 @@ def run_system(system: str, cfg: Config, sets: list[tuple], lib: FlashAttnLib | 
                 row["check"] = {"ok": False, "failed": "the check raised " + first_line(e)}
             row["error"] = row["check"].get("max_abs_vs_peer",
                                             row["check"].get("max_abs_out_vs_fp64"))
-        timed_from = time.time()
-        timing = time_calls(prepared, args.target_s, args.repeat)
-        # The wall-clock window of the timed calls, so that a clock and power log sampled
-        # alongside (scripts/clock_windows.py) can be matched to each measurement.
-        row.update(ms=timing.ms, ms_min=timing.ms_min, ms_max=timing.ms_max, reps=timing.reps,
-                   tflops=cfg.flops / (timing.ms * 1e-3) / 1e12,
-                   timed_window=[round(timed_from, 3), round(time.time(), 3)])
         if system == "ours":
             row["workspace_bytes"] = int(prepared.forward_calls[0].info.workspace_bytes)
+        return row, prepared
     except Exception as e:
         record_failure(row, e)
-    finally:
-        del prepared
-    return row
+        return row, None
+
+
+def time_calls(calls: Sequence[Callable[[], Any]], context: Callable[[], AbstractContextManager],
+               target_s: float, max_reps: int) -> Timing:
+    """One system timed alone (time_interleaved with one round); raises what the calls raise."""
+    timed = time_interleaved({"alone": (calls, context)}, target_s, max_reps, rounds=1)["alone"]
+    if timed.error is not None:
+        raise timed.error
+    return timed.timing
+
+
+def record_timing(row: dict, timed: Timed, flops: float) -> None:
+    """Puts a system's time_interleaved result into its row: the time and TFLOP/s, and the
+    wall-clock windows of its rounds (scripts/clock_windows.py matches a clock log to them)."""
+    if timed.error is not None:
+        record_failure(row, timed.error)
+        return
+    t = timed.timing
+    row.update(ms=t.ms, ms_min=t.ms_min, ms_max=t.ms_max, reps=t.reps,
+               tflops=flops / (t.ms * 1e-3) / 1e12, timed_windows=timed.windows)
 
 
 def build_grid(args: argparse.Namespace) -> list[Config]:
@@ -864,21 +927,31 @@ def run_benchmark(args: argparse.Namespace, meta: dict, lib: FlashAttnLib | None
                              "reason": "inputs: " + first_line(e)})
             continue
         config_rows = {}
+        ready: dict[str, Prepared] = {}
         for system in systems:
             check = system == "ours" and (cfg.hdim, cfg.causal) not in checked
-            row = run_system(system, cfg, sets, lib, args, check)
+            row, prepared = prepare_row(system, cfg, sets, lib, args, check)
             if check and row["status"] != "n/a":
                 checked.add((cfg.hdim, cfg.causal))
             config_rows[system] = row
             rows.append(row)
+            if prepared is not None:
+                ready[system] = prepared
             if row["status"] == "error" and not cuda_healthy():
                 healthy = False
                 for rest in systems[systems.index(system) + 1:]:
                     rows.append({**base_row(cfg, rest, args.dtype), "status": "skipped",
                                  "reason": "CUDA context lost earlier in the run"})
                 break
-            if system == "naive":
-                torch.cuda.empty_cache()  # hand the score matrices back before the next config
+        if healthy and ready:
+            timed = time_interleaved({s: (p.calls, p.context) for s, p in ready.items()},
+                                     args.target_s, args.repeat)
+            for system, result in timed.items():
+                record_timing(config_rows[system], result, cfg.flops)
+            if any(r.error is not None for r in timed.values()) and not cuda_healthy():
+                healthy = False
+        del ready
+        torch.cuda.empty_cache()  # naive's score matrices back before the memory figures
         if healthy and cfg.hdim == MEMORY_HDIM and cfg.seqlen in args.memory_seqlens:
             for system, row in config_rows.items():
                 if row["status"] != "ok":

@@ -4,7 +4,8 @@
 A kernel that issues more instructions for the same work can draw more power and so run at a
 lower clock under the card's power limit, which a profiler (clocks locked) does not show. This
 joins a log sampled during a benchmark run with the timed windows in the benchmark's
-results.json (`timed_window`, wall-clock seconds) and prints, per configuration and system,
+results.json (`timed_windows`, the rounds of a system's timing, or `timed_window`; wall-clock
+seconds) and prints, per configuration and system,
 the mean SM clock and power draw over that window.
 
 The log is what
@@ -47,11 +48,11 @@ def read_samples(path: str) -> list[tuple[float, float, float, int | None]]:
     return samples
 
 
-def window_means(samples, start: float, end: float):
-    """Over the samples inside [start, end]: mean MHz, mean W, the count, and the shares held
-    down by the power cap and by other reasons (None without the reasons column); or None
-    when there are no samples."""
-    inside = [s for s in samples if start <= s[0] <= end]
+def window_means(samples, windows: list[list[float]]):
+    """Over the samples inside any of the [start, end] windows: mean MHz, mean W, the count,
+    and the shares held down by the power cap and by other reasons (None without the reasons
+    column); or None when there are no samples."""
+    inside = [s for s in samples if any(start <= s[0] <= end for start, end in windows)]
     if not inside:
         return None
     n = len(inside)
@@ -77,10 +78,11 @@ def main(argv: list[str]) -> int:
         with open(path) as f:
             rows = json.load(f)["rows"]
         for row in rows:
-            window = row.get("timed_window")
-            if not window:
+            # The rounds of an interleaved timing (timed_windows), or one window (older runs).
+            windows = row.get("timed_windows") or ([row["timed_window"]] if row.get("timed_window") else [])
+            if not windows:
                 continue
-            means = window_means(samples, window[0], window[1])
+            means = window_means(samples, windows)
             if means is None:
                 continue
             print(f"| {path} | {row['hdim']} | {'yes' if row['causal'] else 'no'} | {row['seqlen']} "

@@ -103,3 +103,18 @@ def test_clock_windows_means_and_power_cap_share(tmp_path, capsys, with_reasons)
     share = "| 50 % | 0 % |" if with_reasons else "| - | - |"
     assert expected + share.lstrip("|") in out
     assert "flash" not in out
+
+
+def test_clock_windows_joins_the_rounds_of_an_interleaved_timing(tmp_path, capsys):
+    clock_windows = load("clock_windows")
+    t0 = 1_800_000_000.0
+    log = tmp_path / "clocks.csv"
+    # Samples 0..9, 50 ms apart: 1000 + 100 i MHz.
+    log.write_text("".join(f"{stamp(t0 + 0.05 * i)}, {1000 + 100 * i}, 300.0\n" for i in range(10)))
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"rows": [
+        # Two rounds: samples 1 and 2, then 7: (1100 + 1200 + 1700) / 3 MHz.
+        {"system": "ours", "hdim": 128, "causal": True, "seqlen": 512,
+         "timed_windows": [[t0 + 0.04, t0 + 0.11], [t0 + 0.34, t0 + 0.36]]}]}))
+    assert clock_windows.main([str(log), str(results)]) == 0
+    assert "| 128 | yes | 512 | ours | 1333 | 300 | 3 |" in capsys.readouterr().out
