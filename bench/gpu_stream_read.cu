@@ -10,9 +10,9 @@
 //                            so a launch gap of 1-2 us is included) per schedule and shape,
 //                            in two rounds
 //   ./stream_read profile [SEQLEN]   batch 8 x 32k (or SEQLEN) only, four calls per schedule,
-//                            for Nsight Compute: `ncu --metrics gpu__time_duration.sum
-//                            ./stream_read profile` gives kernel durations at the profiler's
-//                            locked clocks, comparable with scripts/gpu_profile.sh's decode
+//                            for Nsight Compute: `ncu --clock-control none --metrics
+//                            gpu__time_duration.sum ./stream_read profile` gives kernel
+//                            durations comparable with scripts/gpu_profile.sh's decode
 //                            profiles.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -474,8 +474,8 @@ double time_tbps(Kernel kernel, const Problem& base, const Shape& shape, int sha
 }  // namespace
 
 // `stream_read profile [SEQLEN]`: batch 8 with a 32k (or SEQLEN) cache only, one call per schedule and no warm-up, for
-// Nsight Compute (`ncu --section SpeedOfLight ./stream_read profile`), whose durations at its
-// locked clocks compare with the decode profiles of scripts/gpu_profile.sh.
+// Nsight Compute (`ncu --clock-control none --section SpeedOfLight ./stream_read profile`),
+// whose durations compare with the decode profiles of scripts/gpu_profile.sh.
 int main(int argc, char** argv) {
   const int heads_k = 8;
   const bool profile = argc > 1 && std::string(argv[1]) == "profile";

@@ -149,17 +149,18 @@ case "$stage" in
   stream)
     # The 2026-11-30 22:24 UTC call's commands (docs/results/h200_stream_read_2026-11-30.md),
     # except that the library is built after the event-timed table (that call built it
-    # meanwhile, and event timing includes each call's launch). Nsight Compute's durations, at
-    # its locked clocks, compare across the kernels of one call only.
+    # meanwhile, and event timing includes each call's launch). Nsight Compute's durations
+    # (with --clock-control none since 2026-12-01; that call's at its locked clocks) compare
+    # across the kernels of one call only.
     export PATH="/usr/local/cuda/bin:$PATH"
     nvcc -O3 -std=c++17 -arch=sm_90a -I src bench/gpu_stream_read.cu -o /tmp/stream_read || exit 1
     /tmp/stream_read >"$OUT/stream_read.txt" 2>&1
-    ncu --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed --csv \
+    ncu --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed --csv \
       /tmp/stream_read profile >"$OUT/stream_read_ncu.csv" 2>&1
     build_library . >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
     for who in ours cudnn; do
       if [ $who = ours ]; then peers=(--skip-peers); kernels=kvcache_kernel; else peers=(--peers cudnn); kernels=cudnn; fi
-      ncu --kernel-name "regex:$kernels" --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+      ncu --clock-control none --kernel-name "regex:$kernels" --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
         --csv python3 bench/gpu_decode.py --lib build-gpu/src/libflashattn_c.so --out /tmp/stream-dec-$who \
         --shapes 8x32k "${peers[@]}" --no-graph --repeat 3 --target-s 0.001 --copy-mib 64 >"$OUT/decode_ncu_$who.csv" 2>&1
     done
@@ -330,7 +331,8 @@ case "$stage" in
       --out "$OUT/backward" --skip-peers --hdims 64,128,256 --seqlens 4k --time-budget-s 40 >"$OUT/bench_backward.log" 2>&1
     grep -A8 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -8 ;;
   parts)
-    # Where a backward call's time goes: Nsight Compute durations (locked clocks) of every
+    # Where a backward call's time goes: Nsight Compute durations (the card's own clocks:
+    # --clock-control none, as METHOD.md asks; runs before that locked them) of every
     # kernel of the timed calls, ours and FlashAttention-2's, at PARTS_SHAPES (hdim-causal-seqlen,
     # default the 512 points below flash), then, with FLASHATTN_FWD_GRID=1, the forward over the
     # standard grid with flash and cuDNN in the time left. Further snapshot directories given
@@ -354,7 +356,7 @@ case "$stage" in
         IFS='|' read -r who args commit <<<"$run"
         # Every kernel of the run: the timed calls are the last ones (5 backward, then 5
         # forward + backward; --repeat 5).
-        timeout 75 ncu --metrics gpu__time_duration.sum --csv --launch-count 600 \
+        timeout 75 ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 600 \
           python3 bench/gpu_backward.py $args --hdims "$hdim" --causal "$causal" --seqlens "$seqlen" \
           --repeat 5 --target-s 0.001 --out "/tmp/parts-$shape-$who" >"$OUT/ncu_${shape}_$who.csv" 2>"$OUT/ncu_${shape}_$who.err"
         echo "== $shape $who ($commit): the last 30 launches (us)" | tee -a "$OUT/summary.txt"

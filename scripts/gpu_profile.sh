@@ -46,7 +46,7 @@ for who in ours $peer; do
   else
     args=(--peers "$peers" --hdims "$hdim" --seqlens "$seqlen" --causal "$causal" --repeat 5)
   fi
-  ncu --kernel-name "regex:$regex" --launch-skip 3 --launch-count 1 $sections --import-source no \
+  ncu --clock-control none --kernel-name "regex:$regex" --launch-skip 3 --launch-count 1 $sections --import-source no \
     -o "$out/profile_${pass}_$who" \
     python3 "$bench" --lib "$lib" --out "/tmp/profile-$pass-$who" \
     "${args[@]}" >"$out/ncu_${pass}_$who.log" 2>&1
