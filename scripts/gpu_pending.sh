@@ -40,6 +40,11 @@
 #   scripts/gpu_pending.sh sm90all    the sm90 forward (every call on it) and backward suites and
 #                                     the kv-cache suite, backward sanitizers, the backward
 #                                     benchmark against flash and cuDNN (~7 min)
+#   scripts/gpu_pending.sh grids      the backward and forward over the whole grid with flash and
+#                                     cuDNN, the library alone (~6 min)
+#   scripts/gpu_pending.sh suite      the whole GPU suite (~5 min)
+#   scripts/gpu_pending.sh sanitize   memcheck and racecheck on the forward and backward sweeps,
+#                                     seven runs at once (~8 min)
 #   scripts/gpu_pending.sh parts [VARIANT...]  Nsight Compute durations of every kernel of a
 #                                     backward call, ours (and each snapshot given) and flash's,
 #                                     at the 512 shapes; FLASHATTN_FWD_GRID=1 adds the forward grid
@@ -53,7 +58,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, parts, bwdcheck or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, grids, suite, sanitize, parts, bwdcheck or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -330,6 +335,66 @@ case "$stage" in
     PYTHONUNBUFFERED=1 timeout 60 python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
       --out "$OUT/backward" --skip-peers --hdims 64,128,256 --seqlens 4k --time-budget-s 40 >"$OUT/bench_backward.log" 2>&1
     grep -A8 "^| hdim | causal | seqlen | ours |" "$OUT/backward/results.md" | head -8 ;;
+  grids)
+    # The closing figures of issues 3 and 5: the library alone, then the backward and the
+    # forward over the whole standard grid with flash and cuDNN (each shape's systems timed side
+    # by side), with the clock log (~6 min).
+    t0=$(date +%s)
+    build_library . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    with_clock_log "$OUT/clocks_backward.csv" env PYTHONUNBUFFERED=1 timeout 270 python3 bench/gpu_backward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/backward" --peers flash,cudnn --time-budget-s 240 \
+      >"$OUT/bench_backward.log" 2>&1
+    echo "bench backward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    left=$(( 585 - ($(date +%s) - t0) ))
+    with_clock_log "$OUT/clocks_forward.csv" env PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_forward.py \
+      --lib build-gpu/src/libflashattn_c.so --out "$OUT/forward" --peers flash,cudnn \
+      --time-budget-s $(( left - 30 )) >"$OUT/bench_forward.log" 2>&1
+    echo "bench forward: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    for pass in backward forward; do
+      python3 scripts/clock_windows.py "$OUT/clocks_$pass.csv" "$OUT/$pass/results.json" >"$OUT/clocks_$pass.md" 2>&1
+    done
+    grep -h "min ours" "$OUT/backward/results.md" "$OUT/forward/results.md" ;;
+  suite)
+    # The whole GPU suite on a full build (~5 min).
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    build_all || exit 1
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    timeout 500 ctest --test-dir build-gpu -L gpu -j 8 --output-on-failure --timeout 300 >"$OUT/tests_gpu.log" 2>&1
+    echo "gpu tests: status $? $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -E '\*\*\*Failed|Not Run|Timeout' "$OUT/tests_gpu.log" | head -10 ;;
+  sanitize)
+    # compute-sanitizer memcheck and racecheck, all at once on the one GPU: the forward on
+    # gpu_check.sh's sweep (the default dispatch: sm90 above head dim 64 on Hopper, sm80 below;
+    # memcheck with the sm80 kernel forced too, what GPUs before Hopper run), the backward on
+    # gpu_check.sh's sweep (the sm80 kernels' features) and on sm90all's (the sm90 kernels'
+    # plain calls at each bucket); ~8 min (racecheck on the sm90 forward is the slow one).
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    build_all || exit 1
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    fwd_filter=$(sed -n "s/^  filter='\(\*FeatureGrid[^']*\)'.*/\1/p" scripts/gpu_check.sh)
+    bwd_filter=$(sed -n "s/^  filter='\(\*BackwardGrid[^']*\)'.*/\1/p" scripts/gpu_check.sh)
+    sm90_bwd_filter='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
+    runs=("memcheck test_forward_cuda default $fwd_filter" "racecheck test_forward_cuda default $fwd_filter"
+          "memcheck test_forward_cuda sm80 $fwd_filter"
+          "memcheck test_backward_cuda default $bwd_filter" "racecheck test_backward_cuda default $bwd_filter"
+          "memcheck test_backward_cuda default $sm90_bwd_filter" "racecheck test_backward_cuda default $sm90_bwd_filter")
+    pids=()
+    for i in "${!runs[@]}"; do
+      read -r tool test family filter <<<"${runs[$i]}"
+      forced=()  # the forward's kernel family, where one is forced
+      [ "$family" = default ] || forced=("FLASHATTN_CUDA_FORWARD=$family")
+      env "${forced[@]}" timeout 520 compute-sanitizer --tool "$tool" --error-exitcode 99 "build-gpu/tests/$test" \
+        --gtest_filter="$filter" >"$OUT/sanitizer_$i.log" 2>&1 & pids[$i]=$!
+    done
+    for i in "${!runs[@]}"; do
+      wait "${pids[$i]}"; status=$?
+      read -r tool test family filter <<<"${runs[$i]}"
+      echo "$tool $test ($family forward; ${filter:0:50}...): status $status ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$i.log" | tail -1)) $(grep -cE '^\[       OK' "$OUT/sanitizer_$i.log") tests ok" | tee -a "$OUT/summary.txt"
+    done
+    echo "done at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt" ;;
   parts)
     # Where a backward call's time goes: Nsight Compute durations (the card's own clocks:
     # --clock-control none, as METHOD.md asks; runs before that locked them) of every
