@@ -88,6 +88,17 @@ build_all() {  # [TARGET]
     && cmake --build build-gpu -j "$(nproc)" ${1:+--target "$1"}; } >"$OUT/build.log" 2>&1 ||
     { grep -B2 -A12 -m5 error "$OUT/build.log" | head -60; tail -5 "$OUT/build.log"; return 1; }
 }
+# A stage's start: the clock (t0) and the release build with the tests (or one TARGET), its
+# time and the commit first in the summary; the stage ends here if the build fails.
+build_stage() {  # [TARGET]
+  t0=$(date +%s)
+  export PATH="/usr/local/cuda/bin:$PATH"
+  build_all "$@" || exit 1
+  echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+}
+# The sm90 backward's tests under the sanitizers: plain calls at each bucket (64, 128, 256),
+# ragged batches, long sequences and the edge cases.
+SM90_BACKWARD_FILTER='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
 export OUT="$top/$stage"
 mkdir -p "$OUT"
 case "$stage" in
@@ -181,10 +192,7 @@ case "$stage" in
     # forward and backward filters and racecheck on the backward's (gpu_check.sh's filters),
     # the backward and forward benchmarks against flash and cuDNN (1k, 4k, 16k), then the
     # forward racecheck if the time is left. The CPU tests are left to CI.
-    t0=$(date +%s)
-    export PATH="/usr/local/cuda/bin:$PATH"
-    build_all || exit 1
-    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    build_stage
     ctest --test-dir build-gpu -L gpu -j 8 --output-on-failure --timeout 300 >"$OUT/tests_gpu.log" 2>&1
     echo "gpu tests: $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '\*\*\*Failed' "$OUT/tests_gpu.log" | head -10
@@ -221,10 +229,7 @@ case "$stage" in
     # The sm90 (wgmma) forward: the CUDA forward suite on it (FLASHATTN_CUDA_FORWARD=sm90: every
     # head dim) and on the sm80 kernel (=sm80), memcheck on the sanitizer filter, then the
     # forward benchmark (the default dispatch) against flash and cuDNN.
-    t0=$(date +%s)
-    export PATH="/usr/local/cuda/bin:$PATH"
-    build_all || exit 1
-    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    build_stage
     FLASHATTN_CUDA_FORWARD=sm90 timeout 240 build-gpu/tests/test_forward_cuda >"$OUT/test_forward_sm90.log" 2>&1
     echo "test_forward_cuda (sm90 wherever it covers the call): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_forward_sm90.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '^\[  FAILED' "$OUT/test_forward_sm90.log" | head -12
@@ -246,10 +251,7 @@ case "$stage" in
     # The release with the sm90 kernels: the whole GPU suite, then the backward over the
     # standard grid with flash and cuDNN (the README's backward figures), then the forward
     # with both at FINAL_FWD_SEQLENS (default 1k,4k,16k) in the time left (~9 min).
-    t0=$(date +%s)
-    export PATH="/usr/local/cuda/bin:$PATH"
-    build_all || exit 1
-    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    build_stage
     timeout 300 ctest --test-dir build-gpu -L gpu -j 8 --output-on-failure --timeout 300 >"$OUT/tests_gpu.log" 2>&1
     echo "gpu tests: status $? $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '\*\*\*Failed' "$OUT/tests_gpu.log" | head -10
@@ -270,10 +272,7 @@ case "$stage" in
     grep -h "min ours" "$OUT/backward/results.md" "$OUT/forward/results.md" ;;
   sm90race)
     # racecheck on the sm90 forward (it is slow there: a few head dims and masks, each bucket).
-    t0=$(date +%s)
-    export PATH="/usr/local/cuda/bin:$PATH"
-    build_all test_forward_cuda || exit 1
-    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    build_stage test_forward_cuda
     # RACE_FILTER replaces the default filter (e.g. the general variant's softcap/ALiBi tests).
     filter=${RACE_FILTER:-'*HeadDims*/7:*HeadDims*/14:*HeadDims*/15:*HeadDims*/23:*HeadDims*/31:*FeatureGrid*causal_bf16*:*FeatureGrid*sliding_fp16*:EdgeCases.FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse'}
     FLASHATTN_CUDA_FORWARD=sm90 timeout ${RACE_S:-330} compute-sanitizer --tool racecheck --error-exitcode 99 \
@@ -287,10 +286,7 @@ case "$stage" in
     # side by side, memcheck and racecheck on the backward's plain calls, then the backward
     # benchmark against flash and cuDNN (head dims SM90ALL_HDIMS, default 64,128,256, at
     # SM90ALL_SEQLENS, default 1k,4k,16k; ~7 min).
-    t0=$(date +%s)
-    export PATH="/usr/local/cuda/bin:$PATH"
-    build_all || exit 1
-    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    build_stage
     FLASHATTN_CUDA_FORWARD=sm90 timeout 240 build-gpu/tests/test_forward_cuda >"$OUT/test_forward_sm90.log" 2>&1 & fwd=$!
     timeout 240 build-gpu/tests/test_backward_cuda >"$OUT/test_backward.log" 2>&1 & bwd=$!
     timeout 240 build-gpu/tests/test_kvcache_cuda >"$OUT/test_kvcache.log" 2>&1 & kv=$!
@@ -301,7 +297,7 @@ case "$stage" in
       grep -m2 -B3 -A10 'Failure' "$OUT/$2.log" | head -30
     done
     # The sm90 backward's plain calls at each bucket (64, 128, 256), masks and edge cases.
-    filter='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
+    filter=$SM90_BACKWARD_FILTER
     for tool in memcheck racecheck; do
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
         --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
@@ -316,14 +312,11 @@ case "$stage" in
   bwdcheck)
     # The backward suite alone, then memcheck and racecheck on the sm90 backward's plain calls
     # (each bucket), ragged batches and edge cases (~3 min): a kernel variant's check after an A/B.
-    t0=$(date +%s)
-    export PATH="/usr/local/cuda/bin:$PATH"
-    build_all test_backward_cuda || exit 1
-    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    build_stage test_backward_cuda
     timeout 240 build-gpu/tests/test_backward_cuda >"$OUT/test_backward.log" 2>&1
     echo "test_backward: status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_backward.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '^\[  FAILED' "$OUT/test_backward.log" | head -8
-    filter='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
+    filter=$SM90_BACKWARD_FILTER
     for tool in memcheck racecheck; do
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
         --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
@@ -358,10 +351,7 @@ case "$stage" in
     grep -h "min ours" "$OUT/backward/results.md" "$OUT/forward/results.md" ;;
   suite)
     # The whole GPU suite on a full build (~5 min).
-    t0=$(date +%s)
-    export PATH="/usr/local/cuda/bin:$PATH"
-    build_all || exit 1
-    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    build_stage
     timeout 500 ctest --test-dir build-gpu -L gpu -j 8 --output-on-failure --timeout 300 >"$OUT/tests_gpu.log" 2>&1
     echo "gpu tests: status $? $(grep -E 'tests passed|tests failed' "$OUT/tests_gpu.log" | tail -1) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '\*\*\*Failed|Not Run|Timeout' "$OUT/tests_gpu.log" | head -10 ;;
@@ -371,17 +361,13 @@ case "$stage" in
     # memcheck with the sm80 kernel forced too, what GPUs before Hopper run), the backward on
     # gpu_check.sh's sweep (the sm80 kernels' features) and on sm90all's (the sm90 kernels'
     # plain calls at each bucket); ~8 min (racecheck on the sm90 forward is the slow one).
-    t0=$(date +%s)
-    export PATH="/usr/local/cuda/bin:$PATH"
-    build_all || exit 1
-    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    build_stage
     fwd_filter=$(sed -n "s/^  filter='\(\*FeatureGrid[^']*\)'.*/\1/p" scripts/gpu_check.sh)
     bwd_filter=$(sed -n "s/^  filter='\(\*BackwardGrid[^']*\)'.*/\1/p" scripts/gpu_check.sh)
-    sm90_bwd_filter='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
     runs=("memcheck test_forward_cuda default $fwd_filter" "racecheck test_forward_cuda default $fwd_filter"
           "memcheck test_forward_cuda sm80 $fwd_filter"
           "memcheck test_backward_cuda default $bwd_filter" "racecheck test_backward_cuda default $bwd_filter"
-          "memcheck test_backward_cuda default $sm90_bwd_filter" "racecheck test_backward_cuda default $sm90_bwd_filter")
+          "memcheck test_backward_cuda default $SM90_BACKWARD_FILTER" "racecheck test_backward_cuda default $SM90_BACKWARD_FILTER")
     pids=()
     for i in "${!runs[@]}"; do
       read -r tool test family filter <<<"${runs[$i]}"
