@@ -24,6 +24,8 @@
 #                                     forward benchmarks against flash and cuDNN (~7 min)
 #   scripts/gpu_pending.sh bwdcheck   the backward suite, memcheck and racecheck on the sm90
 #                                     backward's tests (~3 min)
+#   scripts/gpu_pending.sh kvcheck    the kv-cache suite, memcheck and racecheck on the plain
+#                                     decoding and split-count tests (~3 min)
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
 #   scripts/gpu_pending.sh ptx        a build of compute_80 PTX only (what a GPU after Hopper
 #                                     runs, JIT-compiled), then the GPU suite on it
@@ -58,7 +60,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, grids, suite, sanitize, parts, bwdcheck or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, grids, suite, sanitize, parts, bwdcheck, kvcheck or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -321,6 +323,19 @@ case "$stage" in
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
         --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
       echo "$tool (backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    done ;;
+  kvcheck)
+    # The kv-cache suite alone, then memcheck and racecheck on the plain-decoding tests and the
+    # split-count sweep (~3 min): a decode-kernel variant's check after an A/B.
+    build_stage test_kvcache_cuda
+    timeout 240 build-gpu/tests/test_kvcache_cuda >"$OUT/test_kvcache.log" 2>&1
+    echo "test_kvcache: status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_kvcache.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -E '^\[  FAILED' "$OUT/test_kvcache.log" | head -8
+    for tool in memcheck racecheck; do
+      timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_kvcache_cuda \
+        --gtest_filter='KvCachePlain.*:KvCache.EverySplitCountMatchesTheReference:KvCache.NanInOneQueryRowStaysInThatRow' \
+        >"$OUT/sanitizer_$tool.log" 2>&1
+      echo "$tool (kv-cache): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done ;;
   quickbwd)
     # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.

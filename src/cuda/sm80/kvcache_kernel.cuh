@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "common/kvcache.hpp"
 #include "common/mask.hpp"
@@ -433,7 +434,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = (lane % 4) * 2;
   // This lane's two rows (quad_row, quad_row + 8): their query position, the keys they may
-  // see within the split, and their ALiBi slope (in base-2 units).
+  // see within the split, and their ALiBi slope (in base-2 units). A row past the CTA's
+  // (zero Q, never written out) is given every key, so that it never forces the mask: a
+  // decoding step with G = 4 fills 4 of the 16 rows, and every lane holds such a row, so
+  // otherwise every block would pay the per-element mask.
   int64_t row_t[2], row_lo[2], row_hi[2];
   float row_slope[2];
 #pragma unroll
@@ -441,7 +445,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int r = quad_row + 8 * rr;
     const uint32_t row = r0 + r, t = row / ugroup;
     row_t[rr] = t;
-    row_lo[rr] = row_hi[rr] = 0;
+    row_lo[rr] = INT64_MIN;
+    row_hi[rr] = INT64_MAX;
     row_slope[rr] = 0.0f;
     if (r < rows_here) {
       const KeyRange visible =
@@ -452,8 +457,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         row_slope[rr] = p.alibi_slopes[b * p.alibi_batch_stride + hk * group + (row - t * ugroup)] * kLog2e;
     }
   }
-  // The keys both of this lane's rows see (rows past the CTA's see none, so they never skip
-  // the mask).
+  // The keys both of this lane's rows see.
   const int64_t lane_lo = row_lo[0] > row_lo[1] ? row_lo[0] : row_lo[1];
   const int64_t lane_hi = row_hi[0] < row_hi[1] ? row_hi[0] : row_hi[1];
   const bool alibi = kGeneral && p.alibi_slopes != nullptr;
