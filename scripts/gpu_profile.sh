@@ -23,7 +23,7 @@ if [ ! -f "$lib" ]; then
 fi
 sections="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
   --section InstructionStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-  --section MemoryWorkloadAnalysis_Tables --section SourceCounters"
+  --section MemoryWorkloadAnalysis_Tables --section MemoryWorkloadAnalysis_Chart --section SourceCounters"
 bench=bench/gpu_forward.py
 [ "$pass" = bwd ] && bench=bench/gpu_backward.py
 peer=flash
@@ -52,6 +52,11 @@ for who in ours $peer; do
     "${args[@]}" >"$out/ncu_${pass}_$who.log" 2>&1
   ncu --import "$out/profile_${pass}_$who.ncu-rep" --page details --print-units base \
     >"$out/details_${pass}_$who.txt" 2>&1
+  # Every collected metric (the L2 and fabric traffic of the memory chart included), and the
+  # speed-of-light breakdowns: which unit's throughput is the one near its peak.
+  ncu --import "$out/profile_${pass}_$who.ncu-rep" --page raw --print-units base >"$out/raw_${pass}_$who.txt" 2>&1
+  ncu --import "$out/profile_${pass}_$who.ncu-rep" --page details --print-details all --section SpeedOfLight \
+    --print-units base >"$out/sol_${pass}_$who.txt" 2>&1
   # Stall reasons per issued instruction (WarpStateStats' raw metrics), largest first: where
   # the issue slots go when the instruction counts are alike.
   ncu --import "$out/profile_${pass}_$who.ncu-rep" --page raw --print-units base 2>&1 |
