@@ -24,6 +24,8 @@
 #                                     forward benchmarks against flash and cuDNN (~7 min)
 #   scripts/gpu_pending.sh bwdcheck   the backward suite, memcheck and racecheck on the sm90
 #                                     backward's tests (~3 min)
+#   scripts/gpu_pending.sh kvtraffic [TREE...]  Nsight Compute at decode 8 x 32k per tree: DRAM
+#                                     bytes, L2-to-SM bytes, L2 requests, duration (~30 s each)
 #   scripts/gpu_pending.sh kvcheck    the kv-cache suite, memcheck and racecheck on the plain
 #                                     decoding and split-count tests (~3 min)
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
@@ -60,7 +62,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, grids, suite, sanitize, parts, bwdcheck, kvcheck or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, grids, suite, sanitize, parts, bwdcheck, kvcheck, kvtraffic or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -323,6 +325,23 @@ case "$stage" in
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
         --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
       echo "$tool (backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    done ;;
+  kvtraffic)
+    # What the decode kernel moves at 8 x 32k (Nsight Compute, one launch per tree; each
+    # tree's library built if missing): DRAM bytes read, bytes L2 sent to the SMs (the
+    # cache is 1 GiB: more than that is read twice), L2 read requests, duration.
+    shift
+    export PATH="/usr/local/cuda/bin:$PATH"
+    metrics=gpu__time_duration.sum,dram__bytes_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum,lts__t_requests_srcunit_tex_op_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+    for tree in "${@:-.}"; do
+      [ -f "$tree/build-gpu/src/libflashattn_c.so" ] || build_library "$tree" >"$OUT/build.log" 2>&1
+      name=$(basename "$(cd "$tree" && pwd)")
+      timeout 90 ncu --clock-control none --kernel-name regex:kvcache_kernel --launch-skip 3 --launch-count 1 \
+        --metrics "$metrics" --csv python3 bench/gpu_decode.py --lib "$tree/build-gpu/src/libflashattn_c.so" \
+        --shapes 8x32768 --no-graph --repeat 5 --target-s 0.01 --skip-peers --out "/tmp/traffic-$name" \
+        >"$OUT/ncu_$name.csv" 2>"$OUT/ncu_$name.err"
+      echo "== $name ($(cat "$tree/COMMIT" 2>/dev/null))"
+      grep -E '"(gpu__time|dram__|l1tex__|lts__)' "$OUT/ncu_$name.csv" | awk -F'","' '{print "  " $(NF-2) " " $(NF-1) " " $NF}' | tr -d '"'
     done ;;
   kvcheck)
     # The kv-cache suite alone, then memcheck and racecheck on the plain-decoding tests and the
