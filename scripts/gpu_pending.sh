@@ -26,6 +26,9 @@
 #                                     backward's tests (~3 min)
 #   scripts/gpu_pending.sh kvtraffic [TREE...]  Nsight Compute at decode 8 x 32k per tree: DRAM
 #                                     bytes, L2-to-SM bytes, L2 requests, duration (~30 s each)
+#   scripts/gpu_pending.sh kvlayouts  the kv-cache K/V tile layouts and L2 policy (tuning
+#                                     candidates): suite on each layout, sanitizers, L2-to-SM
+#                                     bytes and decode timing per candidate (~6 min)
 #   scripts/gpu_pending.sh kvcheck    the kv-cache suite, memcheck and racecheck on the plain
 #                                     decoding and split-count tests (~3 min)
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
@@ -62,7 +65,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, grids, suite, sanitize, parts, bwdcheck, kvcheck, kvtraffic or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, grids, suite, sanitize, parts, bwdcheck, kvcheck, kvtraffic, kvlayouts or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -99,6 +102,19 @@ build_stage() {  # [TARGET]
   export PATH="/usr/local/cuda/bin:$PATH"
   build_all "$@" || exit 1
   echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+}
+# Nsight Compute on one decode launch at 8 x 32k with the library LIB: DRAM bytes read, the
+# bytes L2 sends the SMs (the cache is 1 GiB: more than that is read twice), L2 read
+# requests, DRAM throughput and duration, printed under NAME.
+decode_traffic() {  # NAME LIB
+  local file
+  file="$OUT/ncu_traffic_$(echo "$1" | tr -c 'A-Za-z0-9_\n' _).csv"
+  timeout 90 ncu --clock-control none --kernel-name regex:kvcache_kernel --launch-skip 3 --launch-count 1 \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum,lts__t_requests_srcunit_tex_op_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    --csv python3 bench/gpu_decode.py --lib "$2" --shapes 8x32768 --no-graph --repeat 5 --target-s 0.01 \
+    --skip-peers --out /tmp/traffic >"$file" 2>"$file.err"
+  echo "== $1"
+  grep -E '"(gpu__time|dram__|l1tex__|lts__)' "$file" | awk -F'","' '{print "  " $(NF-2) " " $(NF-1) " " $NF}' | tr -d '"'
 }
 # The sm90 backward's tests under the sanitizers: plain calls at each bucket (64, 128, 256),
 # ragged batches, long sequences and the edge cases.
@@ -327,22 +343,40 @@ case "$stage" in
       echo "$tool (backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done ;;
   kvtraffic)
-    # What the decode kernel moves at 8 x 32k (Nsight Compute, one launch per tree; each
-    # tree's library built if missing): DRAM bytes read, bytes L2 sent to the SMs (the
-    # cache is 1 GiB: more than that is read twice), L2 read requests, duration.
+    # What the decode kernel moves at 8 x 32k, one launch per tree (each tree's library built
+    # if missing; decode_traffic).
     shift
     export PATH="/usr/local/cuda/bin:$PATH"
-    metrics=gpu__time_duration.sum,dram__bytes_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum,lts__t_requests_srcunit_tex_op_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
     for tree in "${@:-.}"; do
       [ -f "$tree/build-gpu/src/libflashattn_c.so" ] || build_library "$tree" >"$OUT/build.log" 2>&1
-      name=$(basename "$(cd "$tree" && pwd)")
-      timeout 90 ncu --clock-control none --kernel-name regex:kvcache_kernel --launch-skip 3 --launch-count 1 \
-        --metrics "$metrics" --csv python3 bench/gpu_decode.py --lib "$tree/build-gpu/src/libflashattn_c.so" \
-        --shapes 8x32768 --no-graph --repeat 5 --target-s 0.01 --skip-peers --out "/tmp/traffic-$name" \
-        >"$OUT/ncu_$name.csv" 2>"$OUT/ncu_$name.err"
-      echo "== $name ($(cat "$tree/COMMIT" 2>/dev/null))"
-      grep -E '"(gpu__time|dram__|l1tex__|lts__)' "$OUT/ncu_$name.csv" | awk -F'","' '{print "  " $(NF-2) " " $(NF-1) " " $NF}' | tr -d '"'
+      decode_traffic "$(basename "$(cd "$tree" && pwd)") ($(cat "$tree/COMMIT" 2>/dev/null))" \
+        "$tree/build-gpu/src/libflashattn_c.so"
     done ;;
+  kvlayouts)
+    # The K/V tile layouts and the L2 policy, tuning candidates at head dim 128 (KvTileLayout):
+    # the kv-cache suite forced onto each new layout, memcheck and racecheck on the swizzle,
+    # then per candidate what L2 sends the SMs at 8 x 32k and the decode timing (~6 min).
+    t0=$(date +%s)
+    export PATH="/usr/local/cuda/bin:$PATH"
+    bash scripts/build_tuning.sh "$OUT/build.log" test_kvcache_cuda || exit 1
+    echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
+    for config in 4,3,256,pad32 4,3,256,swizzle; do
+      FLASHATTN_KVCACHE_CONFIG=$config timeout 200 build-tune/tests/test_kvcache_cuda >"$OUT/test_kvcache_$config.log" 2>&1
+      echo "test_kvcache on $config: status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_kvcache_$config.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    done
+    for tool in memcheck racecheck; do
+      FLASHATTN_KVCACHE_CONFIG=4,3,256,swizzle timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 \
+        build-tune/tests/test_kvcache_cuda --gtest_filter='KvCachePlain.*:KvCache.AppendStraddlesPagesAndQueriesOutnumberKeys' \
+        >"$OUT/sanitizer_$tool.log" 2>&1
+      echo "$tool (swizzle): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1))" | tee -a "$OUT/summary.txt"
+    done
+    candidates=(4,3,256,pad32 4,3,256,swizzle 4,3,0,swizzle 4,3,256,normal)
+    for config in release "${candidates[@]}"; do
+      if [ "$config" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$config; fi
+      decode_traffic "$config" build-tune/src/libflashattn_c.so | tee -a "$OUT/summary.txt"
+    done
+    unset FLASHATTN_KVCACHE_CONFIG
+    OUT="$OUT" bash scripts/gpu_tune_kvcache.sh "${candidates[@]}" | tee -a "$OUT/summary.txt" ;;
   kvcheck)
     # The kv-cache suite alone, then memcheck and racecheck on the plain-decoding tests and the
     # split-count sweep (~3 min): a decode-kernel variant's check after an A/B.

@@ -19,16 +19,21 @@ namespace {
 
 #ifdef FLASHATTN_SM80_TUNING
 using sm80::KvCacheConfig;
+using sm80::KvTileLayout;
 
-// Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages,L2 prefetch bytes" replaces the
-// head-dim-128 shape, so that one GPU session can time several against the decode benchmark.
-template <typename Element, int kWarps, int kStages, int kL2Prefetch>
-bool try_tuning_candidate(const char* wanted, const KvCacheParams& kv, KvCacheRun& result) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%d,%d,%d", kWarps, kStages, kL2Prefetch);
+// Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages,L2 prefetch bytes[,variant]"
+// replaces the head-dim-128 shape, so that one GPU session can time several against the
+// decode benchmark. Variants: pad32 and swizzle (the K/V tile layouts of KvTileLayout),
+// normal (the copies without the evict-first L2 policy).
+template <typename Element, int kWarps, int kStages, int kL2Prefetch,
+          KvTileLayout kLayout = KvTileLayout::Pad16, bool kEvictFirst = true>
+bool try_tuning_candidate(const char* wanted, const char* variant, const KvCacheParams& kv,
+                          KvCacheRun& result) {
+  char name[48];
+  std::snprintf(name, sizeof name, "%d,%d,%d%s%s", kWarps, kStages, kL2Prefetch, *variant ? "," : "", variant);
   if (std::strcmp(name, wanted) != 0) return false;
   // Through the release's fit check, as the release shapes (a clear error where it does not fit).
-  launch_first_fitting(Candidates<KvCacheConfig<Element, 128, kWarps, kStages, kL2Prefetch>>{},
+  launch_first_fitting(Candidates<KvCacheConfig<Element, 128, kWarps, kStages, kL2Prefetch, kLayout, kEvictFirst>>{},
                        kv.attn.head_dim, "kv-cache",
                        [&](auto config) { result = sm80::launch_kvcache<decltype(config)>(kv); });
   return true;
@@ -38,15 +43,21 @@ template <typename Element>
 bool run_tuning_candidate(const KvCacheParams& kv, KvCacheRun& result) {
   const char* wanted = std::getenv("FLASHATTN_KVCACHE_CONFIG");
   if (wanted == nullptr || head_dim_bucket(kv.attn.head_dim) != 128) return false;
-  if (try_tuning_candidate<Element, 4, 3, 0>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 128>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 256>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 4, 2, 256>(wanted, kv, result) ||
-      try_tuning_candidate<Element, 8, 3, 256>(wanted, kv, result))
+  if (try_tuning_candidate<Element, 4, 3, 0>(wanted, "", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 128>(wanted, "", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 256>(wanted, "", kv, result) ||
+      try_tuning_candidate<Element, 4, 2, 256>(wanted, "", kv, result) ||
+      try_tuning_candidate<Element, 8, 3, 256>(wanted, "", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 256, KvTileLayout::Pad32>(wanted, "pad32", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 256, KvTileLayout::Swizzle>(wanted, "swizzle", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 0, KvTileLayout::Swizzle>(wanted, "swizzle", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 256, KvTileLayout::Pad16, false>(wanted, "normal", kv, result))
     return true;
   // A name that matches nothing must not time the release shape under its label.
   throw Error(ErrorCode::InvalidArgument, "FLASHATTN_KVCACHE_CONFIG",
-              "one of 4,3,0 4,3,128 4,3,256 4,2,256 8,3,256", wanted);
+              "one of 4,3,0 4,3,128 4,3,256 4,2,256 8,3,256 4,3,256,pad32 4,3,256,swizzle "
+              "4,3,0,swizzle 4,3,256,normal",
+              wanted);
 }
 #endif
 

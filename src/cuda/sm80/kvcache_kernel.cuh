@@ -37,21 +37,40 @@
 
 namespace flashattn::detail::cuda::sm80 {
 
-template <typename Element_, int kHeadDim_, int kWarps_, int kStages_, int kL2Prefetch_>
+// How a K/V tile lies in shared memory. Rows padded by 16 bytes (the release: conflict-free
+// ldmatrix, as in the forward), by 32 bytes, or unpadded with the 16-byte chunks of each row
+// permuted by XOR with row % 8 (conflict-free too). Nsight Compute shows the first making L2
+// send the SMs 1.5x the cache (24 sectors per cp.async warp instruction where 16 carry data,
+// H200, 2026-12-01): a row that starts 16 bytes into a 32-byte shared-memory unit seems to
+// cost two transfers per global sector. The other two keep each sector in one unit; they are
+// tuning candidates until the GPU says which is faster (docs/PERFORMANCE.md).
+enum class KvTileLayout { Pad16, Pad32, Swizzle };
+
+template <typename Element_, int kHeadDim_, int kWarps_, int kStages_, int kL2Prefetch_,
+          KvTileLayout kLayout_ = KvTileLayout::Pad16, bool kEvictFirst_ = true>
 struct KvCacheConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;  // the bucket: a multiple of 32
   static constexpr int kWarps = kWarps_;
   static constexpr int kStages = kStages_;    // shared-memory stages of K and V
   static constexpr int kL2Prefetch = kL2Prefetch_;  // L2 prefetch hint of the K/V loads (bytes)
+  static constexpr KvTileLayout kLayout = kLayout_;
+  // The K/V copies mark their L2 lines evict-first (the cache is read once per call):
+  // +2.1 / +2.3 % at 1 x 8k, 0 to +1 % at the longer decode shapes (two A/B calls).
+  static constexpr bool kEvictFirst = kEvictFirst_;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16;          // packed query rows per CTA
   static constexpr int kWarpKeys = 16;        // keys per warp per block
   static constexpr int kBlockN = kWarpKeys * kWarps;
-  static constexpr int kRowStride = kHeadDim + 8;  // shared-memory row, in elements (see forward)
+  static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
+  // Shared-memory rows, in elements: K/V after kLayout, Q always padded by 16 bytes (it is
+  // stored by st.shared, not copied).
+  static constexpr int kRowStride =
+      kHeadDim + (kLayout == KvTileLayout::Pad16 ? 8 : kLayout == KvTileLayout::Pad32 ? 16 : 0);
+  static constexpr int kQRowStride = kHeadDim + 8;
   static constexpr int kChunksPerRow = kHeadDim / 8;
-  static constexpr int kTileBytes = kBlockN * kRowStride * static_cast<int>(sizeof(Element));
-  static constexpr int kQBytes = kBlockM * kRowStride * static_cast<int>(sizeof(Element));
+  static constexpr int kTileBytes = kBlockN * kRowStride * kElementBytes;
+  static constexpr int kQBytes = kBlockM * kQRowStride * kElementBytes;
   static constexpr int kSharedBytes = kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kMaxSharedBytes = kSharedBytes;
   // The warps' partial results (O, max, sum per row; fp32) reuse the K/V stages at the end.
@@ -59,6 +78,17 @@ struct KvCacheConfig {
   static constexpr int kPartialBytes = kWarps * kBlockM * (kPartialStride + 2) * 4;
   static_assert(kPartialBytes <= 2 * kStages * kTileBytes, "partials fit in the stages");
   static_assert(kHeadDim % 32 == 0 && kStages >= 2, "shapes");
+  static_assert(kLayout != KvTileLayout::Swizzle || kChunksPerRow % 8 == 0,
+                "the swizzle permutes 8 chunks: head dims that are multiples of 64");
+
+  // Byte offset of element `e` of K/V tile row `row` (e a multiple of 8 for a whole chunk).
+  __device__ static __forceinline__ uint32_t tile_offset(int row, int e) {
+    return row * (kRowStride * kElementBytes) + ((e * kElementBytes) ^ row_swizzle(row));
+  }
+  // What the swizzle XORs into a row's byte offsets: 16-byte chunk c goes to c ^ (row % 8).
+  __device__ static __forceinline__ uint32_t row_swizzle(int row) {
+    return kLayout == KvTileLayout::Swizzle ? static_cast<uint32_t>(row % 8) * 16 : 0u;
+  }
 };
 
 // What the kernels need beyond the validated call.
@@ -278,6 +308,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (chunk * 8 < p.head_dim) column_valid |= 1u << c;
   }
   const bool all_columns = column_valid == column_exists;
+  // One 16-byte K/V copy (zero-filled where !valid), under the config's L2 policy.
+  const uint64_t stream_policy = Cfg::kEvictFirst ? ptx::l2_evict_first_policy() : 0;
+  const auto copy_chunk = [&](uint32_t shared_dst, const Element* src, bool valid) {
+    if constexpr (Cfg::kEvictFirst)
+      ptx::cp_async_16_policy<Cfg::kL2Prefetch>(shared_dst, src, valid, stream_policy);
+    else
+      ptx::cp_async_16<Cfg::kL2Prefetch>(shared_dst, src, valid);
+  };
   const auto load_block = [&](int n, int stage) {
     const int64_t j0 = (first_block + n) * kBlockN;
     const uint32_t k_tile = sK + stage * Cfg::kTileBytes, v_tile = sV + stage * Cfg::kTileBytes;
@@ -298,9 +336,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
             const int chunk = load_chunk + c * kThreadsPerRow;
             if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
             const bool valid = kWhole || (in_range && ((column_valid >> c) & 1u));
-            const uint32_t offset = (row * kRowStride + chunk * 8) * kElementBytes;
-            ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_row + c * kThreadsPerRow * 8 : k_cache, valid);
-            ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_row + c * kThreadsPerRow * 8 : v_cache, valid);
+            const uint32_t offset = Cfg::tile_offset(row, chunk * 8);
+            copy_chunk(k_tile + offset, valid ? k_row + c * kThreadsPerRow * 8 : k_cache, valid);
+            copy_chunk(v_tile + offset, valid ? v_row + c * kThreadsPerRow * 8 : v_cache, valid);
           }
           k_row += k_pass_stride;
           v_row += v_pass_stride;
@@ -361,9 +399,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         const int chunk = load_chunk + c * kThreadsPerRow;
         if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
         const bool valid = in_range && chunk * 8 < p.head_dim;
-        const uint32_t offset = (row * kRowStride + chunk * 8) * kElementBytes;
-        ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
-        ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
+        const uint32_t offset = Cfg::tile_offset(row, chunk * 8);
+        copy_chunk(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
+        copy_chunk(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
       }
     }
     if (kGeneral && kv.k_new != nullptr && seq.begin + j0 + kBlockN > cached_end) {
@@ -382,7 +420,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                                                           t * kv.v_new_row_stride +
                                                           hk * kv.v_new_head_stride + e];
         }
-        const uint32_t offset = (static_cast<int>(j - j0) * kRowStride + e) * kElementBytes;
+        const uint32_t offset = Cfg::tile_offset(static_cast<int>(j - j0), e);
         asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(k_tile + offset),
                      "h"(*reinterpret_cast<const unsigned short*>(&k_value)));
         asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(v_tile + offset),
@@ -425,7 +463,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     for (int i = 0; i < kQIters; ++i) {
       const int idx = threadIdx.x + i * kThreads;
       if (idx < kQChunks)
-        ptx::st_shared_128(sQ + ((idx / Cfg::kChunksPerRow) * kRowStride +
+        ptx::st_shared_128(sQ + ((idx / Cfg::kChunksPerRow) * Cfg::kQRowStride +
                                  (idx % Cfg::kChunksPerRow) * 8) * kElementBytes,
                            chunk_value[i]);
     }
@@ -466,9 +504,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   float o[kOTiles][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // base-2 units
-  const uint32_t q_base = sQ + ((lane % 16) * kRowStride + (lane / 16) * 8) * kElementBytes;
-  const uint32_t k_lane = ((warp * 16 + lane % 8 + (lane / 16) * 8) * kRowStride + ((lane / 8) % 2) * 8) * kElementBytes;
-  const uint32_t v_lane = ((warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRowStride + (lane / 16) * 8) * kElementBytes;
+  const uint32_t q_base = sQ + ((lane % 16) * Cfg::kQRowStride + (lane / 16) * 8) * kElementBytes;
+  // The K/V tile rows and columns this lane addresses in ldmatrix; its rows are all lane % 8
+  // modulo 8, so one swizzle serves them all.
+  const uint32_t k_lane_row = (warp * 16 + lane % 8 + (lane / 16) * 8) * kRowStride * kElementBytes;
+  const uint32_t k_lane_col = ((lane / 8) % 2) * 8 * kElementBytes;
+  const uint32_t v_lane_row = (warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRowStride * kElementBytes;
+  const uint32_t v_lane_col = (lane / 16) * 8 * kElementBytes;
+  const uint32_t lane_swizzle = Cfg::row_swizzle(lane % 8);
 
   // Up to head dim 128 the Q fragments stay in registers for the whole loop (4 kKSteps
   // registers: 32 at 128), loaded once after the first barrier; above, they are re-read from
@@ -491,7 +534,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     // S = Q K^T over this warp's 16 keys of the block.
     const int64_t j0 = (first_block + n) * kBlockN + warp * 16;
     float s[2][4] = {};
-    const uint32_t k_base = sK + stage * Cfg::kTileBytes + k_lane;
+    const uint32_t k_base = sK + stage * Cfg::kTileBytes + k_lane_row;
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       uint32_t qf[4], kf[4];
@@ -503,7 +546,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       } else {
         ptx::ldmatrix_x4(qf, q_base + kk * 16 * kElementBytes);
       }
-      ptx::ldmatrix_x4(kf, k_base + kk * 16 * kElementBytes);
+      ptx::ldmatrix_x4(kf, k_base + ((kk * 16 * kElementBytes + k_lane_col) ^ lane_swizzle));
       ptx::mma_16816<Element>(s[0], qf, kf[0], kf[1]);
       ptx::mma_16816<Element>(s[1], qf, kf[2], kf[3]);
     }
@@ -569,7 +612,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     pf[1] = ptx::pack2<Element>(s[0][2], s[0][3]);
     pf[2] = ptx::pack2<Element>(s[1][0], s[1][1]);
     pf[3] = ptx::pack2<Element>(s[1][2], s[1][3]);
-    const uint32_t v_base = sV + stage * Cfg::kTileBytes + v_lane;
+    const uint32_t v_base = sV + stage * Cfg::kTileBytes + v_lane_row;
     // Rescale O only when some row's running max moved (after the first blocks it rarely
     // does): one warp vote instead of 4 kOTiles multiplications per block.
     if (__any_sync(0xffffffffu, scale_o[0] != 1.0f || scale_o[1] != 1.0f)) {
@@ -584,7 +627,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
     for (int t = 0; t < kOTiles; t += 2) {
       uint32_t vf[4];
-      ptx::ldmatrix_x4_trans(vf, v_base + t * 8 * kElementBytes);
+      ptx::ldmatrix_x4_trans(vf, v_base + ((t * 8 * kElementBytes + v_lane_col) ^ lane_swizzle));
       ptx::mma_16816<Element>(o[t], pf, vf[0], vf[1]);
       ptx::mma_16816<Element>(o[t + 1], pf, vf[2], vf[3]);
     }
