@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Times candidate shapes of the kv-cache kernel at head dim 128 (warps, stages, L2 prefetch
-# bytes, and a variant: pad32, swizzle or normal; src/cuda/kvcache.cu) on the decode benchmark (ours only, dense and paged), against the release shape, in
-# one GPU call:
-#   scripts/gpu_tune_kvcache.sh [warps,stages,prefetch ...]   (default: all compiled candidates)
+# bytes, and a variant: pad32, swizzle or normal; src/cuda/kvcache.cu) on the decode
+# benchmark (ours only, dense and paged), against the release shape, in one GPU call:
+#   scripts/gpu_tune_kvcache.sh [warps,stages,prefetch[,variant] ...]   (default: all compiled candidates)
 # Logs in $OUT (./gpu-results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
