@@ -10,7 +10,7 @@ out=${OUT:-gpu-results}
 mkdir -p "$out"
 export PATH="/usr/local/cuda/bin:$PATH"
 candidates=("$@")
-[ ${#candidates[@]} -eq 0 ] && candidates=(4,3,0 4,3,128 4,3,256 4,2,256 8,3,256)
+[ ${#candidates[@]} -eq 0 ] && candidates=(4,3,0 4,3,128 4,3,256 4,2,256 8,3,256 4,3,256,pad32 4,3,256,swizzle 4,3,0,swizzle 4,3,256,normal)
 bash scripts/build_tuning.sh "$out/kvtune_build.log" || exit 1
 for candidate in release "${candidates[@]}"; do
   if [ "$candidate" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$candidate; fi
