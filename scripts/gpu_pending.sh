@@ -26,9 +26,9 @@
 #                                     backward's tests (~3 min)
 #   scripts/gpu_pending.sh kvtraffic [TREE...]  Nsight Compute at decode 8 x 32k per tree: DRAM
 #                                     bytes, L2-to-SM bytes, L2 requests, duration (~30 s each)
-#   scripts/gpu_pending.sh kvlayouts  the kv-cache K/V tile layouts and L2 policy (tuning
+#   scripts/gpu_pending.sh kvlayouts  the kv-cache K/V tile layouts (tuning
 #                                     candidates): suite on each layout, sanitizers, L2-to-SM
-#                                     bytes and decode timing per candidate (~6 min)
+#                                     bytes and decode with the peers per candidate (~7 min)
 #   scripts/gpu_pending.sh kvcheck    the kv-cache suite, memcheck and racecheck on the plain
 #                                     decoding and split-count tests (~3 min)
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
@@ -353,9 +353,10 @@ case "$stage" in
         "$tree/build-gpu/src/libflashattn_c.so"
     done ;;
   kvlayouts)
-    # The K/V tile layouts and the L2 policy, tuning candidates at head dim 128 (KvTileLayout):
+    # The K/V tile layouts, tuning candidates at head dim 128 (KvTileLayout, src/cuda/kvcache.cu):
     # the kv-cache suite forced onto each new layout, memcheck and racecheck on the swizzle,
-    # then per candidate what L2 sends the SMs at 8 x 32k and the decode timing (~6 min).
+    # then per candidate what L2 sends the SMs at 8 x 32k and the decode benchmark with the
+    # peers (~7 min; FLASHATTN_CUDA_ARCHS=sm_90a for a shorter build).
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
     bash scripts/build_tuning.sh "$OUT/build.log" test_kvcache_cuda || exit 1
@@ -370,13 +371,17 @@ case "$stage" in
         >"$OUT/sanitizer_$tool.log" 2>&1
       echo "$tool (swizzle): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1))" | tee -a "$OUT/summary.txt"
     done
-    candidates=(4,3,256,pad32 4,3,256,swizzle 4,3,0,swizzle 4,3,256,normal)
-    for config in release "${candidates[@]}"; do
+    # Per candidate (and the release): the bytes L2 sends the SMs, then the decode benchmark
+    # with flash and cuDNN in the same run (issue 7's bar: 1.0x cuDNN at every shape).
+    for config in release 4,3,256,pad32 4,3,256,swizzle; do
       if [ "$config" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$config; fi
       decode_traffic "$config" build-tune/src/libflashattn_c.so | tee -a "$OUT/summary.txt"
+      PYTHONUNBUFFERED=1 timeout 90 python3 bench/gpu_decode.py --lib build-tune/src/libflashattn_c.so \
+        --page-size 256 --target-s 0.1 --copy-mib 1024 --out "$OUT/decode_$config" >"$OUT/decode_$config.log" 2>&1
+      echo "decode with the peers on $config: status $?" | tee -a "$OUT/summary.txt"
+      grep -A6 "^| batch | cache len" "$OUT/decode_$config/results.md" | head -6 | tee -a "$OUT/summary.txt"
     done
-    unset FLASHATTN_KVCACHE_CONFIG
-    OUT="$OUT" bash scripts/gpu_tune_kvcache.sh "${candidates[@]}" | tee -a "$OUT/summary.txt" ;;
+    unset FLASHATTN_KVCACHE_CONFIG ;;
   kvcheck)
     # The kv-cache suite alone, then memcheck and racecheck on the plain-decoding tests and the
     # split-count sweep (~3 min): a decode-kernel variant's check after an A/B.
