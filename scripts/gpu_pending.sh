@@ -353,7 +353,7 @@ case "$stage" in
         "$tree/build-gpu/src/libflashattn_c.so"
     done ;;
   kvlayouts)
-    # The K/V tile layouts, tuning candidates at head dim 128 (KvTileLayout, src/cuda/kvcache.cu):
+    # The K/V tile layouts, tuning candidates at head dim 128 (TileLayout, src/cuda/kvcache.cu):
     # the kv-cache suite forced onto each new layout, memcheck and racecheck on the swizzle,
     # then per candidate what L2 sends the SMs at 8 x 32k and the decode benchmark with the
     # peers (~7 min; FLASHATTN_CUDA_ARCHS=sm_90a for a shorter build).

@@ -19,14 +19,13 @@ namespace {
 
 #ifdef FLASHATTN_SM80_TUNING
 using sm80::KvCacheConfig;
-using sm80::KvTileLayout;
 
 // Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages,L2 prefetch bytes[,variant]"
 // replaces the head-dim-128 shape, so that one GPU session can time several against the
-// decode benchmark. Variants: pad32 and swizzle (the K/V tile layouts of KvTileLayout),
+// decode benchmark. Variants: pad32 and swizzle (the K/V tile layouts, TileLayout),
 // normal (the copies without the evict-first L2 policy).
 template <typename Element, int kWarps, int kStages, int kL2Prefetch,
-          KvTileLayout kLayout = KvTileLayout::Pad16, bool kEvictFirst = true>
+          TileLayout kLayout = TileLayout::Pad16, bool kEvictFirst = true>
 bool try_tuning_candidate(const char* wanted, const char* variant, const KvCacheParams& kv,
                           KvCacheRun& result) {
   char name[48];
@@ -48,10 +47,10 @@ bool run_tuning_candidate(const KvCacheParams& kv, KvCacheRun& result) {
       try_tuning_candidate<Element, 4, 3, 256>(wanted, "", kv, result) ||
       try_tuning_candidate<Element, 4, 2, 256>(wanted, "", kv, result) ||
       try_tuning_candidate<Element, 8, 3, 256>(wanted, "", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 256, KvTileLayout::Pad32>(wanted, "pad32", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 256, KvTileLayout::Swizzle>(wanted, "swizzle", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 0, KvTileLayout::Swizzle>(wanted, "swizzle", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 256, KvTileLayout::Pad16, false>(wanted, "normal", kv, result))
+      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad32>(wanted, "pad32", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Swizzle>(wanted, "swizzle", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 0, TileLayout::Swizzle>(wanted, "swizzle", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad16, false>(wanted, "normal", kv, result))
     return true;
   // A name that matches nothing must not time the release shape under its label.
   throw Error(ErrorCode::InvalidArgument, "FLASHATTN_KVCACHE_CONFIG",

@@ -34,27 +34,22 @@
 #include "common/kvcache.hpp"
 #include "common/mask.hpp"
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/tile_layout.hpp"
 
 namespace flashattn::detail::cuda::sm80 {
 
-// How a K/V tile lies in shared memory. Rows padded by 16 bytes (the release: conflict-free
-// ldmatrix, as in the forward), by 32 bytes, or unpadded with the 16-byte chunks of each row
-// permuted by XOR with row % 8 (conflict-free too). Nsight Compute shows the first making L2
-// send the SMs 1.5x the cache (24 sectors per cp.async warp instruction where 16 carry data,
-// H200, 2026-12-01): a row that starts 16 bytes into a 32-byte shared-memory unit seems to
-// cost two transfers per global sector. The other two keep each sector in one unit; they are
-// tuning candidates until the GPU says which is faster (docs/PERFORMANCE.md).
-enum class KvTileLayout { Pad16, Pad32, Swizzle };
-
+// kLayout: how the K/V tiles lie in shared memory (cuda/common/tile_layout.hpp). The release
+// pads rows by 16 bytes; Pad32 and Swizzle, which keep each 32-byte global sector in one
+// 32-byte unit of shared memory, are tuning candidates until the GPU says which is faster.
 template <typename Element_, int kHeadDim_, int kWarps_, int kStages_, int kL2Prefetch_,
-          KvTileLayout kLayout_ = KvTileLayout::Pad16, bool kEvictFirst_ = true>
+          TileLayout kLayout_ = TileLayout::Pad16, bool kEvictFirst_ = true>
 struct KvCacheConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;  // the bucket: a multiple of 32
   static constexpr int kWarps = kWarps_;
   static constexpr int kStages = kStages_;    // shared-memory stages of K and V
   static constexpr int kL2Prefetch = kL2Prefetch_;  // L2 prefetch hint of the K/V loads (bytes)
-  static constexpr KvTileLayout kLayout = kLayout_;
+  static constexpr TileLayout kLayout = kLayout_;
   // The K/V copies mark their L2 lines evict-first (the cache is read once per call):
   // +2.1 / +2.3 % at 1 x 8k, 0 to +1 % at the longer decode shapes (two A/B calls).
   static constexpr bool kEvictFirst = kEvictFirst_;
@@ -63,10 +58,10 @@ struct KvCacheConfig {
   static constexpr int kWarpKeys = 16;        // keys per warp per block
   static constexpr int kBlockN = kWarpKeys * kWarps;
   static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
+  using KvTile = SharedTile<kLayout, kHeadDim, kElementBytes>;
   // Shared-memory rows, in elements: K/V after kLayout, Q always padded by 16 bytes (it is
   // stored by st.shared, not copied).
-  static constexpr int kRowStride =
-      kHeadDim + (kLayout == KvTileLayout::Pad16 ? 8 : kLayout == KvTileLayout::Pad32 ? 16 : 0);
+  static constexpr int kRowStride = KvTile::kRowStride;
   static constexpr int kQRowStride = kHeadDim + 8;
   static constexpr int kChunksPerRow = kHeadDim / 8;
   static constexpr int kTileBytes = kBlockN * kRowStride * kElementBytes;
@@ -78,17 +73,6 @@ struct KvCacheConfig {
   static constexpr int kPartialBytes = kWarps * kBlockM * (kPartialStride + 2) * 4;
   static_assert(kPartialBytes <= 2 * kStages * kTileBytes, "partials fit in the stages");
   static_assert(kHeadDim % 32 == 0 && kStages >= 2, "shapes");
-  static_assert(kLayout != KvTileLayout::Swizzle || kChunksPerRow % 8 == 0,
-                "the swizzle permutes 8 chunks: head dims that are multiples of 64");
-
-  // Byte offset of element `e` of K/V tile row `row` (e a multiple of 8 for a whole chunk).
-  __device__ static __forceinline__ uint32_t tile_offset(int row, int e) {
-    return row * (kRowStride * kElementBytes) + ((e * kElementBytes) ^ row_swizzle(row));
-  }
-  // What the swizzle XORs into a row's byte offsets: 16-byte chunk c goes to c ^ (row % 8).
-  __device__ static __forceinline__ uint32_t row_swizzle(int row) {
-    return kLayout == KvTileLayout::Swizzle ? static_cast<uint32_t>(row % 8) * 16 : 0u;
-  }
 };
 
 // What the kernels need beyond the validated call.
@@ -336,7 +320,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
             const int chunk = load_chunk + c * kThreadsPerRow;
             if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
             const bool valid = kWhole || (in_range && ((column_valid >> c) & 1u));
-            const uint32_t offset = Cfg::tile_offset(row, chunk * 8);
+            const uint32_t offset = Cfg::KvTile::offset(row, chunk * 8);
             copy_chunk(k_tile + offset, valid ? k_row + c * kThreadsPerRow * 8 : k_cache, valid);
             copy_chunk(v_tile + offset, valid ? v_row + c * kThreadsPerRow * 8 : v_cache, valid);
           }
@@ -399,7 +383,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         const int chunk = load_chunk + c * kThreadsPerRow;
         if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
         const bool valid = in_range && chunk * 8 < p.head_dim;
-        const uint32_t offset = Cfg::tile_offset(row, chunk * 8);
+        const uint32_t offset = Cfg::KvTile::offset(row, chunk * 8);
         copy_chunk(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
         copy_chunk(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
       }
@@ -420,7 +404,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                                                           t * kv.v_new_row_stride +
                                                           hk * kv.v_new_head_stride + e];
         }
-        const uint32_t offset = Cfg::tile_offset(static_cast<int>(j - j0), e);
+        const uint32_t offset = Cfg::KvTile::offset(static_cast<int>(j - j0), e);
         asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(k_tile + offset),
                      "h"(*reinterpret_cast<const unsigned short*>(&k_value)));
         asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(v_tile + offset),
@@ -511,7 +495,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const uint32_t k_lane_col = ((lane / 8) % 2) * 8 * kElementBytes;
   const uint32_t v_lane_row = (warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRowStride * kElementBytes;
   const uint32_t v_lane_col = (lane / 16) * 8 * kElementBytes;
-  const uint32_t lane_swizzle = Cfg::row_swizzle(lane % 8);
+  const uint32_t lane_swizzle = Cfg::KvTile::row_swizzle(lane % 8);
 
   // Up to head dim 128 the Q fragments stay in registers for the whole loop (4 kKSteps
   // registers: 32 at 128), loaded once after the first barrier; above, they are re-read from
