@@ -103,6 +103,9 @@ build_stage() {  # [TARGET]
   build_all "$@" || exit 1
   echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
 }
+# A GoogleTest log's outcome (its PASSED / FAILED lines), and a compute-sanitizer log's summary.
+gtest_result() { grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$1" | tr '\n' ' '; }
+sanitizer_result() { grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$1" | tail -1; }
 # Nsight Compute on one decode launch at 8 x 32k with the library LIB: DRAM bytes read, the
 # bytes L2 sends the SMs (the cache is 1 GiB: more than that is read twice), L2 read
 # requests, DRAM throughput and duration, printed under NAME.
@@ -220,7 +223,7 @@ case "$stage" in
     bwd_filter=$(sed -n "s/^  filter='\(\*BackwardGrid[^']*\)'.*/\1/p" scripts/gpu_check.sh)
     sanitize() {  # tool test filter
       compute-sanitizer --tool "$1" --error-exitcode 99 "build-gpu/tests/$2" --gtest_filter="$3" >"$OUT/sanitizer_$2_$1.log" 2>&1
-      echo "compute-sanitizer $1 $2: status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$2_$1.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      echo "compute-sanitizer $1 $2: status $? ($(sanitizer_result "$OUT/sanitizer_$2_$1.log")) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     }
     sanitize memcheck test_forward_cuda "$fwd_filter"
     sanitize memcheck test_backward_cuda "$bwd_filter"
@@ -251,11 +254,11 @@ case "$stage" in
     # forward benchmark (the default dispatch) against flash and cuDNN.
     build_stage
     FLASHATTN_CUDA_FORWARD=sm90 timeout 240 build-gpu/tests/test_forward_cuda >"$OUT/test_forward_sm90.log" 2>&1
-    echo "test_forward_cuda (sm90 wherever it covers the call): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_forward_sm90.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    echo "test_forward_cuda (sm90 wherever it covers the call): status $? $(gtest_result "$OUT/test_forward_sm90.log") (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '^\[  FAILED' "$OUT/test_forward_sm90.log" | head -12
     grep -m3 -B3 -A12 'Failure' "$OUT/test_forward_sm90.log" | head -60
     FLASHATTN_CUDA_FORWARD=sm80 timeout 200 build-gpu/tests/test_forward_cuda >"$OUT/test_forward_sm80.log" 2>&1
-    echo "test_forward_cuda (sm80 forced): status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_forward_sm80.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    echo "test_forward_cuda (sm80 forced): status $? $(gtest_result "$OUT/test_forward_sm80.log") (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     fwd_filter=$(sed -n "s/^  filter='\(\*FeatureGrid[^']*\)'.*/\1/p" scripts/gpu_check.sh)
     FLASHATTN_CUDA_FORWARD=sm90 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 build-gpu/tests/test_forward_cuda \
       --gtest_filter="$fwd_filter" >"$OUT/sanitizer_memcheck.log" 2>&1
@@ -312,7 +315,7 @@ case "$stage" in
     timeout 240 build-gpu/tests/test_kvcache_cuda >"$OUT/test_kvcache.log" 2>&1 & kv=$!
     for run in "fwd test_forward_sm90" "bwd test_backward" "kv test_kvcache"; do
       set -- $run; wait "${!1}"; status=$?
-      echo "$2: status $status $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/$2.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      echo "$2: status $status $(gtest_result "$OUT/$2.log") (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
       grep -E '^\[  FAILED' "$OUT/$2.log" | head -8
       grep -m2 -B3 -A10 'Failure' "$OUT/$2.log" | head -30
     done
@@ -321,7 +324,7 @@ case "$stage" in
     for tool in memcheck racecheck; do
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
         --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
-      echo "$tool (backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      echo "$tool (backward): status $? ($(sanitizer_result "$OUT/sanitizer_$tool.log")) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done
     left=$(( 570 - ($(date +%s) - t0) ))
     PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu_backward.py --lib build-gpu/src/libflashattn_c.so \
@@ -334,13 +337,13 @@ case "$stage" in
     # (each bucket), ragged batches and edge cases (~3 min): a kernel variant's check after an A/B.
     build_stage test_backward_cuda
     timeout 240 build-gpu/tests/test_backward_cuda >"$OUT/test_backward.log" 2>&1
-    echo "test_backward: status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_backward.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    echo "test_backward: status $? $(gtest_result "$OUT/test_backward.log") (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '^\[  FAILED' "$OUT/test_backward.log" | head -8
     filter=$SM90_BACKWARD_FILTER
     for tool in memcheck racecheck; do
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
         --gtest_filter="$filter" >"$OUT/sanitizer_$tool.log" 2>&1
-      echo "$tool (backward): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      echo "$tool (backward): status $? ($(sanitizer_result "$OUT/sanitizer_$tool.log")) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done ;;
   kvtraffic)
     # What the decode kernel moves at 8 x 32k, one launch per tree (each tree's library built
@@ -363,13 +366,13 @@ case "$stage" in
     echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
     for config in 4,3,256,pad32 4,3,256,swizzle; do
       FLASHATTN_KVCACHE_CONFIG=$config timeout 200 build-tune/tests/test_kvcache_cuda >"$OUT/test_kvcache_$config.log" 2>&1
-      echo "test_kvcache on $config: status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_kvcache_$config.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      echo "test_kvcache on $config: status $? $(gtest_result "$OUT/test_kvcache_$config.log") (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done
     for tool in memcheck racecheck; do
       FLASHATTN_KVCACHE_CONFIG=4,3,256,swizzle timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 \
         build-tune/tests/test_kvcache_cuda --gtest_filter='KvCachePlain.*:KvCache.AppendStraddlesPagesAndQueriesOutnumberKeys' \
         >"$OUT/sanitizer_$tool.log" 2>&1
-      echo "$tool (swizzle): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1))" | tee -a "$OUT/summary.txt"
+      echo "$tool (swizzle): status $? ($(sanitizer_result "$OUT/sanitizer_$tool.log"))" | tee -a "$OUT/summary.txt"
     done
     # Per candidate (and the release): the bytes L2 sends the SMs, then the decode benchmark
     # with flash and cuDNN in the same run (issue 7's bar: 1.0x cuDNN at every shape).
@@ -387,13 +390,13 @@ case "$stage" in
     # split-count sweep (~3 min): a decode-kernel variant's check after an A/B.
     build_stage test_kvcache_cuda
     timeout 240 build-gpu/tests/test_kvcache_cuda >"$OUT/test_kvcache.log" 2>&1
-    echo "test_kvcache: status $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]' "$OUT/test_kvcache.log" | tr '\n' ' ') (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    echo "test_kvcache: status $? $(gtest_result "$OUT/test_kvcache.log") (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -E '^\[  FAILED' "$OUT/test_kvcache.log" | head -8
     for tool in memcheck racecheck; do
       timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_kvcache_cuda \
         --gtest_filter='KvCachePlain.*:KvCache.EverySplitCountMatchesTheReference:KvCache.NanInOneQueryRowStaysInThatRow' \
         >"$OUT/sanitizer_$tool.log" 2>&1
-      echo "$tool (kv-cache): status $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      echo "$tool (kv-cache): status $? ($(sanitizer_result "$OUT/sanitizer_$tool.log")) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done ;;
   quickbwd)
     # The library only, then ours alone: the backward at 4k for hdim 64/128/256, causal and not.
@@ -452,7 +455,7 @@ case "$stage" in
     for i in "${!runs[@]}"; do
       wait "${pids[$i]}"; status=$?
       read -r tool test family filter <<<"${runs[$i]}"
-      echo "$tool $test ($family forward; ${filter:0:50}...): status $status ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$i.log" | tail -1)) $(grep -cE '^\[       OK' "$OUT/sanitizer_$i.log") tests ok" | tee -a "$OUT/summary.txt"
+      echo "$tool $test ($family forward; ${filter:0:50}...): status $status ($(sanitizer_result "$OUT/sanitizer_$i.log")) $(grep -cE '^\[       OK' "$OUT/sanitizer_$i.log") tests ok" | tee -a "$OUT/summary.txt"
     done
     echo "done at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt" ;;
   parts)
