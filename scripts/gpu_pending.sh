@@ -26,9 +26,9 @@
 #                                     backward's tests (~3 min)
 #   scripts/gpu_pending.sh kvtraffic [TREE...]  Nsight Compute at decode 8 x 32k per tree: DRAM
 #                                     bytes, L2-to-SM bytes, L2 requests, duration (~30 s each)
-#   scripts/gpu_pending.sh kvlayouts  the kv-cache K/V tile layouts (tuning
-#                                     candidates): suite on each layout, sanitizers, L2-to-SM
-#                                     bytes and decode with the peers per candidate (~7 min)
+#   scripts/gpu_pending.sh kvlayouts  the kv-cache K/V tile layouts: suite on the release and
+#                                     each candidate, sanitizers, L2-to-SM bytes and decode per
+#                                     layout, with the peers on the release (~8 min)
 #   scripts/gpu_pending.sh kvcheck    the kv-cache suite, memcheck and racecheck on the plain
 #                                     decoding and split-count tests (~3 min)
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
@@ -356,32 +356,35 @@ case "$stage" in
         "$tree/build-gpu/src/libflashattn_c.so"
     done ;;
   kvlayouts)
-    # The K/V tile layouts, tuning candidates at head dim 128 (TileLayout, src/cuda/kvcache.cu):
-    # the kv-cache suite forced onto each new layout, memcheck and racecheck on the swizzle,
-    # then per candidate what L2 sends the SMs at 8 x 32k and the decode benchmark with the
-    # peers (~7 min; FLASHATTN_CUDA_ARCHS=sm_90a for a shorter build).
+    # The K/V tile layouts (TileLayout, src/cuda/kvcache.cu): the kv-cache suite on the release
+    # (the swizzle, or 32-byte padding where rows are not whole 128-byte groups) and on the
+    # pad16 / pad32 candidates at head dim 128, memcheck and racecheck on the release, then
+    # per layout what L2 sends the SMs at 8 x 32k and the decode benchmark, with flash and
+    # cuDNN in the release's run (~8 min; FLASHATTN_CUDA_ARCHS=sm_90a for a shorter build).
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
     bash scripts/build_tuning.sh "$OUT/build.log" test_kvcache_cuda || exit 1
     echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
-    for config in 4,3,256,pad32 4,3,256,swizzle; do
-      FLASHATTN_KVCACHE_CONFIG=$config timeout 200 build-tune/tests/test_kvcache_cuda >"$OUT/test_kvcache_$config.log" 2>&1
+    for config in release 4,3,256,pad16 4,3,256,pad32; do
+      if [ "$config" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$config; fi
+      timeout 200 build-tune/tests/test_kvcache_cuda >"$OUT/test_kvcache_$config.log" 2>&1
       echo "test_kvcache on $config: status $? $(gtest_result "$OUT/test_kvcache_$config.log") (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done
+    unset FLASHATTN_KVCACHE_CONFIG
     for tool in memcheck racecheck; do
-      FLASHATTN_KVCACHE_CONFIG=4,3,256,swizzle timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 \
-        build-tune/tests/test_kvcache_cuda --gtest_filter='KvCachePlain.*:KvCache.AppendStraddlesPagesAndQueriesOutnumberKeys' \
+      timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 build-tune/tests/test_kvcache_cuda \
+        --gtest_filter='KvCachePlain.*:KvCache.EverySplitCountMatchesTheReference:KvCache.AppendStraddlesPagesAndQueriesOutnumberKeys' \
         >"$OUT/sanitizer_$tool.log" 2>&1
-      echo "$tool (swizzle): status $? ($(sanitizer_result "$OUT/sanitizer_$tool.log"))" | tee -a "$OUT/summary.txt"
+      echo "$tool (release): status $? ($(sanitizer_result "$OUT/sanitizer_$tool.log")) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done
-    # Per candidate (and the release): the bytes L2 sends the SMs, then the decode benchmark
-    # with flash and cuDNN in the same run (issue 7's bar: 1.0x cuDNN at every shape).
-    for config in release 4,3,256,pad32 4,3,256,swizzle; do
-      if [ "$config" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$config; fi
+    # Per layout: the bytes L2 sends the SMs, then the decode benchmark (issue 7's bar, 1.0x
+    # cuDNN at every shape, from the release's run with the peers).
+    for config in release 4,3,256,pad16 4,3,256,pad32; do
+      if [ "$config" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; peers=""; else export FLASHATTN_KVCACHE_CONFIG=$config; peers=--skip-peers; fi
       decode_traffic "$config" build-tune/src/libflashattn_c.so | tee -a "$OUT/summary.txt"
-      PYTHONUNBUFFERED=1 timeout 90 python3 bench/gpu_decode.py --lib build-tune/src/libflashattn_c.so \
+      PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_decode.py --lib build-tune/src/libflashattn_c.so $peers \
         --page-size 256 --target-s 0.1 --copy-mib 1024 --out "$OUT/decode_$config" >"$OUT/decode_$config.log" 2>&1
-      echo "decode with the peers on $config: status $?" | tee -a "$OUT/summary.txt"
+      echo "decode on $config: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
       grep -A6 "^| batch | cache len" "$OUT/decode_$config/results.md" | head -6 | tee -a "$OUT/summary.txt"
     done
     unset FLASHATTN_KVCACHE_CONFIG ;;

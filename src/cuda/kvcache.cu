@@ -22,17 +22,17 @@ using sm80::KvCacheConfig;
 
 // Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages,L2 prefetch bytes[,variant]"
 // replaces the head-dim-128 shape, so that one GPU session can time several against the
-// decode benchmark. Variants: pad32 and swizzle (the K/V tile layouts, TileLayout),
-// normal (the copies without the evict-first L2 policy).
+// decode benchmark. Variants: pad16 and pad32 (K/V tile layouts, TileLayout); without
+// one, the release's layout (the swizzle at head dim 128).
 template <typename Element, int kWarps, int kStages, int kL2Prefetch,
-          TileLayout kLayout = TileLayout::Pad16, bool kEvictFirst = true>
+          TileLayout kLayout = sm80::kReleaseKvLayout<128, Element>>
 bool try_tuning_candidate(const char* wanted, const char* variant, const KvCacheParams& kv,
                           KvCacheRun& result) {
   char name[48];
   std::snprintf(name, sizeof name, "%d,%d,%d%s%s", kWarps, kStages, kL2Prefetch, *variant ? "," : "", variant);
   if (std::strcmp(name, wanted) != 0) return false;
   // Through the release's fit check, as the release shapes (a clear error where it does not fit).
-  launch_first_fitting(Candidates<KvCacheConfig<Element, 128, kWarps, kStages, kL2Prefetch, kLayout, kEvictFirst>>{},
+  launch_first_fitting(Candidates<KvCacheConfig<Element, 128, kWarps, kStages, kL2Prefetch, kLayout>>{},
                        kv.attn.head_dim, "kv-cache",
                        [&](auto config) { result = sm80::launch_kvcache<decltype(config)>(kv); });
   return true;
@@ -47,15 +47,12 @@ bool run_tuning_candidate(const KvCacheParams& kv, KvCacheRun& result) {
       try_tuning_candidate<Element, 4, 3, 256>(wanted, "", kv, result) ||
       try_tuning_candidate<Element, 4, 2, 256>(wanted, "", kv, result) ||
       try_tuning_candidate<Element, 8, 3, 256>(wanted, "", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad32>(wanted, "pad32", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Swizzle>(wanted, "swizzle", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 0, TileLayout::Swizzle>(wanted, "swizzle", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad16, false>(wanted, "normal", kv, result))
+      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad16>(wanted, "pad16", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad32>(wanted, "pad32", kv, result))
     return true;
   // A name that matches nothing must not time the release shape under its label.
   throw Error(ErrorCode::InvalidArgument, "FLASHATTN_KVCACHE_CONFIG",
-              "one of 4,3,0 4,3,128 4,3,256 4,2,256 8,3,256 4,3,256,pad32 4,3,256,swizzle "
-              "4,3,0,swizzle 4,3,256,normal",
+              "one of 4,3,0 4,3,128 4,3,256 4,2,256 8,3,256 4,3,256,pad16 4,3,256,pad32",
               wanted);
 }
 #endif

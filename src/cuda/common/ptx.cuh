@@ -35,30 +35,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t shared_dst, const void* glo
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst),
                  "l"(global_src), "r"(src_bytes));
 }
-// An L2 policy that marks the lines it is attached to as first to be evicted: for data
-// streamed once (a decoding step's K/V cache), so that it does not displace what is reused.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-// cp_async_16 with an L2 cache policy (l2_evict_first_policy) attached to the read.
-template <int kL2PrefetchBytes = 0>
-__device__ __forceinline__ void cp_async_16_policy(uint32_t shared_dst, const void* global_src,
-                                                   bool valid, uint64_t policy) {
-  static_assert(kL2PrefetchBytes == 0 || kL2PrefetchBytes == 128 || kL2PrefetchBytes == 256,
-                "L2 prefetch sizes: 0, 128 or 256 bytes");
-  const int src_bytes = valid ? 16 : 0;
-  if constexpr (kL2PrefetchBytes == 256)
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(shared_dst),
-                 "l"(global_src), "r"(src_bytes), "l"(policy));
-  else if constexpr (kL2PrefetchBytes == 128)
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n" ::"r"(shared_dst),
-                 "l"(global_src), "r"(src_bytes), "l"(policy));
-  else
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(shared_dst),
-                 "l"(global_src), "r"(src_bytes), "l"(policy));
-}
 // The same for 4 bytes (4-byte aligned), through L1: per-row scalars such as lse.
 __device__ __forceinline__ void cp_async_4(uint32_t shared_dst, const void* global_src, bool valid) {
   const int src_bytes = valid ? 4 : 0;

@@ -39,10 +39,16 @@
 namespace flashattn::detail::cuda::sm80 {
 
 // kLayout: how the K/V tiles lie in shared memory (cuda/common/tile_layout.hpp). The release
-// pads rows by 16 bytes; Pad32 and Swizzle, which keep each 32-byte global sector in one
-// 32-byte unit of shared memory, are tuning candidates until the GPU says which is faster.
+// keeps every 32-byte global sector in one 32-byte unit of shared memory, so that L2 sends
+// the SMs no more bytes than the cache holds: the swizzle where rows are whole 128-byte
+// groups (head dims that are multiples of 64), 32-byte padding otherwise. Rows padded by 16
+// bytes, the layout before, made L2 send 1.5x the cache (Nsight Compute, H200, 2026-12-01).
+template <int kHeadDim, typename Element>
+inline constexpr TileLayout kReleaseKvLayout =
+    kHeadDim * sizeof(Element) % 128 == 0 ? TileLayout::Swizzle : TileLayout::Pad32;
+
 template <typename Element_, int kHeadDim_, int kWarps_, int kStages_, int kL2Prefetch_,
-          TileLayout kLayout_ = TileLayout::Pad16, bool kEvictFirst_ = true>
+          TileLayout kLayout_ = kReleaseKvLayout<kHeadDim_, Element_>>
 struct KvCacheConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;  // the bucket: a multiple of 32
@@ -50,9 +56,6 @@ struct KvCacheConfig {
   static constexpr int kStages = kStages_;    // shared-memory stages of K and V
   static constexpr int kL2Prefetch = kL2Prefetch_;  // L2 prefetch hint of the K/V loads (bytes)
   static constexpr TileLayout kLayout = kLayout_;
-  // The K/V copies mark their L2 lines evict-first (the cache is read once per call):
-  // +2.1 / +2.3 % at 1 x 8k, 0 to +1 % at the longer decode shapes (two A/B calls).
-  static constexpr bool kEvictFirst = kEvictFirst_;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16;          // packed query rows per CTA
   static constexpr int kWarpKeys = 16;        // keys per warp per block
@@ -292,14 +295,6 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (chunk * 8 < p.head_dim) column_valid |= 1u << c;
   }
   const bool all_columns = column_valid == column_exists;
-  // One 16-byte K/V copy (zero-filled where !valid), under the config's L2 policy.
-  const uint64_t stream_policy = Cfg::kEvictFirst ? ptx::l2_evict_first_policy() : 0;
-  const auto copy_chunk = [&](uint32_t shared_dst, const Element* src, bool valid) {
-    if constexpr (Cfg::kEvictFirst)
-      ptx::cp_async_16_policy<Cfg::kL2Prefetch>(shared_dst, src, valid, stream_policy);
-    else
-      ptx::cp_async_16<Cfg::kL2Prefetch>(shared_dst, src, valid);
-  };
   const auto load_block = [&](int n, int stage) {
     const int64_t j0 = (first_block + n) * kBlockN;
     const uint32_t k_tile = sK + stage * Cfg::kTileBytes, v_tile = sV + stage * Cfg::kTileBytes;
@@ -321,8 +316,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
             if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
             const bool valid = kWhole || (in_range && ((column_valid >> c) & 1u));
             const uint32_t offset = Cfg::KvTile::offset(row, chunk * 8);
-            copy_chunk(k_tile + offset, valid ? k_row + c * kThreadsPerRow * 8 : k_cache, valid);
-            copy_chunk(v_tile + offset, valid ? v_row + c * kThreadsPerRow * 8 : v_cache, valid);
+            ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_row + c * kThreadsPerRow * 8 : k_cache, valid);
+            ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_row + c * kThreadsPerRow * 8 : v_cache, valid);
           }
           k_row += k_pass_stride;
           v_row += v_pass_stride;
@@ -384,8 +379,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
         const bool valid = in_range && chunk * 8 < p.head_dim;
         const uint32_t offset = Cfg::KvTile::offset(row, chunk * 8);
-        copy_chunk(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
-        copy_chunk(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
+        ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
+        ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
       }
     }
     if (kGeneral && kv.k_new != nullptr && seq.begin + j0 + kBlockN > cached_end) {
