@@ -26,9 +26,9 @@
 #                                     backward's tests (~3 min)
 #   scripts/gpu_pending.sh kvtraffic [TREE...]  Nsight Compute at decode 8 x 32k per tree: DRAM
 #                                     bytes, L2-to-SM bytes, L2 requests, duration (~30 s each)
-#   scripts/gpu_pending.sh kvlayouts  the kv-cache K/V tile layouts: suite on the release and
-#                                     each candidate, sanitizers, L2-to-SM bytes and decode per
-#                                     layout, with the peers on the release (~8 min)
+#   scripts/gpu_pending.sh kvrelease [CANDIDATE...]  the kv-cache suite and sanitizers on
+#                                     the release, its L2-to-SM bytes, decode with the peers,
+#                                     then ours on the release and each shape candidate (~6 min)
 #   scripts/gpu_pending.sh kvcheck    the kv-cache suite, memcheck and racecheck on the plain
 #                                     decoding and split-count tests (~3 min)
 #   scripts/gpu_pending.sh quickbwd   the library alone, then ours' backward at 4k (~75 s)
@@ -65,7 +65,7 @@
 # Stages of finished experiments were removed; PERFORMANCE.md names the commit that ran each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, grids, suite, sanitize, parts, bwdcheck, kvcheck, kvtraffic, kvlayouts or ab}
+stage=${1:?stage: backward, both, kvcache, kvtune, profiles, kvprofile, power, order, final, quickbwd, ptx, stream, sm90, sm90final, sm90race, sm90all, grids, suite, sanitize, parts, bwdcheck, kvcheck, kvtraffic, kvrelease or ab}
 top=${OUT:-gpu-results}
 # Runs the arguments while the SM clock and power (and, where the driver reports them, the
 # reasons the clock is held down) are sampled every 50 ms into $1, for scripts/clock_windows.py
@@ -355,39 +355,35 @@ case "$stage" in
       decode_traffic "$(basename "$(cd "$tree" && pwd)") ($(cat "$tree/COMMIT" 2>/dev/null))" \
         "$tree/build-gpu/src/libflashattn_c.so"
     done ;;
-  kvlayouts)
-    # The K/V tile layouts (TileLayout, src/cuda/kvcache.cu): the kv-cache suite on the release
-    # (the swizzle, or 32-byte padding where rows are not whole 128-byte groups) and on the
-    # pad16 / pad32 candidates at head dim 128, memcheck and racecheck on the release, then
-    # per layout what L2 sends the SMs at 8 x 32k and the decode benchmark, with flash and
-    # cuDNN in the release's run (~8 min; FLASHATTN_CUDA_ARCHS=sm_90a for a shorter build).
+  kvrelease)
+    # The kv-cache release and shape candidates at head dim 128 (FLASHATTN_KVCACHE_CONFIG,
+    # src/cuda/kvcache.cu; arguments, else gpu_tune_kvcache.sh's list): the kv-cache suite,
+    # memcheck and racecheck on the release, the bytes L2 sends the SMs at 8 x 32k, the decode
+    # benchmark with flash and cuDNN (issue 7's bar), then ours alone on the release and each
+    # candidate, two rounds (~6 min; FLASHATTN_CUDA_ARCHS=sm_90a for a shorter build).
+    shift
     t0=$(date +%s)
     export PATH="/usr/local/cuda/bin:$PATH"
+    unset FLASHATTN_KVCACHE_CONFIG
     bash scripts/build_tuning.sh "$OUT/build.log" test_kvcache_cuda || exit 1
     echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null)" | tee "$OUT/summary.txt"
-    for config in release 4,3,256,pad16 4,3,256,pad32; do
-      if [ "$config" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$config; fi
-      timeout 200 build-tune/tests/test_kvcache_cuda >"$OUT/test_kvcache_$config.log" 2>&1
-      echo "test_kvcache on $config: status $? $(gtest_result "$OUT/test_kvcache_$config.log") (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
-    done
-    unset FLASHATTN_KVCACHE_CONFIG
+    timeout 200 build-tune/tests/test_kvcache_cuda >"$OUT/test_kvcache.log" 2>&1
+    echo "test_kvcache: status $? $(gtest_result "$OUT/test_kvcache.log") (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     for tool in memcheck racecheck; do
       timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 build-tune/tests/test_kvcache_cuda \
         --gtest_filter='KvCachePlain.*:KvCache.EverySplitCountMatchesTheReference:KvCache.AppendStraddlesPagesAndQueriesOutnumberKeys' \
         >"$OUT/sanitizer_$tool.log" 2>&1
-      echo "$tool (release): status $? ($(sanitizer_result "$OUT/sanitizer_$tool.log")) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+      echo "$tool: status $? ($(sanitizer_result "$OUT/sanitizer_$tool.log")) (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     done
-    # Per layout: the bytes L2 sends the SMs, then the decode benchmark (issue 7's bar, 1.0x
-    # cuDNN at every shape, from the release's run with the peers).
-    for config in release 4,3,256,pad16 4,3,256,pad32; do
-      if [ "$config" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; peers=""; else export FLASHATTN_KVCACHE_CONFIG=$config; peers=--skip-peers; fi
-      decode_traffic "$config" build-tune/src/libflashattn_c.so | tee -a "$OUT/summary.txt"
-      PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_decode.py --lib build-tune/src/libflashattn_c.so $peers \
-        --page-size 256 --target-s 0.1 --copy-mib 1024 --out "$OUT/decode_$config" >"$OUT/decode_$config.log" 2>&1
-      echo "decode on $config: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
-      grep -A6 "^| batch | cache len" "$OUT/decode_$config/results.md" | head -6 | tee -a "$OUT/summary.txt"
+    decode_traffic release build-tune/src/libflashattn_c.so | tee -a "$OUT/summary.txt"
+    PYTHONUNBUFFERED=1 timeout 100 python3 bench/gpu_decode.py --lib build-tune/src/libflashattn_c.so \
+      --page-size 256 --copy-mib 1024 --out "$OUT/decode" >"$OUT/decode.log" 2>&1
+    echo "decode with the peers: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+    grep -A6 "^| batch | cache len" "$OUT/decode/results.md" | head -6 | tee -a "$OUT/summary.txt"
+    for round in 1 2; do
+      OUT=$OUT/round$round bash scripts/gpu_tune_kvcache.sh "$@" >"$OUT/tune_round$round.txt" 2>&1
     done
-    unset FLASHATTN_KVCACHE_CONFIG ;;
+    paste -d' ' "$OUT/tune_round1.txt" "$OUT/tune_round2.txt" | tee -a "$OUT/summary.txt" ;;
   kvcheck)
     # The kv-cache suite alone, then memcheck and racecheck on the plain-decoding tests and the
     # split-count sweep (~3 min): a decode-kernel variant's check after an A/B.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Times candidate shapes of the kv-cache kernel at head dim 128 (warps, stages, L2 prefetch
-# bytes, and a variant: pad16 or pad32; src/cuda/kvcache.cu) on the decode
+# bytes, and a variant: pad16; src/cuda/kvcache.cu) on the decode
 # benchmark (ours only, dense and paged), against the release shape, in one GPU call:
 #   scripts/gpu_tune_kvcache.sh [warps,stages,prefetch[,variant] ...]   (default: all compiled candidates)
 # Logs in $OUT (./gpu-results).
@@ -10,7 +10,7 @@ out=${OUT:-gpu-results}
 mkdir -p "$out"
 export PATH="/usr/local/cuda/bin:$PATH"
 candidates=("$@")
-[ ${#candidates[@]} -eq 0 ] && candidates=(4,3,0 4,3,128 4,3,256 4,2,256 8,3,256 4,3,256,pad16 4,3,256,pad32)
+[ ${#candidates[@]} -eq 0 ] && candidates=(4,3,128 4,3,256 4,2,0 2,3,0 2,4,0 8,3,0 4,3,256,pad16)
 bash scripts/build_tuning.sh "$out/kvtune_build.log" || exit 1
 for candidate in release "${candidates[@]}"; do
   if [ "$candidate" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$candidate; fi

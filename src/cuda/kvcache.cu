@@ -22,8 +22,8 @@ using sm80::KvCacheConfig;
 
 // Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages,L2 prefetch bytes[,variant]"
 // replaces the head-dim-128 shape, so that one GPU session can time several against the
-// decode benchmark. Variants: pad16 and pad32 (K/V tile layouts, TileLayout); without
-// one, the release's layout (the swizzle at head dim 128).
+// decode benchmark. Variant: pad16 (rows padded by 16 bytes, TileLayout); without one,
+// the release's layout (the swizzle at head dim 128). The release shape is 4,3,0.
 template <typename Element, int kWarps, int kStages, int kL2Prefetch,
           TileLayout kLayout = sm80::kReleaseKvLayout<128, Element>>
 bool try_tuning_candidate(const char* wanted, const char* variant, const KvCacheParams& kv,
@@ -42,17 +42,17 @@ template <typename Element>
 bool run_tuning_candidate(const KvCacheParams& kv, KvCacheRun& result) {
   const char* wanted = std::getenv("FLASHATTN_KVCACHE_CONFIG");
   if (wanted == nullptr || head_dim_bucket(kv.attn.head_dim) != 128) return false;
-  if (try_tuning_candidate<Element, 4, 3, 0>(wanted, "", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 128>(wanted, "", kv, result) ||
+  if (try_tuning_candidate<Element, 4, 3, 128>(wanted, "", kv, result) ||
       try_tuning_candidate<Element, 4, 3, 256>(wanted, "", kv, result) ||
-      try_tuning_candidate<Element, 4, 2, 256>(wanted, "", kv, result) ||
-      try_tuning_candidate<Element, 8, 3, 256>(wanted, "", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad16>(wanted, "pad16", kv, result) ||
-      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad32>(wanted, "pad32", kv, result))
+      try_tuning_candidate<Element, 4, 2, 0>(wanted, "", kv, result) ||
+      try_tuning_candidate<Element, 2, 3, 0>(wanted, "", kv, result) ||
+      try_tuning_candidate<Element, 2, 4, 0>(wanted, "", kv, result) ||
+      try_tuning_candidate<Element, 8, 3, 0>(wanted, "", kv, result) ||
+      try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad16>(wanted, "pad16", kv, result))
     return true;
   // A name that matches nothing must not time the release shape under its label.
   throw Error(ErrorCode::InvalidArgument, "FLASHATTN_KVCACHE_CONFIG",
-              "one of 4,3,0 4,3,128 4,3,256 4,2,256 8,3,256 4,3,256,pad16 4,3,256,pad32",
+              "one of 4,3,128 4,3,256 4,2,0 2,3,0 2,4,0 8,3,0 4,3,256,pad16",
               wanted);
 }
 #endif

@@ -22,16 +22,15 @@
 namespace flashattn::detail::cuda::sm80 {
 
 // KvCacheConfig<Element, head dim, warps, stages, L2 prefetch bytes>: 4 warps take 64 keys
-// per block. Shared memory per CTA: 40 KiB at 64 (4 stages), 109 KiB at 128 (3 stages: two
-// CTAs per SM on the H200, 2 blocks = 64 KiB of K and V in flight per CTA), 144 KiB at 256
-// (2 stages). Then smaller shapes for GPUs with less shared memory per block (fit.cuh).
-// The copies ask L2 to fetch the whole aligned 256 or 128 bytes around each miss
-// (ptx::cp_async_16), no more than a cache row holds (2 x the head-dim bucket bytes), since
-// the kernel reads every row whole; past that the neighbours belong to another kv head.
+// per block. Shared memory per CTA (swizzled tiles): 66.25 KiB at 64 (4 stages), 100.25 KiB
+// at 128 (3 stages: two CTAs per SM on the H200, 2 blocks = 64 KiB of K and V in flight per
+// CTA), 136.25 KiB at 256 (2 stages). Then smaller shapes for GPUs with less shared memory per block (fit.cuh).
+// The copies carry no L2 prefetch hint: with the swizzled tiles, asking L2 for the aligned
+// 256 bytes around each miss cost 4-7 % at every decode shape (H200, 2026-12-01, head dim
+// 128: 4.30 against 4.06 TB/s at 8 x 32k; a 128-byte hint was level with none).
 template <typename E, int kHeadDim>
 struct TunedKvCache {
-  static constexpr int kRowBytes = kHeadDim * static_cast<int>(sizeof(E));
-  static constexpr int kL2Prefetch = kRowBytes >= 256 ? 256 : kRowBytes >= 128 ? 128 : 0;
+  static constexpr int kL2Prefetch = 0;
   using Configs =
       Candidates<KvCacheConfig<E, kHeadDim, 4, (kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2), kL2Prefetch>,
                  KvCacheConfig<E, kHeadDim, 4, 2, kL2Prefetch>, KvCacheConfig<E, kHeadDim, 2, 2, kL2Prefetch>>;
