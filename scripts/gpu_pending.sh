@@ -356,8 +356,8 @@ case "$stage" in
         "$tree/build-gpu/src/libflashattn_c.so"
     done ;;
   kvrelease)
-    # The kv-cache release and shape candidates at head dim 128 (FLASHATTN_KVCACHE_CONFIG,
-    # src/cuda/kvcache.cu; arguments, else gpu_tune_kvcache.sh's list): the kv-cache suite,
+    # The kv-cache release and the shape candidates given (FLASHATTN_KVCACHE_CONFIG at head
+    # dim 128, src/cuda/kvcache.cu; none: the release alone): the kv-cache suite,
     # memcheck and racecheck on the release, the bytes L2 sends the SMs at 8 x 32k, the decode
     # benchmark with flash and cuDNN (issue 7's bar), then ours alone on the release and each
     # candidate, two rounds (~6 min; FLASHATTN_CUDA_ARCHS=sm_90a for a shorter build).
@@ -380,10 +380,12 @@ case "$stage" in
       --page-size 256 --copy-mib 1024 --out "$OUT/decode" >"$OUT/decode.log" 2>&1
     echo "decode with the peers: status $? (at $(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
     grep -A6 "^| batch | cache len" "$OUT/decode/results.md" | head -6 | tee -a "$OUT/summary.txt"
-    for round in 1 2; do
-      OUT=$OUT/round$round bash scripts/gpu_tune_kvcache.sh "$@" >"$OUT/tune_round$round.txt" 2>&1
-    done
-    paste -d' ' "$OUT/tune_round1.txt" "$OUT/tune_round2.txt" | tee -a "$OUT/summary.txt" ;;
+    if [ $# -gt 0 ]; then
+      for round in 1 2; do
+        OUT=$OUT/round$round bash scripts/gpu_tune_kvcache.sh "$@" >"$OUT/tune_round$round.txt" 2>&1
+      done
+      paste -d' ' "$OUT/tune_round1.txt" "$OUT/tune_round2.txt" | tee -a "$OUT/summary.txt"
+    fi ;;
   kvcheck)
     # The kv-cache suite alone, then memcheck and racecheck on the plain-decoding tests and the
     # split-count sweep (~3 min): a decode-kernel variant's check after an A/B.

@@ -23,7 +23,8 @@ using sm80::KvCacheConfig;
 // Tuning builds only: FLASHATTN_KVCACHE_CONFIG="warps,stages,L2 prefetch bytes[,variant]"
 // replaces the head-dim-128 shape, so that one GPU session can time several against the
 // decode benchmark. Variant: pad16 (rows padded by 16 bytes, TileLayout); without one,
-// the release's layout (the swizzle at head dim 128). The release shape is 4,3,0.
+// the release's layout (the swizzle at head dim 128). The release: 4,2,0 from a dense
+// cache, 4,3,0 from a paged one (TunedKvCache).
 template <typename Element, int kWarps, int kStages, int kL2Prefetch,
           TileLayout kLayout = sm80::kReleaseKvLayout<128, Element>>
 bool try_tuning_candidate(const char* wanted, const char* variant, const KvCacheParams& kv,

@@ -22,18 +22,25 @@
 namespace flashattn::detail::cuda::sm80 {
 
 // KvCacheConfig<Element, head dim, warps, stages, L2 prefetch bytes>: 4 warps take 64 keys
-// per block. Shared memory per CTA (swizzled tiles): 66.25 KiB at 64 (4 stages), 100.25 KiB
-// at 128 (3 stages: two CTAs per SM on the H200, 2 blocks = 64 KiB of K and V in flight per
-// CTA), 136.25 KiB at 256 (2 stages). Then smaller shapes for GPUs with less shared memory per block (fit.cuh).
+// per block. Shared memory per CTA (swizzled tiles): 66.25 KiB at 64 (4 stages), 68.25 KiB at
+// 128 from a dense cache (2 stages), 100.25 KiB at 128 from a paged one (3 stages), 136.25 KiB
+// at 256 (2 stages); registers hold the head-dim-128 kernel to two CTAs per SM on the H200.
+// Then smaller shapes for GPUs with less shared memory per block (fit.cuh).
+// Stages at head dims 65-128, measured on the H200 (2026-12-01, two rounds, decode shapes):
+// from a dense cache 2 stages are 0.5-1.7 % ahead of 3; from a paged cache (one block-table
+// lookup per block) 3 are 0.5-2.4 % ahead of 2.
 // The copies carry no L2 prefetch hint: with the swizzled tiles, asking L2 for the aligned
-// 256 bytes around each miss cost 4-7 % at every decode shape (H200, 2026-12-01, head dim
-// 128: 4.30 against 4.06 TB/s at 8 x 32k; a 128-byte hint was level with none).
+// 256 bytes around each miss cost 4-7 % at every decode shape (head dim 128: 4.30 against
+// 4.06 TB/s at 8 x 32k; a 128-byte hint was level with none).
 template <typename E, int kHeadDim>
 struct TunedKvCache {
   static constexpr int kL2Prefetch = 0;
-  using Configs =
-      Candidates<KvCacheConfig<E, kHeadDim, 4, (kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2), kL2Prefetch>,
-                 KvCacheConfig<E, kHeadDim, 4, 2, kL2Prefetch>, KvCacheConfig<E, kHeadDim, 2, 2, kL2Prefetch>>;
+  template <int kStages>
+  using ConfigsFrom = Candidates<KvCacheConfig<E, kHeadDim, 4, kStages, kL2Prefetch>,
+                                 KvCacheConfig<E, kHeadDim, 4, 2, kL2Prefetch>,
+                                 KvCacheConfig<E, kHeadDim, 2, 2, kL2Prefetch>>;
+  using DenseConfigs = ConfigsFrom<(kHeadDim <= 64 ? 4 : 2)>;
+  using PagedConfigs = ConfigsFrom<(kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2)>;
 };
 
 // Splits for num_splits = 0: as many as fit in one wave of CTAs over the SMs (rounded down:
