@@ -27,10 +27,10 @@ namespace flashattn::detail::cuda::sm80 {
 // at 256 (2 stages); registers hold the head-dim-128 kernel to two CTAs per SM on the H200.
 // Then smaller shapes for GPUs with less shared memory per block (fit.cuh).
 // Stages at head dims 65-128, measured on the H200 (2026-12-01, two rounds, decode shapes):
-// from a dense cache 2 stages are 0.5-1.7 % ahead of 3; from a paged cache (one block-table
-// lookup per block) 3 are 0.5-2.4 % ahead of 2.
+// from a dense cache 2 stages are 0.4-2.5 % ahead of 3; from a paged cache (one block-table
+// lookup per block) 3 are 0.5-2.5 % ahead of 2.
 // The copies carry no L2 prefetch hint: with the swizzled tiles, asking L2 for the aligned
-// 256 bytes around each miss cost 4-7 % at every decode shape (head dim 128: 4.30 against
+// 256 bytes around each miss cost 1-7 % at every decode shape (head dim 128: 4.30 against
 // 4.06 TB/s at 8 x 32k; a 128-byte hint was level with none).
 template <typename E, int kHeadDim>
 struct TunedKvCache {
