@@ -648,21 +648,34 @@ def gpu_call_and_check(c: dict, dtype: str, sdpa=False):
     out, lse = call(args, return_softmax_lse=True)
     torch.cuda.synchronize()
     assert out.is_cuda and out.dtype == dt and lse.dtype == torch.float32
-    lows = []
+    lows, rounded_lses = [], []
     causal = c.get("causal", False)
-    for qb, keys, values in expected.inputs:
+    options = dict(softmax_scale=c.get("softmax_scale"), causal=causal,
+                   window=c.get("window_size", (-1, -1)), softcap=c.get("softcap", 0.0))
+    slopes = c.get("alibi_slopes")
+    for b, (qb, keys, values) in enumerate(expected.inputs):
+        alibi = None
+        if slopes is not None:
+            alibi = torch.from_numpy(np.asarray(slopes[b] if slopes.ndim == 2 else slopes, dtype=np.float64))
         low, _ = attention_reference(*(torch.from_numpy(x[None]).to(dt).cuda()
                                        for x in (qb, keys, values)),
-                                     softmax_scale=c.get("softmax_scale"), causal=causal,
-                                     window=c.get("window_size", (-1, -1)),
-                                     softcap=c.get("softcap", 0.0))
+                                     alibi=None if alibi is None else alibi.cuda(), **options)
         lows.append(low[0].double().cpu().numpy())
+        # The lse in float64 of the query as the kernel multiplies it: rotated, then rounded
+        # to `dtype` (the keys are already the cache's values).
+        _, rounded = attention_reference(torch.from_numpy(qb[None]).to(dt).double(),
+                                         torch.from_numpy(keys[None]), torch.from_numpy(values[None]),
+                                         alibi=alibi, **options)
+        rounded_lses.append(rounded[0].numpy())
     assert_accurate(to64(out), expected.out, low=np.stack(lows), factor=2.0, floor=FLOOR[dtype])
     lse64 = to64(lse)
     finite = np.isfinite(expected.lse)
     assert np.array_equal(np.isfinite(lse64), finite)
+    # fp32 accumulation's tolerance, plus what rounding the rotated query to `dtype` moves the
+    # exact lse by (up to ~3e-3 in bf16 at head dim 64: a fixed bound failed now and then).
+    query_rounding = np.abs(np.stack(rounded_lses)[finite] - expected.lse[finite]).max(initial=0)
     assert np.abs(lse64[finite] - expected.lse[finite]).max(initial=0) <= 1e-3 + 1e-4 * np.abs(
-        expected.lse[finite]).max(initial=0)
+        expected.lse[finite]).max(initial=0) + query_rounding
     check_caches(args, expected, ulp=ULP[dtype])
     if sdpa:
         import torch.nn.functional as F
