@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU tests skipped"),
     pytest.mark.skipif(not flashattn.cuda_compiled(),
-                       reason="flashattn was built without the CUDA backend (no nvcc)"),
+                       reason="flashattn was built without the CUDA backend (no nvcc, or no GPU at test.sh time)"),
 ]
 
 DTYPES = [torch.float16, torch.bfloat16]

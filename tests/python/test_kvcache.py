@@ -622,7 +622,7 @@ def cuda(test):
     """Marks a CUDA test: `gpu`, skipped with the reason shown without a device or backend."""
     for mark in (
             pytest.mark.skipif(not flashattn.cuda_compiled(),
-                               reason="flashattn was built without the CUDA backend (no nvcc)"),
+                               reason="flashattn was built without the CUDA backend (no nvcc, or no GPU at test.sh time)"),
             pytest.mark.skipif(torch is None or not torch.cuda.is_available(),
                                reason="no CUDA device: GPU tests skipped"),
             pytest.mark.gpu):
