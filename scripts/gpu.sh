@@ -116,7 +116,7 @@ pytest_all() {
   # under python/, not on sys.path). -rA lists every outcome, so the CUDA tests can be counted.
   timeout 480 "$py" -m pytest tests/python -rA -q -p no:cacheprovider --durations=15
   local status=$? log=$step_log
-  echo "outcome: $(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$log" | tail -1 | tr -d '=');" \
+  echo "outcome: $(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$log" | tail -1 | sed -E 's/=+ ?| ?=+$//g');" \
     "test_gpu.py: $(grep -c '^PASSED tests/python/test_gpu.py' "$log") passed," \
     "$(grep -cE '^(FAILED|ERROR) tests/python/test_gpu.py' "$log") failed," \
     "$(grep -cE '^SKIPPED .*test_gpu.py' "$log") skip lines"
@@ -134,12 +134,15 @@ print("outcome: final loss sdpa {:.5f}, flashattn {:.5f}; largest relative diffe
 run_test() {
   step "ctest -L gpu" ctest_gpu.log ctest_gpu
   # The package build keeps the CPUs busy and the GPU idle: the sanitizers run meanwhile.
-  if wants sanitize && [ "${GPU_SERIAL:-0}" != 1 ]; then
+  if wants sanitize && [ -z "$sanitize_started" ] && [ "${GPU_SERIAL:-0}" != 1 ]; then
+    sanitize_started=1
     run_sanitize & sanitize_pid=$!
   fi
   package || return 1
   step "pytest tests/python" pytest.log pytest_all
   step "train_swap --compare cuda bf16" train_swap.log train_compare
+  # The sanitizers are done before anything else (a benchmark, say) runs on the GPU.
+  [ -z "$sanitize_pid" ] || wait "$sanitize_pid"
 }
 
 # ---- sanitize
@@ -297,7 +300,7 @@ summary() {
   done
 }
 
-sanitize_pid=""
+sanitize_pid="" sanitize_started=""
 built=0
 if wants test || wants sanitize; then
   targets=()
@@ -310,13 +313,13 @@ else
   for stage in "${stages[@]}"; do
     case $stage in
       test) run_test ;;
-      sanitize) [ -n "$sanitize_pid" ] || run_sanitize ;;
+      sanitize) [ -n "$sanitize_started" ] || { sanitize_started=1; run_sanitize; } ;;
       bench) run_bench ;;
       profile) run_profile ;;
       tune) run_tune ;;
     esac
   done
-  [ -z "$sanitize_pid" ] || wait "$sanitize_pid"
+  wait  # the sanitizers, where the test stage ended early
 fi
 
 # What comes back is few files: the summary, the benchmarks' tables and JSON at the top, every
