@@ -2,7 +2,7 @@
 # The CPU test suite and the CLI's error paths under AddressSanitizer (with leak detection)
 # and UndefinedBehaviorSanitizer: nothing may crash, leak or invoke undefined behaviour, on
 # good input or bad. CPU-only build (the CUDA code is checked with compute-sanitizer on a GPU,
-# scripts/gpu_check.sh).
+# scripts/gpu.sh sanitize).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh

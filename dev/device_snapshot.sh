@@ -2,14 +2,14 @@
 # Writes a clean copy of a commit (HEAD, or the branch/commit given) plus the carried build
 # dependencies to .snap/ of this checkout, for device runs: the device copies the working
 # tree, which may hold unfinished edits, and only the main checkout's (so a branch is
-# snapshotted from here: `scripts/device_snapshot.sh some-branch`).
+# snapshotted from here: `dev/device_snapshot.sh some-branch`).
 # Then: run with carry [".snap"] and a command starting `cd .snap && ...`. For an A/B, a
-# second snapshot: `scripts/device_snapshot.sh main .snap_base`, carry [".snap", ".snap_base"],
-# and `cd .snap && bash scripts/gpu_pending.sh ab ../.snap_base`.
+# second snapshot: `dev/device_snapshot.sh main .snap_base`, carry [".snap", ".snap_base"],
+# and `cd .snap && bash dev/ab.sh ../.snap_base`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ref=${1:-HEAD}
-dir=${2:-.snap}  # another directory for a second snapshot (an A/B: gpu_pending.sh ab)
+dir=${2:-.snap}  # another directory for a second snapshot (an A/B: dev/ab.sh)
 commit=$(git rev-parse --short "$ref^{commit}")
 # A worktree's .git is a file: the exclude list lives in the common git directory.
 exclude="$(git rev-parse --git-common-dir)/info/exclude"

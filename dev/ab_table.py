@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""The table of an A/B run (scripts/gpu_pending.sh ab): ours' speed per configuration for
-the base, this build and any further variants, each measured in two alternating rounds (side
-by side, they show the run-to-run spread), and each tree's ratio to the base (of the two
-rounds' means). Forward and backward rows are TFLOP/s; decode rows (dense and paged caches)
-are TB/s of K and V read, with the batch in the causal column.
+"""The table of an A/B run: ours' speed per configuration for the base, this build and any
+further variants, each measured in two alternating rounds (side by side, they show the
+run-to-run spread), and each tree's ratio to the base (of the two rounds' means). Forward and
+backward rows are TFLOP/s; decode rows (dense and paged caches) are TB/s of K and V read, with
+the batch in the causal column. It reads the results.json rows that the benchmarks wrote before
+bench/harness.py (system, hdim, causal, seqlen and tflops, bwd_tflops or tbps) under the
+directory names of the old A/B stage; dev/ab.sh's runs (forward_<tree>_<round>, ...) need it
+adapted to the harness's JSON first.
 
-  scripts/ab_table.py OUT_DIR
+  dev/ab_table.py OUT_DIR
       reads OUT_DIR/trees.txt (the tree names, base first; "base" and "this" without it)
       and OUT_DIR/{fwd,bwd,dec}_<tree>_{1,2}/results.json
 """

@@ -11,12 +11,12 @@ the mean SM clock and power draw over that window.
 The log is what
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw[,clocks_event_reasons.active] \
     --format=csv,noheader,nounits -lms 50
-writes (scripts/gpu_pending.sh starts it around its benchmarks). With the fourth column (a
+writes (dev/ab.sh starts it around its benchmarks). With the fourth column (a
 bit mask of why the clock is below its maximum), the table also gives the share of samples
 held down by the software power cap (bit 0x4) and by anything else (thermal, hardware
 slowdown: the other bits but idle, 0x1, and application clocks, 0x2).
 
-  scripts/clock_windows.py LOG RESULTS_JSON [RESULTS_JSON ...]
+  dev/clock_windows.py LOG RESULTS_JSON [RESULTS_JSON ...]
 """
 from __future__ import annotations
 

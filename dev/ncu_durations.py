@@ -5,10 +5,10 @@ Reads what
   ncu --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed --csv ...
 writes (other metrics, if collected, are printed too) and prints, per launch, the kernel's
 name (shortened), its duration in microseconds and the other metrics. --every N --phase K
-keeps launch IDs with ID % N == K (bench/gpu_stream_read.cu's profile mode launches every
+keeps launch IDs with ID % N == K (dev/gpu_stream_read.cu's profile mode launches every
 schedule four times: --every 4 --phase 3 keeps the last of each); --last N keeps the last N.
 
-  scripts/ncu_durations.py FILE.csv [--every N --phase K] [--last N]
+  dev/ncu_durations.py FILE.csv [--every N --phase K] [--last N]
 """
 from __future__ import annotations
 

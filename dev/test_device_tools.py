@@ -1,6 +1,6 @@
-"""The device-run helpers that turn benchmark output into the figures recorded in
-docs/PERFORMANCE.md: scripts/ab_table.py (A/B ratios) and scripts/clock_windows.py (the clock
-in each timed window). Synthetic inputs with known answers; no GPU needed."""
+"""Tests of two dev/ tools: ab_table.py (A/B ratios) and clock_windows.py (the clock in each
+timed window). Synthetic inputs with known answers; no GPU needed. Scratch space like the
+tools: not part of the product's tests (CI does not run them); `python3 -m pytest dev`."""
 import datetime
 import importlib.util
 import json
@@ -8,11 +8,11 @@ import pathlib
 
 import pytest
 
-SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
+TOOLS = pathlib.Path(__file__).resolve().parent
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
