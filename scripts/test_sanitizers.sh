@@ -23,6 +23,7 @@ fa=build-sanitize/tools/flashattn
 for bad in "--backend cpu --heads 6 --heads-k 4" "--backend cpu --dropout 1.5" \
            "--backend cpu --head-dim 12" "--backend cpu --window -3,0" "--backend cuda"; do
   set +e
+  # shellcheck disable=SC2086  # $bad is a list of arguments
   "$fa" run --seqlen-q 64 $bad >/dev/null 2>/tmp/flashattn_sanitize_err.txt
   status=$?
   set -e
