@@ -5,7 +5,7 @@
 #             Python package built with CUDA and installed, `pytest tests/python` (its CUDA tests
 #             included), and the training comparison on the GPU (examples/train_swap.py)
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on small forward, backward and
-#             kv-cache sweeps, all at once (with `test`: while the Python package builds)
+#             kv-cache sweeps, all at once (with `test`: beside it, unless GPU_SERIAL=1)
 #   bench     the benchmarks through the installed package: bench/grid.py (forward and backward
 #             over the grid, with the peers) and bench/decode.py; the grid's grid_latest.json is
 #             copied to $OUT/h200_grid_latest.json (for docs/results/)
@@ -17,7 +17,7 @@
 # Environment: OUT (results, default ./gpu-results), FLASHATTN_CUDA_ARCHS (CUDA code to build on
 # a first configure, e.g. sm_90a on an H200: half the build time), BENCH_ARGS (extra arguments
 # of both benchmarks, e.g. --quick), PYTHON (default python3), GPU_SERIAL=1 (sanitizers after
-# the tests, not beside the package build), SANITIZE_TIMEOUT (seconds per run, default 520).
+# the test stage, not beside it), SANITIZE_TIMEOUT (seconds per run, default 520).
 # Results: $OUT/summary.txt (the machine, then a table of every step: status, seconds, outcome;
 # printed last), the benchmarks' tables and JSON, and every log in $OUT/logs.tar.gz. The exit
 # status is nonzero when any step failed. Build dependencies the machine lacks (it has no
@@ -133,16 +133,9 @@ print("outcome: final loss sdpa {:.5f}, flashattn {:.5f}; largest relative diffe
 }
 run_test() {
   step "ctest -L gpu" ctest_gpu.log ctest_gpu
-  # The package build keeps the CPUs busy and the GPU idle: the sanitizers run meanwhile.
-  if wants sanitize && [ -z "$sanitize_started" ] && [ "${GPU_SERIAL:-0}" != 1 ]; then
-    sanitize_started=1
-    run_sanitize & sanitize_pid=$!
-  fi
   package || return 1
   step "pytest tests/python" pytest.log pytest_all
   step "train_swap --compare cuda bf16" train_swap.log train_compare
-  # The sanitizers are done before anything else (a benchmark, say) runs on the GPU.
-  [ -z "$sanitize_pid" ] || wait "$sanitize_pid"
 }
 
 # ---- sanitize
@@ -310,16 +303,23 @@ fi
 if [ "$built" -ne 0 ]; then
   echo "gpu.sh: the build failed; nothing else runs" >>"$logs/build.log"
 else
+  # With both, the sanitizers (slow, GPU-bound, one small sweep each) run beside the test stage
+  # (the suite, the package build on every core, pytest): the call takes about the longer of
+  # the two, not their sum. Correctness only runs meanwhile; the benchmarks come after.
+  if wants test && wants sanitize && [ "${GPU_SERIAL:-0}" != 1 ]; then
+    sanitize_started=1
+    run_sanitize & sanitize_pid=$!
+  fi
   for stage in "${stages[@]}"; do
     case $stage in
-      test) run_test ;;
+      test) run_test
+            [ -z "$sanitize_pid" ] || wait "$sanitize_pid" ;;
       sanitize) [ -n "$sanitize_started" ] || { sanitize_started=1; run_sanitize; } ;;
       bench) run_bench ;;
       profile) run_profile ;;
       tune) run_tune ;;
     esac
   done
-  wait  # the sanitizers, where the test stage ended early
 fi
 
 # What comes back is few files: the summary, the benchmarks' tables and JSON at the top, every
