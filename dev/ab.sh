@@ -54,7 +54,7 @@ for round in 1 2; do
     for pass in ${AB_PASSES:-forward backward}; do
       run=${pass}_${names[$i]}_$round
       # shellcheck disable=SC2086  # AB_ARGS is a list of arguments
-      with_clock_log "$out/clocks_$run.csv" env PYTHONPATH="$site" timeout 150 python3 "bench/$pass.py" \
+      with_clock_log "$out/clocks_$run.csv" env PYTHONPATH="$site" timeout 150 "${PYTHON:-python3}" "bench/$pass.py" \
         --out "$out/$run" ${AB_ARGS:-} >"$out/$run.log" 2>&1 || echo "$run: status $?"
     done
   done

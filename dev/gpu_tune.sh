@@ -14,7 +14,7 @@ failed=0
 for candidate in release "$@"; do
   if [ "$candidate" = release ]; then unset FLASHATTN_SM80_CONFIG; else export FLASHATTN_SM80_CONFIG=$candidate; fi
   # shellcheck disable=SC2086  # TUNE_BENCH_ARGS is a list of arguments
-  PYTHONPATH=build-tune/site PYTHONUNBUFFERED=1 python3 bench/forward.py --out "$out/tune_$candidate" \
+  PYTHONPATH=build-tune/site PYTHONUNBUFFERED=1 "${PYTHON:-python3}" bench/forward.py --out "$out/tune_$candidate" \
     ${TUNE_BENCH_ARGS:-} >"$out/tune_$candidate.log" 2>&1
   status=$?
   [ $status -eq 0 ] || failed=1

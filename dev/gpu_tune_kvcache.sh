@@ -16,7 +16,7 @@ failed=0
 for candidate in release "${candidates[@]}"; do
   if [ "$candidate" = release ]; then unset FLASHATTN_KVCACHE_CONFIG; else export FLASHATTN_KVCACHE_CONFIG=$candidate; fi
   # shellcheck disable=SC2086  # TUNE_BENCH_ARGS is a list of arguments
-  PYTHONPATH=build-tune/site PYTHONUNBUFFERED=1 timeout 120 python3 bench/decode.py \
+  PYTHONPATH=build-tune/site PYTHONUNBUFFERED=1 timeout 120 "${PYTHON:-python3}" bench/decode.py \
     --out "$out/kvtune_$candidate" ${TUNE_BENCH_ARGS:-} >"$out/kvtune_$candidate.log" 2>&1
   status=$?
   [ $status -eq 0 ] || failed=1

@@ -50,7 +50,10 @@ py=${PYTHON:-python3}
 out=${OUT:-gpu-results}
 logs=$out/logs
 rows=$logs/steps.tsv
-rm -rf "$logs" && mkdir -p "$logs"
+# What an earlier call left in $OUT goes first: no stale result can pass for this call's.
+(cd "$out" 2>/dev/null && rm -rf logs grid decode profile tune summary.txt logs.tar.gz \
+  h200_grid_latest.json grid_* decode_*)
+mkdir -p "$logs"
 : >"$rows"
 
 # step NAME LOG COMMAND...: runs COMMAND with its output in $logs/LOG (also $step_log, for
