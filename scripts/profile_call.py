@@ -9,7 +9,7 @@ same inputs, so that the two kernels can be compared metric by metric.
   profile_call.py dec ours|cudnn BATCH CACHE_LEN
       one new token per sequence, 32 query heads over 8 key/value heads, head dim 128, bf16
 
-The call runs CALLS times (default 5): the profiler skips the first few (warm-up) launches.
+The call runs five times (CALLS): the profiler skips the first three launches (warm-up).
 """
 import sys
 
