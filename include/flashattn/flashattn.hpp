@@ -151,8 +151,8 @@ RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorVie
                        const Varlen& varlen, const Options& options = {},
                        const Execution& execution = {});
 
-// A key/value cache for inference (docs/SPEC.md, "KV cache"). Positions count from row 0 of a
-// sequence's cache; sequence b's keys are the cache positions
+// A key/value cache for inference (docs/SPEC.md, "Decoding with a KV cache"). Positions count
+// from row 0 of a sequence's cache; sequence b's keys are the cache positions
 //   cache_leftpad[b] .. cache_seqlens[b] + S_new - 1
 // (S_new = 0 without k_new), and q's rows are the last Sq of them (the usual bottom-right
 // alignment of causal and window masks). Every tensor lives on q's device. On the CUDA backend
