@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -110,34 +111,27 @@ class HostTensor {
   TensorView view() const { return contiguous_view(bytes_.data(), dtype_, sizes_); }
   const std::vector<int64_t>& sizes() const { return sizes_; }
 
-  // Standard normal values, rounded to the dtype.
+  // Standard normal values, rounded to the dtype by reference::scatter: a chunk at a time,
+  // so that a large tensor never has a float64 copy.
   void fill_normal(std::mt19937_64& rng) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    fill([&] { return normal(rng); });
-  }
-
-  // NaN everywhere, so that an element the engine forgets to write cannot pass the check.
-  void poison() {
-    fill([] { return std::numeric_limits<double>::quiet_NaN(); });
-  }
-
- private:
-  // Every element in order gets next(), rounded to the dtype by reference::scatter; a chunk
-  // at a time, so that a large tensor never has a float64 copy.
-  template <typename Generate>
-  void fill(Generate next) {
     constexpr int64_t kChunk = int64_t{1} << 16;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
     const size_t element_bytes = dtype_size(dtype_);
     const int64_t count = static_cast<int64_t>(bytes_.size() / element_bytes);
     std::vector<double> values;
     for (int64_t begin = 0; begin < count; begin += kChunk) {
       values.resize(static_cast<size_t>(std::min(kChunk, count - begin)));
-      for (double& x : values) x = next();
+      for (double& x : values) x = normal(rng);
       reference::scatter(values, contiguous_view(bytes_.data() + begin * element_bytes, dtype_,
                                                  {static_cast<int64_t>(values.size())}));
     }
   }
 
+  // NaN everywhere, so that an element the engine forgets to write cannot pass the check
+  // (all-ones bytes are NaN in fp32, fp16 and bf16, as the GPU runner poisons too).
+  void poison() { std::memset(bytes_.data(), 0xFF, bytes_.size()); }
+
+ private:
   DType dtype_ = DType::Float32;
   std::vector<int64_t> sizes_;
   std::vector<unsigned char> bytes_;
