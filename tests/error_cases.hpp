@@ -72,6 +72,15 @@ inline void write_int32(Buffer& b, const std::vector<int32_t>& values) {
   std::memcpy(b.data(), values.data(), values.size() * sizeof(int32_t));
 }
 
+// How every call's buffers start: inputs random, ALiBi slopes 0.25 (read only where a case
+// sets options.alibi_slopes), outputs the sentinel, so that any write shows.
+inline void start_buffers(std::initializer_list<Buffer*> inputs, Buffer& alibi,
+                          std::initializer_list<Buffer*> outputs) {
+  for (Buffer* b : inputs) b->fill_random();
+  for (int64_t i = 0; i < alibi.count(); ++i) alibi.set(i, 0.25f);
+  for (Buffer* b : outputs) fill_sentinel(*b);
+}
+
 struct NamedBuffer {
   const char* name;
   Buffer* buffer;
@@ -89,12 +98,7 @@ struct DenseCall {
   Execution execution;
 
   DenseCall() {
-    q_buf.fill_random();
-    k_buf.fill_random();
-    v_buf.fill_random();
-    for (int64_t i = 0; i < alibi_buf.count(); ++i) alibi_buf.set(i, 0.25f);
-    fill_sentinel(out_buf);
-    fill_sentinel(lse_buf);
+    start_buffers({&q_buf, &k_buf, &v_buf}, alibi_buf, {&out_buf, &lse_buf});
     q = q_buf.view({B, Sq, H, D});
     k = k_buf.view({B, Sk, Hk, D});
     v = v_buf.view({B, Sk, Hk, D});
@@ -142,12 +146,7 @@ struct VarlenCall {
   Execution execution;
 
   VarlenCall() {
-    q_buf.fill_random();
-    k_buf.fill_random();
-    v_buf.fill_random();
-    for (int64_t i = 0; i < alibi_buf.count(); ++i) alibi_buf.set(i, 0.25f);
-    fill_sentinel(out_buf);
-    fill_sentinel(lse_buf);
+    start_buffers({&q_buf, &k_buf, &v_buf}, alibi_buf, {&out_buf, &lse_buf});
     q = q_buf.view({total_q, H, D});
     k = k_buf.view({total_k, Hk, D});
     v = v_buf.view({total_k, Hk, D});

@@ -35,11 +35,8 @@ struct KvCall {
   Execution execution;
 
   KvCall() {
-    for (Buffer* b : {&q_buf, &kc_buf, &vc_buf, &kn_buf, &vn_buf, &cos_buf, &sin_buf})
-      b->fill_random();
-    for (int64_t i = 0; i < alibi_buf.count(); ++i) alibi_buf.set(i, 0.25f);
-    fill_sentinel(out_buf);
-    fill_sentinel(lse_buf);
+    start_buffers({&q_buf, &kc_buf, &vc_buf, &kn_buf, &vn_buf, &cos_buf, &sin_buf}, alibi_buf,
+                  {&out_buf, &lse_buf});
     q = q_buf.view({B, Sq, H, D});
     out = out_buf.view({B, Sq, H, D});
     lse = lse_buf.view({B, H, Sq});
