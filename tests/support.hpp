@@ -1,6 +1,6 @@
 // Shared helpers for the tests: host buffers of any dtype, fresh random inputs, poisoned
 // outputs, and one routine that runs a forward call on a backend and checks it against the
-// float64 reference under SPEC.md's accuracy rule.
+// float64 reference under docs/SPEC.md's accuracy rule.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// A backend's backward against the float64 reference backward (SPEC.md's 3x rule for
+// A backend's backward against the float64 reference backward (docs/SPEC.md's 3x rule for
 // gradients), over the forward suite's grid kinds: masks x softcap x ALiBi x dtype on odd
 // geometries, dropout, head dims, Sq != Sk both ways, Sk = 0, fully masked rows, GQA 1/2/8,
 // ragged batches with empty sequences; plus (CPU) determinism across runs and thread counts.

@@ -121,7 +121,7 @@ TEST(EdgeCases, AsManyQueryBlocksAsHeads) {
 }
 
 TEST(EdgeCases, FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse) {
-  // Sq = 5, Sk = 2, causal: rows 0..2 see no key (SPEC.md's example).
+  // Sq = 5, Sk = 2, causal: rows 0..2 see no key (docs/SPEC.md's example).
   Case c{.seqlen_q = 5, .seqlen_k = 2, .heads = 2, .head_dim = 8, .causal = true};
   run_dense_case(c);
   Inputs in = make_inputs(c);
@@ -221,8 +221,8 @@ TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
 
 // Every mask x dtype with dropout on odd geometries (windows make the first visible key of a
 // block arbitrary, so a lane's two columns can straddle two Philox groups), some with softcap
-// and ALiBi, head dims from 8 to 256: the keep bits must be the reference's (SPEC's counters),
-// so a wrong bit shows as an output error far beyond the tolerance.
+// and ALiBi, head dims from 8 to 256: the keep bits must be the reference's (docs/SPEC.md,
+// "Dropout"), so a wrong bit shows as an output error far beyond the tolerance.
 TEST(Dropout, EveryMaskAndDtypeMatchesTheReference) {
   const Geometry geometries[] = {{2, 97, 113, 4, 2, 40}, {1, 130, 61, 6, 3, 64},
                                  {1, 33, 150, 2, 1, 256}, {3, 17, 17, 2, 2, 8}};

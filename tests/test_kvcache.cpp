@@ -6,7 +6,7 @@
 // block table), fills the positions its sequences own with fresh random values and everything
 // else with NaN (a backend that reads a row outside a sequence, or forgets to append one,
 // turns the output NaN), runs the call with poisoned outputs, and checks
-//   - out and lse under SPEC.md's accuracy rule, against reference::forward run per sequence
+//   - out and lse under docs/SPEC.md's accuracy rule, against reference::forward run per sequence
 //     on its dense key list (old cache rows + the appended rows, rotated here, literally, in
 //     float64 and rounded to the dtype) with q rotated likewise;
 //   - the cache after the call: appended v rows and unrotated dims of k rows are bit copies of
@@ -250,7 +250,7 @@ RunInfo run_on_backend(KvProblem& p, Execution execution = {}) {
 #endif
 }
 
-// x (head_dim values) rotated at cache position `pos`, in float64, from SPEC.md's definition.
+// x (head_dim values) rotated at cache position `pos`, in float64, from docs/SPEC.md's definition.
 std::vector<double> rotate(const std::vector<double>& x, const KvProblem& p,
                            const std::vector<double>& cos, const std::vector<double>& sin,
                            int64_t pos) {

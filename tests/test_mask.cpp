@@ -1,4 +1,5 @@
-// The masking rule of src/common/mask.hpp against SPEC.md's literal statement and examples.
+// The masking rule of src/common/mask.hpp (and flashattn::visible_keys, which states it for
+// callers) against docs/SPEC.md's literal statement and examples.
 #include "common/mask.hpp"
 
 #include <string>
@@ -8,7 +9,7 @@
 namespace flashattn::detail {
 namespace {
 
-// SPEC.md, step 4, verbatim: key j is visible to query i iff j >= d - left (left >= 0) and
+// docs/SPEC.md, "The score of query i and key j", step 4, verbatim: key j is visible to query i iff j >= d - left (left >= 0) and
 // j <= d + right (right >= 0), d = i + Sk - Sq.
 bool literal_visible(int64_t i, int64_t j, int64_t sq, int64_t sk, int left, int right) {
   const int64_t d = i + sk - sq;
@@ -48,6 +49,28 @@ TEST(Mask, RangeMatchesLiteralRuleEverywhere) {
                   << "sq=" << sq << " sk=" << sk << " left=" << left << " right=" << right
                   << " i=" << i << " j=" << j;
           }
+}
+
+// The public flashattn::visible_keys takes the call's Options: causal sets right = 0 and keeps
+// the left window (docs/SPEC.md, step 4); otherwise the window is used as given.
+TEST(Mask, PublicVisibleKeysFollowTheOptions) {
+  for (int64_t sq : {0, 1, 3, 7})
+    for (int64_t sk : {0, 2, 5, 9})
+      for (bool causal : {false, true})
+        for (int left : {-1, 0, 2})
+          for (int right : {-1, 0, 3})
+            for (int64_t i = 0; i < sq; ++i) {
+              Options options;
+              options.causal = causal;
+              options.window_left = left;
+              options.window_right = right;
+              const flashattn::KeyRange r = flashattn::visible_keys(i, sq, sk, options);
+              for (int64_t j = 0; j < sk; ++j)
+                ASSERT_EQ(j >= r.begin && j < r.end,
+                          literal_visible(i, j, sq, sk, left, causal ? 0 : right))
+                    << "sq=" << sq << " sk=" << sk << " causal=" << causal << " left=" << left
+                    << " right=" << right << " i=" << i << " j=" << j;
+            }
 }
 
 TEST(Mask, BlockSummariesAreExact) {

@@ -1,6 +1,9 @@
-// The float64 oracle itself, against facts that follow from SPEC.md without running it:
+// The float64 oracle itself, against facts that follow from docs/SPEC.md without running it:
 // with q = 0 every visible score is equal (or pure ALiBi), so the output is a known average.
 #include <cmath>
+#include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "support.hpp"
 
@@ -122,6 +125,30 @@ TEST(Reference, GatherReadsStridedViewsInLogicalOrder) {
   // A (2, 3) view with strides (1, 8): element (i, j) is b[i + 8 j].
   const std::vector<double> g = reference::gather(b.view({2, 3}, {1, 8}, 4));
   EXPECT_EQ(g, (std::vector<double>{4, 12, 20, 5, 13, 21}));
+}
+
+// scatter() is gather()'s inverse: it writes a strided view in logical order, nothing else,
+// and rounds to the dtype to nearest even. 1 + step/2 lies halfway between 1 (even mantissa)
+// and 1 + step, 1 + 3 step/2 between 1 + step and 1 + 2 step (even): down, then up.
+TEST(Reference, ScatterWritesInLogicalOrderRoundingToNearestEven) {
+  Buffer b(DType::Float32, 24);  // zeros
+  reference::scatter({4, 12, 20, 5, 13, 21}, b.view({2, 3}, {1, 8}, 4));
+  for (int n = 0; n < 24; ++n) {
+    const bool written = n == 4 || n == 12 || n == 20 || n == 5 || n == 13 || n == 21;
+    EXPECT_EQ(reinterpret_cast<const float*>(b.bytes.data())[n], written ? float(n) : 0.0f) << n;
+  }
+  for (const auto& [dtype, step] : {std::pair{DType::Float16, 0x1p-10},
+                                    std::pair{DType::BFloat16, 0x1p-7}}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Buffer h(dtype, 4);
+    reference::scatter({1 + step / 2, 1 + 1.5 * step, -2.5, NAN}, h.view({4}));
+    const std::vector<double> g = reference::gather(h.view({4}));
+    EXPECT_EQ(g[0], 1.0);
+    EXPECT_EQ(g[1], 1 + 2 * step);
+    EXPECT_EQ(g[2], -2.5);
+    EXPECT_TRUE(std::isnan(g[3]));
+  }
+  EXPECT_THROW(reference::scatter({1.0}, b.view({2})), std::invalid_argument);
 }
 
 TEST(Reference, AccuracyRuleCatchesNanMismatches) {

@@ -50,7 +50,8 @@ int worst_ldmatrix_conflict() {
 }
 
 // Rows whose global 32-byte sectors (chunks 2k, 2k + 1) are split over two 32-byte shared
-// units: cp.async then seems to move such a sector twice (docs/PERFORMANCE.md).
+// units: cp.async then seems to move such a sector twice (docs/ARCHITECTURE.md, "The KV-cache
+// path on CUDA").
 template <typename Tile, int kRowElements>
 int rows_splitting_sectors() {
   int rows = 0;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -28,7 +29,6 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "common/numeric.hpp"
 #include "flashattn/flashattn.hpp"
 #include "reference/reference.hpp"
 #include "runner.hpp"
@@ -111,40 +111,27 @@ class HostTensor {
   TensorView view() const { return contiguous_view(bytes_.data(), dtype_, sizes_); }
   const std::vector<int64_t>& sizes() const { return sizes_; }
 
-  // Standard normal values, rounded to the dtype.
+  // Standard normal values, rounded to the dtype by reference::scatter: a chunk at a time,
+  // so that a large tensor never has a float64 copy.
   void fill_normal(std::mt19937_64& rng) {
+    constexpr int64_t kChunk = int64_t{1} << 16;
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    fill([&] { return normal(rng); });
+    const size_t element_bytes = dtype_size(dtype_);
+    const int64_t count = static_cast<int64_t>(bytes_.size() / element_bytes);
+    std::vector<double> values;
+    for (int64_t begin = 0; begin < count; begin += kChunk) {
+      values.resize(static_cast<size_t>(std::min(kChunk, count - begin)));
+      for (double& x : values) x = normal(rng);
+      reference::scatter(values, contiguous_view(bytes_.data() + begin * element_bytes, dtype_,
+                                                 {static_cast<int64_t>(values.size())}));
+    }
   }
 
-  // NaN everywhere, so that an element the engine forgets to write cannot pass the check.
-  void poison() {
-    fill([] { return std::numeric_limits<float>::quiet_NaN(); });
-  }
+  // NaN everywhere, so that an element the engine forgets to write cannot pass the check
+  // (all-ones bytes are NaN in fp32, fp16 and bf16, as the GPU runner poisons too).
+  void poison() { std::memset(bytes_.data(), 0xFF, bytes_.size()); }
 
  private:
-  template <typename Generate>
-  void fill(Generate next) {
-    switch (dtype_) {
-      case DType::Float32:
-        return fill_as<float>(next);
-      case DType::Float16:
-        return fill_as<detail::half_t>(next);
-      case DType::BFloat16:
-        return fill_as<detail::bfloat16_t>(next);
-      case DType::Int32:
-        break;
-    }
-    throw std::logic_error("HostTensor: not a floating-point dtype");
-  }
-
-  template <typename T, typename Generate>
-  void fill_as(Generate& next) {
-    T* p = reinterpret_cast<T*>(bytes_.data());
-    const size_t n = bytes_.size() / sizeof(T);
-    for (size_t i = 0; i < n; ++i) p[i] = detail::from_float<T>(next());
-  }
-
   DType dtype_ = DType::Float32;
   std::vector<int64_t> sizes_;
   std::vector<unsigned char> bytes_;
@@ -218,10 +205,6 @@ struct Problem {
   HostTensor q, k, v, out, lse;
   HostTensor dout, dq, dk, dv;      // --backward only
   std::vector<float> alibi_slopes;  // (H), empty without --alibi
-
-  // The keys row i of a sequence sees are bounded by these (SPEC.md: causal means right = 0).
-  int32_t left() const { return args.window_left; }
-  int32_t right() const { return args.causal ? 0 : args.window_right; }
 
   Options options() const {
     Options o;
@@ -469,7 +452,7 @@ struct CheckResult {
   }
 };
 
-// SPEC.md's rule: against the float64 oracle; fp16/bf16 errors are judged relative to a plain
+// docs/SPEC.md's accuracy rule: against the float64 oracle; fp16/bf16 errors are judged relative to a plain
 // implementation computing in the input dtype on the same inputs.
 CheckResult check_against_reference(const Problem& p) {
   const std::optional<Varlen> ragged = p.varlen();
@@ -494,16 +477,13 @@ CheckResult check_against_reference(const Problem& p) {
 // ----------------------------------------------------------------------------------------------
 // Work and memory
 
-// Visible (query, key) pairs of one sequence under SPEC.md's mask: query i sits at key position
-// d = i + Sk - Sq and sees keys [d - left, d + right] within [0, Sk) (a bound < 0 is unbounded).
-// One key range per row: O(Sq), not O(Sq * Sk).
-int64_t visible_pairs(int64_t seqlen_q, int64_t seqlen_k, int32_t left, int32_t right) {
+// Visible (query, key) pairs of one sequence under the call's mask, as the library states it
+// (flashattn::visible_keys). One key range per row: O(Sq), not O(Sq * Sk).
+int64_t visible_pairs(int64_t seqlen_q, int64_t seqlen_k, const Options& options) {
   int64_t pairs = 0;
   for (int64_t i = 0; i < seqlen_q; ++i) {
-    const int64_t d = i + seqlen_k - seqlen_q;
-    const int64_t begin = left >= 0 ? std::max<int64_t>(d - left, 0) : 0;
-    const int64_t end = right >= 0 ? std::min<int64_t>(d + right + 1, seqlen_k) : seqlen_k;
-    pairs += std::max<int64_t>(end - begin, 0);
+    const KeyRange keys = visible_keys(i, seqlen_q, seqlen_k, options);
+    pairs += std::max<int64_t>(keys.end - keys.begin, 0);
   }
   return pairs;
 }
@@ -523,11 +503,11 @@ struct Costs {
 
 Costs count_costs(const Problem& p) {
   const double H = static_cast<double>(p.args.heads), D = static_cast<double>(p.args.head_dim);
+  const Options options = p.options();
   Costs c;
   for (const Problem::Shapes& s : p.shapes()) {
     const double n = static_cast<double>(s.count);
-    const double pairs =
-        static_cast<double>(visible_pairs(s.seqlen_q, s.seqlen_k, p.left(), p.right()));
+    const double pairs = static_cast<double>(visible_pairs(s.seqlen_q, s.seqlen_k, options));
     const double all_pairs = static_cast<double>(s.seqlen_q) * static_cast<double>(s.seqlen_k);
     c.flops += n * 4.0 * H * D * pairs;
     c.flops_convention += n * 4.0 * H * D * all_pairs * (p.args.causal ? 0.5 : 1.0);

@@ -14,7 +14,7 @@ namespace flashattn::cli {
 RunInfo backward(const ForwardCall& forward, const BackwardCall& backward,
                  const Execution& execution);
 
-// SPEC.md's rule for the gradients, on host views: dq, dk and dv against reference::backward
+// docs/SPEC.md's accuracy rule for the gradients, on host views: dq, dk and dv against reference::backward
 // (float64, the same dropout keep bits); fp16/bf16 within 3x the error of the plain
 // low-precision implementation plus a floor, fp32 within 1e-5 relative to the call's largest
 // gradient.

@@ -5,7 +5,7 @@
 // validates all of its arguments before it writes anything: a bad call throws
 // flashattn::Error naming the argument, what was expected and what was given.
 //
-// Semantics: shared/SPEC.md. Layouts (the last dimension of every tensor is contiguous):
+// Semantics: docs/SPEC.md. Layouts (the last dimension of every tensor is contiguous):
 //   dense   q (B, Sq, H, D)   k (B, Sk, Hk, D)   v (B, Sk, Hk, Dv)   out (B, Sq, H, Dv)
 //           lse (B, H, Sq) fp32, contiguous
 //   varlen  q (total_q, H, D) k/v (total_k, Hk, D) out (total_q, H, Dv)
@@ -79,7 +79,7 @@ class Error : public std::runtime_error {
   std::string argument_, expected_, given_;
 };
 
-// Every forward feature of SPEC.md.
+// Every forward feature of docs/SPEC.md.
 struct Options {
   std::optional<float> softmax_scale;  // default 1/sqrt(D)
   bool causal = false;                 // right window = 0, bottom-right aligned
@@ -101,6 +101,17 @@ struct Options {
   // (docs/ARCHITECTURE.md says how).
   bool deterministic = false;
 };
+
+// The mask of `options` (causal, window_left, window_right) for one sequence: the keys that
+// query row `row` (0 <= row < seqlen_q) sees are positions [begin, end) of its seqlen_k keys,
+// none when end <= begin. The diagonal is aligned to the bottom-right corner (docs/SPEC.md,
+// "The score of query i and key j", step 4); this is the rule the engines apply, for callers
+// that count the work of a call (FLOPs over the visible pairs) or want to know which rows see
+// no key (out 0, lse -inf).
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+};
+KeyRange visible_keys(int64_t row, int64_t seqlen_q, int64_t seqlen_k, const Options& options);
 
 enum class Backend : int32_t { Auto = 0, CPU = 1, CUDA = 2 };
 const char* backend_name(Backend backend);
@@ -140,8 +151,8 @@ RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorVie
                        const Varlen& varlen, const Options& options = {},
                        const Execution& execution = {});
 
-// A key/value cache for inference (SPEC.md, "KV cache"). Positions count from row 0 of a
-// sequence's cache; sequence b's keys are the cache positions
+// A key/value cache for inference (docs/SPEC.md, "Decoding with a KV cache"). Positions count
+// from row 0 of a sequence's cache; sequence b's keys are the cache positions
 //   cache_leftpad[b] .. cache_seqlens[b] + S_new - 1
 // (S_new = 0 without k_new), and q's rows are the last Sq of them (the usual bottom-right
 // alignment of causal and window masks). Every tensor lives on q's device. On the CUDA backend

@@ -216,9 +216,20 @@ int run(F&& call) {
 NB_MODULE(_C, m) {
   m.doc() = "flashattn's C ABI (include/flashattn/flashattn.h), one function per entry point. "
             "Low level: outputs are caller-allocated; use flashattn.flash_attn_func and friends.";
+  // The C ABI's codes (flashattn.h's enums, the one place they are defined): fa_backend, and
+  // the fa_dtype and fa_device_type of a raw descriptor (what torch_ops.py builds).
   m.attr("BACKEND_AUTO") = static_cast<int>(FA_BACKEND_AUTO);
   m.attr("BACKEND_CPU") = static_cast<int>(FA_BACKEND_CPU);
   m.attr("BACKEND_CUDA") = static_cast<int>(FA_BACKEND_CUDA);
+  m.attr("DTYPE_FLOAT32") = static_cast<int>(FA_FLOAT32);
+  m.attr("DTYPE_FLOAT16") = static_cast<int>(FA_FLOAT16);
+  m.attr("DTYPE_BFLOAT16") = static_cast<int>(FA_BFLOAT16);
+  m.attr("DTYPE_INT32") = static_cast<int>(FA_INT32);
+  m.attr("DEVICE_CPU") = static_cast<int>(FA_DEVICE_CPU);
+  m.attr("DEVICE_CUDA") = static_cast<int>(FA_DEVICE_CUDA);
+  // DLPack's device codes as from_array reads them (for _array.py's choice of array module).
+  m.attr("DLPACK_DEVICE_CPU") = static_cast<int>(nb::device::cpu::value);
+  m.attr("DLPACK_DEVICE_CUDA") = static_cast<int>(nb::device::cuda::value);
 
   m.def("version", [] { return std::string(fa_version()); });
   m.def("cuda_compiled", [] { return fa_cuda_compiled() != 0; });

@@ -18,9 +18,9 @@ def _namespace(x):
         return np, lambda a: a
     if hasattr(x, "__dlpack_device__"):
         device_type = int(x.__dlpack_device__()[0])
-        if device_type == 1:  # kDLCPU
+        if device_type == _C.DLPACK_DEVICE_CPU:
             return np, lambda a: a if a is None or isinstance(a, np.ndarray) else np.from_dlpack(a)
-        if device_type == 2:  # kDLCUDA
+        if device_type == _C.DLPACK_DEVICE_CUDA:
             try:
                 import cupy
             except ImportError:

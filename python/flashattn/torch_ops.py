@@ -36,7 +36,9 @@ from torch import Tensor
 
 from . import _C
 
-_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3}
+# The C ABI's codes come from the extension (flashattn.h's enums), never written here.
+_DTYPES = {torch.float32: _C.DTYPE_FLOAT32, torch.float16: _C.DTYPE_FLOAT16,
+           torch.bfloat16: _C.DTYPE_BFLOAT16, torch.int32: _C.DTYPE_INT32}
 
 
 def _desc(t: Optional[Tensor], name: str):
@@ -48,9 +50,9 @@ def _desc(t: Optional[Tensor], name: str):
         raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 (int32 for "
                         f"sequence offsets), given {t.dtype}")
     if t.device.type == "cpu":
-        device, index = 0, 0
+        device, index = _C.DEVICE_CPU, 0
     elif t.device.type == "cuda":
-        device = 1
+        device = _C.DEVICE_CUDA
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     else:
         raise TypeError(f"{name}: expected a CPU or CUDA tensor, given device {t.device}")

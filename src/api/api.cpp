@@ -3,6 +3,7 @@
 #include <string>
 
 #include "api/validate.hpp"
+#include "common/mask.hpp"
 #include "cpu/backward.hpp"
 #include "cpu/forward.hpp"
 #include "cpu/kvcache.hpp"
@@ -214,5 +215,12 @@ bool cuda_compiled() { return detail::cuda::compiled(); }
 std::vector<std::string> cuda_architectures() { return detail::cuda::architectures(); }
 
 std::vector<CudaDevice> cuda_devices(std::string* why) { return detail::cuda::devices(why); }
+
+KeyRange visible_keys(int64_t row, int64_t seqlen_q, int64_t seqlen_k, const Options& options) {
+  const int32_t right = options.causal ? 0 : options.window_right;  // as the params hold it
+  const detail::KeyRange r =
+      detail::visible_keys(row, seqlen_q, seqlen_k, options.window_left, right);
+  return {r.begin, r.end};
+}
 
 }  // namespace flashattn

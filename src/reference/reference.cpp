@@ -8,6 +8,8 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "common/numeric.hpp"
 #include "common/philox.hpp"
@@ -48,19 +50,58 @@ double round_to(DType dtype, Arithmetic arithmetic, double x) {
 
 }  // namespace
 
-std::vector<double> gather(const TensorView& t) {
-  std::vector<double> values(static_cast<size_t>(t.numel()));
+namespace {
+
+// Calls visit(n, offset) for the n-th element of `t` in row-major logical order, at element
+// offset `offset` from t.data.
+template <typename Visit>
+void for_each_element(const TensorView& t, Visit visit) {
+  const size_t count = static_cast<size_t>(t.numel());
   std::vector<int64_t> index(static_cast<size_t>(t.ndim), 0);
-  for (size_t n = 0; n < values.size(); ++n) {
+  for (size_t n = 0; n < count; ++n) {
     int64_t offset = 0;
     for (int d = 0; d < t.ndim; ++d) offset += index[static_cast<size_t>(d)] * t.stride(d);
-    values[n] = element(t, offset);
+    visit(n, offset);
     for (int d = t.ndim - 1; d >= 0; --d) {  // odometer increment, last dim fastest
       if (++index[static_cast<size_t>(d)] < t.size(d)) break;
       index[static_cast<size_t>(d)] = 0;
     }
   }
+}
+
+void store(const TensorView& t, int64_t offset, double x) {
+  const float f = static_cast<float>(x);
+  switch (t.dtype) {
+    case DType::Float32:
+      static_cast<float*>(t.data)[offset] = f;
+      return;
+    case DType::Float16:
+      static_cast<half_t*>(t.data)[offset] = detail::to_half(f);
+      return;
+    case DType::BFloat16:
+      static_cast<bfloat16_t*>(t.data)[offset] = detail::to_bfloat16(f);
+      return;
+    case DType::Int32:
+      static_cast<int32_t*>(t.data)[offset] = static_cast<int32_t>(x);
+      return;
+  }
+  throw std::logic_error("reference: unknown dtype");
+}
+
+}  // namespace
+
+std::vector<double> gather(const TensorView& t) {
+  std::vector<double> values(static_cast<size_t>(t.numel()));
+  for_each_element(t, [&](size_t n, int64_t offset) { values[n] = element(t, offset); });
   return values;
+}
+
+void scatter(const std::vector<double>& values, const TensorView& t) {
+  if (static_cast<int64_t>(values.size()) != t.numel())
+    throw std::invalid_argument("reference::scatter: " + std::to_string(values.size()) +
+                                " values for a view of " + std::to_string(t.numel()) +
+                                " elements");
+  for_each_element(t, [&](size_t n, int64_t offset) { store(t, offset, values[n]); });
 }
 
 namespace {

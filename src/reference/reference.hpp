@@ -55,6 +55,10 @@ std::vector<double> dropped_probabilities(const TensorView& q, const TensorView&
 
 // The elements of a host view in row-major logical order, as double.
 std::vector<double> gather(const TensorView& t);
+// The inverse, for tools that make inputs: writes `values` (one per element of the host view,
+// in gather's order) into the view, each rounded to float and then to the view's dtype
+// (nearest even). Throws std::invalid_argument when the counts differ.
+void scatter(const std::vector<double>& values, const TensorView& t);
 
 // The accuracy rule of SPEC.md for one output: the largest absolute error of `actual` against
 // the oracle, and the tolerance it must stay within. NaN/Inf must match the oracle exactly

@@ -1,10 +1,11 @@
-"""Shared helpers: float64 references that materialise the scores (SPEC.md) and the accuracy rule."""
+"""Shared helpers: float64 references that materialise the scores (docs/SPEC.md) and the
+accuracy rule."""
 import numpy as np
 import pytest
 
 
 def mask(sq, sk, causal, window):
-    """Visible (i, j) as a bool (sq, sk) matrix: the bottom-right aligned rule of SPEC.md."""
+    """Visible (i, j) as a bool (sq, sk) matrix: the bottom-right aligned rule of docs/SPEC.md."""
     left, right = window
     if causal:
         right = 0
@@ -54,7 +55,7 @@ def reference(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softca
 
 
 def assert_accurate(got, ref64, low=None, factor=2.0, rel=1e-5, floor=1e-6):
-    """SPEC.md's rule: fp32 within `rel` of the reference's scale; fp16/bf16 within `factor`
+    """docs/SPEC.md's rule: fp32 within `rel` of the reference's scale; fp16/bf16 within `factor`
     times the error of the plain low-precision implementation `low`, plus a floor."""
     got = np.asarray(got, dtype=np.float64)
     err = np.max(np.abs(got - ref64)) if got.size else 0.0

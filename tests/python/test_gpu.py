@@ -1,14 +1,14 @@
 """PyTorch on CUDA (the H200 run): skipped, with the reason shown by `pytest -rs`, without a GPU.
 
 What runs on the GPU: outputs and gradients against float64 (the torch reference and SDPA's
-math backend) under SPEC.md's accuracy rule, fp16 and bf16, causal or not, GQA, odd lengths,
+math backend) under docs/SPEC.md's accuracy rule, fp16 and bf16, causal or not, GQA, odd lengths,
 Sq != Sk both ways; the packed and varlen functions with gradients; torch.compile(fullgraph=True)
 through the backward; CUDA-graph capture and replay of the forward and of forward + backward;
 the current stream; the deterministic backward; dropout (the CUDA backward replaying the CPU
 forward's mask today, the CUDA forward itself once the library has it); a training step
 against SDPA; CuPy arrays through DLPack.
 
-The accuracy rule (SPEC.md, as src/reference applies it): against float64, the largest error
+The accuracy rule (docs/SPEC.md, as src/reference applies it): against float64, the largest error
 of an output must be at most 2x (gradients: 3x) the largest error of a plain implementation
 in the same low precision (scores, probabilities and products rounded to the dtype at each
 step) on the same inputs, plus a floor: 1e-4 (fp16) / 5e-4 (bf16), and for gradients at least

@@ -1,4 +1,5 @@
-"""flash_attn_with_kvcache: in-place append, rotary, paged caches, split keys (SPEC.md, "KV cache").
+"""flash_attn_with_kvcache: in-place append, rotary, paged caches, split keys (docs/SPEC.md,
+"Decoding with a KV cache").
 
 Every call is checked against a literal float64 implementation of the contract that shares no
 code with the library: rotate the new keys and the queries, write the new rows into a float64
@@ -10,7 +11,7 @@ every other element is bit for bit what it was.
 
 CPU (CI): NumPy arrays and, when torch is installed, torch CPU tensors. CUDA: the tests at the
 end (marked `gpu`, skipped with the reason shown without a CUDA device or a CUDA build): fp16
-and bf16 under SPEC.md's accuracy rule, long caches that the split heuristic divides, paged
+and bf16 under docs/SPEC.md's accuracy rule, long caches that the split heuristic divides, paged
 caches of page sizes 1, 16, odd and 256, a decoding loop, SDPA as a second oracle, the current
 stream, CUDA-graph capture and torch.compile.
 """
@@ -374,7 +375,7 @@ def test_empty_sequences(rng, framework):
 
 
 def test_fp16_accuracy_rule(rng):
-    """fp16 on the CPU against SPEC.md's rule: at most 2x the error of attention computed in
+    """fp16 on the CPU against docs/SPEC.md's rule: at most 2x the error of attention computed in
     fp16 (the new keys rotated and rounded into the fp16 cache, as the library stores them)."""
     c = make_case(rng, b=2, sq=3, cache_len=70, causal=True, rotary="neox", page_size=16,
                   dtype=np.float16)
