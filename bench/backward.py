@@ -32,6 +32,10 @@ from __future__ import annotations
 import harness as h
 
 CHUNK_ROWS = 1024  # query rows per float64 block of the reference (S x CHUNK_ROWS scores)
+# A gradient of ours passes within GRAD_FACTOR x the peer's float64 error plus GRAD_SLACK x
+# the largest reference gradient of its slices (docs/SPEC.md's gradient rule, the peer standing for
+# the plain low-precision implementation).
+GRAD_FACTOR, GRAD_SLACK = 3.0, 1e-3
 
 
 def make_sets(shape: h.Shape, args) -> list[tuple]:
@@ -80,7 +84,7 @@ def reference_grads(q, k, v, dout, b: int, hh: int, rows, cols, causal: bool):
 
 def check(shape: h.Shape, sets: list[tuple], args) -> dict:
     """Ours's gradients of the first set (on poisoned memory) against float64 on slices and
-    against the first peer that takes the shape."""
+    against the first peer that takes the shape, each gradient on its own scale."""
     import torch
     from flashattn import flash_attn_func
     q, k, v, dout = sets[0]
@@ -91,22 +95,28 @@ def check(shape: h.Shape, sets: list[tuple], args) -> dict:
     peer, peer_grads = h.first_working_peer(args, lambda: torch.autograd.grad(
         h.sdpa_call(q, k, v, shape.causal), (q, k, v), dout))
     rows = h.sample_rows(shape.seqlen)
-    ours_err = peer_err = scale = 0.0
     pairs = sorted({(0, 0), (shape.batch - 1, shape.heads - 1)})
-    for b, hh in pairs:
-        refs = reference_grads(q, k, v, dout, b, hh, rows, rows, shape.causal)
-        for i, ref in enumerate(refs):
-            scale = max(scale, float(ref.abs().max()))
-            ours_err = max(ours_err, h.max_abs(grads[i][b, rows.to(q.device), hh], ref))
-            if peer_grads is not None:
-                peer_err = max(peer_err, h.max_abs(peer_grads[i][b, rows.to(q.device), hh], ref))
-    diff = max(h.max_abs(g, p) for g, p in zip(grads, peer_grads)) if peer_grads else None
-    ok, figures = h.verdict(ours_err, scale, args.dtype,
-                            peer_err if peer_grads is not None else None, diff)
-    finite = all(bool(g.isfinite().all()) for g in grads)
-    return {"ok": ok and finite, "finite": finite, "poisoned": poisoned, "peer": peer,
-            "slices": [list(p) for p in pairs], "rows_per_slice": int(rows.numel()),
-            "compared": "dq rows, dk and dv rows"} | figures
+    refs = [reference_grads(q, k, v, dout, b, hh, rows, rows, shape.causal) for b, hh in pairs]
+    index = rows.to(q.device)
+    result = {"peer": peer, "poisoned": poisoned, "slices": [list(p) for p in pairs],
+              "rows_per_slice": int(rows.numel()), "finite": True, "ok": True}
+    for i, name in enumerate(("dq", "dk", "dv")):
+        ours = [grads[i][b, index, hh] for b, hh in pairs]
+        ref = [r[i] for r in refs]
+        ours_err = max(h.max_abs(x, y) for x, y in zip(ours, ref))
+        scale = max(float(y.abs().max()) for y in ref)
+        peer_err = diff = None
+        if peer_grads is not None:
+            peer_err = max(h.max_abs(peer_grads[i][b, index, hh], y)
+                           for (b, hh), y in zip(pairs, ref))
+            diff = h.max_abs(grads[i], peer_grads[i])
+        ok, figures = h.verdict(ours_err, scale, args.dtype, peer_err, diff,
+                                factor=GRAD_FACTOR, slack=GRAD_SLACK)
+        finite = bool(grads[i].isfinite().all())
+        result[name] = figures | {"ok": ok and finite, "finite": finite}
+        result["ok"] = result["ok"] and ok and finite
+        result["finite"] = result["finite"] and finite
+    return result
 
 
 def measure(shape: h.Shape, args, target_s: float) -> dict:

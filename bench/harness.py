@@ -54,7 +54,7 @@ PEERS = {"fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
 METHODS = ("eager", "kernel")
 # The bound on ours against the float64 reference, relative to the reference's magnitude,
 # when no peer's own error is there to scale it (the CPU smoke runs).
-REFERENCE_TOLERANCE = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -9, "fp32": 1e-5}
+REFERENCE_TOLERANCE = {"bf16": 2.0 ** -6, "fp16": 2.0 ** -8, "fp32": 1e-5}
 # The slack on top of twice the peer's own float64 error, relative to the magnitude.
 PEER_SLACK = 2.0 ** -9
 LSE_TOLERANCE = 1e-2  # absolute, natural log; the lse is fp32
@@ -599,15 +599,15 @@ def max_abs(a, b) -> float:
 
 
 def verdict(ours_err: float, scale: float, dtype: str, peer_err: float | None,
-            peer_diff: float | None) -> tuple[bool, dict]:
-    """Ours passes when its float64 error is within twice the peer's own plus PEER_SLACK of
-    the magnitude (or, with no peer, REFERENCE_TOLERANCE of it), and its distance from the
-    peer within that bound plus the peer's error."""
-    scale = max(scale, 1.0)
+            peer_diff: float | None, factor: float = 2.0, slack: float = PEER_SLACK) -> tuple:
+    """Ours passes when its float64 error is within factor x the peer's own plus slack x
+    scale (the magnitude of what is compared), or with no peer REFERENCE_TOLERANCE x scale,
+    and its distance from the peer within that bound plus the peer's error. Returns
+    (ok, figures)."""
     if peer_err is None:
         bound = REFERENCE_TOLERANCE[dtype] * scale
     else:
-        bound = 2 * peer_err + PEER_SLACK * scale
+        bound = factor * peer_err + slack * scale
     ok = ours_err <= bound
     figures = {"max_abs_vs_fp64": ours_err, "bound_vs_fp64": bound}
     if peer_diff is not None:
@@ -636,7 +636,9 @@ def check_attention(out, lse, q, kv_of: Callable, causal: bool, dtype: str, pair
         if peer_out is not None:
             peer_err = max(peer_err, max_abs(peer_out[b, rows.to(out.device), h], ref))
     finite = bool(out.isfinite().all()) and (lse is None or bool(lse.isfinite().all()))
-    ok, figures = verdict(ours_err, scale, dtype, peer_err if peer_out is not None else None,
+    # Outputs are averages of values of magnitude ~1: the bound's floor is absolute below 1.
+    ok, figures = verdict(ours_err, max(scale, 1.0), dtype,
+                          peer_err if peer_out is not None else None,
                           max_abs(out, peer_out) if peer_out is not None else None)
     if lse is not None:
         figures |= {"max_abs_lse_vs_fp64": lse_err, "bound_lse": LSE_TOLERANCE}
