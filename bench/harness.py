@@ -101,6 +101,11 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device (run with --device cpu for the "
                  "CPU smoke test)")
+    if args.device == "cuda":
+        import flashattn
+        if not flashattn.cuda_compiled():
+            sys.exit(f"--device cuda: the installed flashattn ({flashattn.__file__}) was built "
+                     "without the CUDA backend")
     if args.device == "cuda" and args.dtype == "fp32":
         sys.exit("--dtype fp32: the CUDA backend takes fp16 and bf16")
     if args.quick:
@@ -390,7 +395,7 @@ class System:
 
 def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:600]
 
 
 def synchronize(device: str) -> None:
@@ -454,7 +459,8 @@ def time_systems(systems: list[System], device: str, target_s: float,
     for s in live:
         if results[s.name]["eager"] is None:
             continue
-        n = calls_per_sample(results[s.name]["eager"]["ms"])
+        # At least one call per input set, so that the replays rotate through all of them.
+        n = max(len(s.calls), calls_per_sample(results[s.name]["eager"]["ms"]))
         try:
             graphs[s.name] = capture_graph(s.calls, n, s.context)
             graphs[s.name].replay()  # the first replay uploads the graph: not timed
@@ -510,16 +516,25 @@ def release_memory(device: str) -> None:
 # --- peers -----------------------------------------------------------------------------------
 
 def sdpa_context(peer: str):
-    """The context that forces SDPA onto one backend, warnings (why a backend refuses) kept
-    out of the output: the refusal comes back as the exception's message."""
+    """The context that forces SDPA onto one backend. Torch says why a backend refuses a
+    shape in warnings and raises "No available kernel": the warnings are kept out of the
+    output and their first lines added to the exception's message, which is what the row
+    records. (A backend that runs warns nothing, so the timed calls record nothing.)"""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     @contextlib.contextmanager
     def context():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with sdpa_kernel([getattr(SDPBackend, PEERS[peer])]):
-                yield
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with sdpa_kernel([getattr(SDPBackend, PEERS[peer])]):
+                    yield
+            except RuntimeError as e:
+                why = "; ".join(dict.fromkeys(str(w.message).strip().split("\n")[0]
+                                              for w in caught))
+                if not why:
+                    raise
+                raise RuntimeError(f"{first_line(e)} ({why})"[:600]) from e
     return context
 
 
@@ -705,6 +720,7 @@ def run_metadata(benchmark: str, args: argparse.Namespace) -> dict:
             "compute_capability": f"{props.major}.{props.minor}",
             "multiprocessors": props.multi_processor_count,
             "gpu_memory_gib": round(props.total_memory / GIB, 1),
+            "l2_mib": round(getattr(props, "L2_cache_size", 0) / MIB, 1),
             "torch_cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(),
         }
