@@ -140,9 +140,10 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
                                                                       causal=shape.causal)))]
     systems += h.peer_systems(args, peer_calls)
     flops = h.backward_flops(shape.batch, shape.heads, shape.seqlen, shape.seqlen, shape.hdim,
-                          shape.causal)
+                             shape.causal)
     return h.time_row(row, systems, args, target_s, flops=flops)
 
 
 if __name__ == "__main__":
-    raise SystemExit(h.main_over_grid(__doc__, "flashattn backward (autograd of flash_attn_func)", "backward", measure))
+    raise SystemExit(h.main_over_grid(__doc__, "flashattn backward (autograd of flash_attn_func)",
+                                      "backward", measure))

@@ -56,9 +56,10 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
     systems = [h.System("ours", [ours(*s) for s in sets])]
     systems += h.peer_systems(args, lambda name: [peer(*s) for s in sets])
     flops = h.forward_flops(shape.batch, shape.heads, shape.seqlen, shape.seqlen, shape.hdim,
-                          shape.causal)
+                            shape.causal)
     return h.time_row(row, systems, args, target_s, flops=flops)
 
 
 if __name__ == "__main__":
-    raise SystemExit(h.main_over_grid(__doc__, "flashattn forward (flash_attn_func)", "forward", measure))
+    raise SystemExit(h.main_over_grid(__doc__, "flashattn forward (flash_attn_func)",
+                                      "forward", measure))

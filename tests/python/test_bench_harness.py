@@ -142,3 +142,26 @@ def test_reference_gradients_match_float64_autograd():
         got = backward.reference_grads(q, k, v, dout, 1, 2, rows, rows, causal)
         for e, g in zip(expected, got):
             torch.testing.assert_close(g, e[1, rows, 2], rtol=1e-10, atol=1e-12)
+
+
+def test_a_failed_check_or_a_missing_time_fails_the_run(tmp_path, capsys):
+    h = load_harness()
+    args = type("Args", (), {"out": tmp_path, "dtype": "bf16"})()
+    meta = {"benchmark": "test", "date": "now", "commit": None, "cpu": "x", "torch": "t",
+            "command": "c"}
+    timed = {"eager": {"ms": 1.0, "tflops": 2.0}, "kernel": None, "error": None,
+             "kernel_error": "no graphs"}
+    refused = {"eager": None, "kernel": None, "error": "refused", "kernel_error": None}
+    row = {"label": "s1", "check": {"ok": True}, "results": {"ours": timed, "fa2": refused}}
+    table = h.rate_table([row], h.shape_label, ["ours", "fa2"], "tflops", "TFLOP/s")
+    assert "| s1 | 2.0 | n/a | n/a | n/a |" in table
+    notes = h.failure_notes([row, dict(row, label="s2")], h.shape_label)
+    assert notes.splitlines() == ["- ours, no kernel time (every shape): no graphs",
+                                  "- fa2, no time (every shape): refused"]
+    assert h.report(args, "ok", meta, [row], table, notes) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("| s1 |")
+    failed = dict(row, check={"ok": False})
+    assert h.report(args, "bad", meta, [failed], table, "") == 1
+    untimed = dict(row, results={"ours": refused})
+    assert h.report(args, "none", meta, [untimed], table, "") == 1
+    assert (tmp_path / "ok.json").exists() and (tmp_path / "ok.md").exists()
