@@ -139,9 +139,7 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
     systems = [h.System("ours", calls(lambda q, k, v: flash_attn_func(q, k, v,
                                                                       causal=shape.causal)))]
     systems += h.peer_systems(args, peer_calls)
-    flops = h.backward_flops(shape.batch, shape.heads, shape.seqlen, shape.seqlen, shape.hdim,
-                             shape.causal)
-    return h.time_row(row, systems, args, target_s, flops=flops)
+    return h.time_row(row, systems, args, target_s, flops=shape.flops(backward=True))
 
 
 if __name__ == "__main__":

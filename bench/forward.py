@@ -55,9 +55,7 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
 
     systems = [h.System("ours", [ours(*s) for s in sets])]
     systems += h.peer_systems(args, lambda name: [peer(*s) for s in sets])
-    flops = h.forward_flops(shape.batch, shape.heads, shape.seqlen, shape.seqlen, shape.hdim,
-                            shape.causal)
-    return h.time_row(row, systems, args, target_s, flops=flops)
+    return h.time_row(row, systems, args, target_s, flops=shape.flops(backward=False))
 
 
 if __name__ == "__main__":

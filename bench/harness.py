@@ -148,6 +148,10 @@ class Shape:
         return {"hdim": self.hdim, "causal": self.causal, "seqlen": self.seqlen,
                 "batch": self.batch, "heads": self.heads}
 
+    def flops(self, backward: bool = False) -> float:
+        count = backward_flops if backward else forward_flops
+        return count(self.batch, self.heads, self.seqlen, self.seqlen, self.hdim, self.causal)
+
     def label(self) -> str:
         mask = "causal" if self.causal else "full"
         return f"d{self.hdim} {mask} s{seqlen_label(self.seqlen)} b{self.batch}h{self.heads}"
