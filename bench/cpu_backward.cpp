@@ -6,7 +6,8 @@
 // Standard attention's backward keeps the Sq x Sk probabilities P of every (b, h) from the
 // forward and builds dP (then dS in place) of the same size: at least 2 x B x H x Sq x Sk fp32
 // beyond the caller's tensors, which is the figure it is compared with (not timed here: the
-// forward benchmark, flashattn_bench_cpu, times a naive path). FLOP convention of GUIDE.md:
+// forward benchmark, flashattn_bench_cpu, times a naive path). FLOP convention of the GPU
+// benchmarks (bench/harness.py):
 // fwd = 4 B H Sq Sk D (halved when causal), bwd = 2.5 x fwd.
 #include <algorithm>
 #include <chrono>
@@ -17,31 +18,18 @@
 #include <string>
 #include <vector>
 
-#include "common/numeric.hpp"
+#include "bench_common.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace {
 
 using flashattn::DType;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 template <typename F>
 double time_ms(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> normal;
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = flashattn::detail::to_bfloat16(normal(g)).bits;
-  return v;
 }
 
 }  // namespace
@@ -78,8 +66,8 @@ int main(int argc, char** argv) {
     for (bool causal : {false, true})
       for (int64_t S : seqlens) {
         const size_t n = static_cast<size_t>(batch * S * heads * D);
-        std::vector<uint16_t> q = random_bf16(n, 1), k = random_bf16(n, 2), v = random_bf16(n, 3),
-                              dout = random_bf16(n, 4), out(n), dq(n), dk(n), dv(n);
+        std::vector<uint16_t> q = bench::random_bf16(n, 1), k = bench::random_bf16(n, 2), v = bench::random_bf16(n, 3),
+                              dout = bench::random_bf16(n, 4), out(n), dq(n), dk(n), dv(n);
         std::vector<float> lse(static_cast<size_t>(batch * heads * S));
         const auto view = [&](std::vector<uint16_t>& x) {
           return flashattn::TensorView::contiguous(x.data(), DType::BFloat16, {batch, S, heads, D});
@@ -105,7 +93,7 @@ int main(int argc, char** argv) {
           tf.push_back(time_ms(fwd));
           tb.push_back(time_ms(bwd));
         }
-        const double mf = median(tf), mb = median(tb);
+        const double mf = bench::median(tf), mb = bench::median(tb);
         const double flops_fwd = 4.0 * batch * heads * S * S * D * (causal ? 0.5 : 1.0);
         const double gflops = 3.5 * flops_fwd / ((mf + mb) * 1e-3) / 1e9;
         const double standard = 2.0 * batch * heads * S * S * 4;

@@ -1,7 +1,7 @@
 // flashattn_bench_cpu_decode: decoding with a KV cache on the CPU backend.
 //
 // One query token per sequence against a dense bf16 cache (B, S, Hk, D), 32 query heads over
-// 8 key/value heads, head dim 128 (the decode shape of ../shared/ANCHORS.md), for each cache
+// 8 key/value heads, head dim 128 (the decode shape of bench/decode.py), for each cache
 // length given: flashattn::forward_kvcache timed over --repeat calls after one warm-up
 // (std::chrono::steady_clock; median and minimum), and the bytes of K and V read per second.
 // Before timing, out is compared with attention computed here in double precision from the

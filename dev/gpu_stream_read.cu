@@ -5,7 +5,7 @@
 // can be told apart from the cost of the work between the copies. A diagnostic for issue 7
 // (cuDNN's decode kernel reads the cache faster than our split kernel), not part of the
 // library or of the build:
-//   nvcc -O3 -std=c++17 -arch=sm_90a -I src bench/gpu_stream_read.cu -o stream_read
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I src dev/gpu_stream_read.cu -o stream_read
 //   ./stream_read            TB/s (K + V bytes / median of 100 calls, each timed by events,
 //                            so a launch gap of 1-2 us is included) per schedule and shape,
 //                            in two rounds

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""The backward through the installed package and autograd, as users train with it:
+
+    out = flashattn.flash_attn_func(q, k, v, causal=causal)   # q, k, v require grad
+    out.backward(dout)
+
+against PyTorch SDPA forced to FlashAttention-2 ("fa2") and cuDNN ("cudnn") through autograd
+too, over the grid (as bench/forward.py). TFLOP/s count the backward alone, 2.5x the forward's
+FLOPs (five matmuls to its two), EAGER and KERNEL (bench/harness.py).
+
+What is timed: the backward alone. The forward of each input set runs once, outside the
+timing, and its autograd graph is kept; each timed call is then
+
+    torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+which runs what out.backward(dout) runs (the autograd engine, the registered backward of
+flashattn's op, its kernels) and nothing of the forward. It returns the gradients instead of
+accumulating them into q.grad, k.grad, v.grad: every call is the same work (no growing
+.grad to add to) and no system pays for an accumulation the others skip. Re-running the
+forward between timed backwards would need a synchronisation per call, which the back-to-back
+samples of the eager time cannot have. The forwards ran on the run's side stream, so the
+backward's kernels (which run on their forward's stream) are on the stream the CUDA-graph
+capture records.
+
+Correctness before timing: ours's dq, dk, dv on poisoned memory against float64 gradients of
+a slice (some rows of dq, some rows of dk and dv, of two (batch, head) pairs) and against the
+first peer's gradients. Writes backward.json, backward.md, backward.png in --out; prints the
+table last. Exit status 1 when a check of ours failed.
+"""
+from __future__ import annotations
+
+import harness as h
+
+CHUNK_ROWS = 1024  # query rows per float64 block of the reference (S x CHUNK_ROWS scores)
+# A gradient of ours passes within GRAD_FACTOR x the peer's float64 error plus GRAD_SLACK x
+# the largest reference gradient of its slices (docs/SPEC.md's gradient rule, the peer standing for
+# the plain low-precision implementation).
+GRAD_FACTOR, GRAD_SLACK = 3.0, 1e-3
+
+
+def make_sets(shape: h.Shape, args) -> list[tuple]:
+    """Input sets (q, k, v, dout); q, k, v require grad. Together beyond --rotate-mib."""
+    dtype = h.torch_dtype(args.dtype)
+    dims = (shape.batch, shape.seqlen, shape.heads, shape.hdim)
+    # q, k, v, dout, and out, dq, dk, dv that each call reads or writes
+    per_set = 8 * shape.batch * shape.seqlen * shape.heads * shape.hdim * dtype.itemsize
+    gen = h.generator(args.device, args.seed)
+    sets = []
+    for _ in range(h.set_count(per_set, args.rotate_mib * h.MIB)):
+        q, k, v, dout = h.random_tensors([dims] * 4, dtype, args.device, gen)
+        sets.append((q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), dout))
+    return sets
+
+
+def reference_grads(q, k, v, dout, b: int, hh: int, rows, cols, causal: bool):
+    """Float64 dq of the query rows `rows` and dk, dv of the key rows `cols` of one
+    (batch, head), from the whole head's softmax (blocks of CHUNK_ROWS query rows)."""
+    import torch
+    Q, K, V, dO = (t[b, :, hh].detach().double() for t in (q, k, v, dout))
+    seqlen, scale = Q.shape[0], Q.shape[1] ** -0.5
+    keys = torch.arange(seqlen, device=Q.device)
+
+    def scores(qi, kj, qrows, kcols):
+        s = (qi @ kj.T) * scale
+        if causal:  # square: query i sees keys j <= i
+            s.masked_fill_(kcols[None, :] > qrows[:, None], float("-inf"))
+        return s
+
+    lse = torch.empty(seqlen, dtype=torch.float64, device=Q.device)
+    delta = torch.empty_like(lse)  # rowsum(dO * O)
+    for r0 in range(0, seqlen, CHUNK_ROWS):
+        r = keys[r0:r0 + CHUNK_ROWS]
+        s = scores(Q[r], K, r, keys)
+        lse[r] = torch.logsumexp(s, dim=-1)
+        delta[r] = (dO[r] * (torch.exp(s - lse[r, None]) @ V)).sum(-1)
+    rows, cols = rows.to(Q.device), cols.to(Q.device)
+    p = torch.exp(scores(Q[rows], K, rows, keys) - lse[rows, None])
+    dq = (p * (dO[rows] @ V.T - delta[rows, None])) @ K * scale
+    p = torch.exp(scores(Q, K[cols], keys, cols) - lse[:, None])
+    dv = p.T @ dO
+    dk = (p * (dO @ V[cols].T - delta[:, None])).T @ Q * scale
+    return dq, dk, dv
+
+
+def check(shape: h.Shape, sets: list[tuple], args) -> dict:
+    """Ours's gradients of the first set (on poisoned memory) against float64 on slices and
+    against the first peer that takes the shape, each gradient on its own scale."""
+    import torch
+    from flashattn import flash_attn_func
+    q, k, v, dout = sets[0]
+    out = flash_attn_func(q, k, v, causal=shape.causal)
+    with h.poisoned_allocations(args.device, [(q.shape, q.dtype)] * 3) as addresses:
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    poisoned = all(g.data_ptr() in addresses for g in grads)
+    peer, peer_grads = h.first_working_peer(args, lambda: torch.autograd.grad(
+        h.sdpa_call(q, k, v, shape.causal), (q, k, v), dout))
+    rows = h.sample_rows(shape.seqlen)
+    pairs = sorted({(0, 0), (shape.batch - 1, shape.heads - 1)})
+    refs = [reference_grads(q, k, v, dout, b, hh, rows, rows, shape.causal) for b, hh in pairs]
+    index = rows.to(q.device)
+    result = {"peer": peer, "poisoned": poisoned, "slices": [list(p) for p in pairs],
+              "rows_per_slice": int(rows.numel()), "finite": True, "ok": True}
+    for i, name in enumerate(("dq", "dk", "dv")):
+        ours = [grads[i][b, index, hh] for b, hh in pairs]
+        ref = [r[i] for r in refs]
+        ours_err = max(h.max_abs(x, y) for x, y in zip(ours, ref))
+        scale = max(float(y.abs().max()) for y in ref)
+        peer_err = diff = None
+        if peer_grads is not None:
+            peer_err = max(h.max_abs(peer_grads[i][b, index, hh], y)
+                           for (b, hh), y in zip(pairs, ref))
+            diff = h.max_abs(grads[i], peer_grads[i])
+        ok, figures = h.verdict(ours_err, scale, args.dtype, peer_err, diff,
+                                factor=GRAD_FACTOR, slack=GRAD_SLACK)
+        finite = bool(grads[i].isfinite().all())
+        result[name] = figures | {"ok": ok and finite, "finite": finite}
+        result["ok"] = result["ok"] and ok and finite
+        result["finite"] = result["finite"] and finite
+    return result
+
+
+def measure(shape: h.Shape, args, target_s: float) -> dict:
+    """One row: the check and every system's eager and kernel TFLOP/s of the backward."""
+    import torch
+    from flashattn import flash_attn_func
+    sets = make_sets(shape, args)
+    row = shape.fields() | {"check": check(shape, sets, args)}
+
+    def backward_of(out, q, k, v, dout):
+        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+    def calls(forward):
+        return [backward_of(forward(q, k, v), q, k, v, dout) for q, k, v, dout in sets]
+
+    def peer_calls(name):
+        with h.sdpa_context(name)():  # the forward picks the backend of its backward
+            return calls(lambda q, k, v: h.sdpa_call(q, k, v, shape.causal))
+
+    systems = [h.System("ours", calls(lambda q, k, v: flash_attn_func(q, k, v,
+                                                                      causal=shape.causal)))]
+    systems += h.peer_systems(args, peer_calls)
+    return h.time_row(row, systems, args, target_s, flops=shape.flops(backward=True))
+
+
+if __name__ == "__main__":
+    raise SystemExit(h.main_over_grid(__doc__, "flashattn backward (autograd of flash_attn_func)",
+                                      "backward", measure))

@@ -1,0 +1,64 @@
+"""The benchmarks in bench/ run through the installed package: forward.py, backward.py,
+decode.py and grid.py with --device cpu --quick (the CPU backend, tiny shapes; the peers and
+CUDA graphs are recorded as not available), each writing its JSON with the check of ours
+passed; grid.py's grid_latest.json in the schema docs/results/h200_grid_latest.json keeps."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+pytest.importorskip("torch", reason="the benchmarks time torch tensors")
+pytest.importorskip("flashattn", reason="the benchmarks time the installed package")
+
+
+def run(script, out, *extra):
+    done = subprocess.run([sys.executable, str(BENCH / script), "--device", "cpu", "--quick",
+                           "--out", str(out), *extra], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    last = done.stdout.strip().splitlines()
+    assert last and last[-1].startswith("|"), "the markdown table comes last"
+    return done
+
+
+@pytest.mark.parametrize("script", ["forward.py", "backward.py", "decode.py"])
+def test_a_benchmark_runs_ours_and_checks_it(script, tmp_path):
+    run(script, tmp_path)
+    name = script[:-3]
+    document = json.loads((tmp_path / f"{name}.json").read_text())
+    assert (tmp_path / f"{name}.md").exists()
+    assert document["meta"]["device"] == "cpu" and document["meta"]["torch"]
+    assert document["rows"]
+    for row in document["rows"]:
+        assert row["check"]["ok"] and row["check"]["finite"], row["check"]
+        ours = row["results"]["ours"]
+        assert ours["eager"]["ms"] > 0 and ours["eager"]["samples"] >= 5
+        rate = ours["eager"].get("tflops", ours["eager"].get("tbps"))
+        assert rate > 0
+        assert ours["kernel"] is None and ours["kernel_error"]
+        for peer in ("fa2", "cudnn"):
+            assert row["results"][peer]["eager"] is None and row["results"][peer]["error"]
+    if name == "decode":
+        assert {row["paged"] for row in document["rows"]} == {False, True}
+        assert document["meta"]["copy_bandwidth"]["tbps"] > 0
+
+
+def test_grid_writes_the_schema(tmp_path):
+    run("grid.py", tmp_path, "--time-budget-s", "30")
+    document = json.loads((tmp_path / "grid_latest.json").read_text())
+    assert set(document) == {"meta", "rows"}
+    assert document["meta"]["checks_passed"] is True
+    rows = document["rows"]
+    assert len(rows) == 2  # --quick on the CPU: one hdim and seqlen, causal no and yes
+    for row in rows:
+        assert set(row) == {"hdim", "causal", "seqlen", "batch", "heads", "fwd", "bwd",
+                            "fwd_kernel", "bwd_kernel"}
+        for key in ("fwd", "bwd", "fwd_kernel", "bwd_kernel"):
+            assert set(row[key]) == {"ours", "fa2", "cudnn"}
+        assert row["fwd"]["ours"] > 0 and row["bwd"]["ours"] > 0
+        assert row["fwd"]["fa2"] is None and row["fwd_kernel"]["ours"] is None
+    assert {row["causal"] for row in rows} == {False, True}
+    assert (tmp_path / "grid.md").exists() and (tmp_path / "grid_full.json").exists()
