@@ -802,6 +802,8 @@ def line_chart(path: pathlib.Path, title: str, panels: dict[str, list[tuple[str,
                xlabel: str, ylabel: str) -> str | None:
     """One PNG of line plots: panels maps a panel title to its (label, xs, ys) lines. Returns
     why no chart was made (matplotlib missing), else None."""
+    if not panels:
+        return "no chart: nothing was measured"
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -811,10 +813,9 @@ def line_chart(path: pathlib.Path, title: str, panels: dict[str, list[tuple[str,
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (panel, lines) in zip(axes[0], panels.items()):
         for label, xs, ys in lines:
-            points = [(x, y) for x, y in zip(xs, ys) if y is not None]
-            if points:
-                ax.plot(range(len(xs)), [None if y is None else y for y in ys], marker="o",
-                        label=label)
+            if any(y is not None for y in ys):  # a gap where a system has no time
+                ax.plot(range(len(xs)), [math.nan if y is None else y for y in ys],
+                        marker="o", label=label, linestyle="-" if "ours" in label else "--")
         ax.set_xticks(range(len(lines[0][1])) if lines else [])
         ax.set_xticklabels([str(x) for x in lines[0][1]] if lines else [])
         ax.set_title(panel, fontsize=9)
