@@ -931,6 +931,25 @@ def main_over_grid(doc: str, benchmark: str, name: str, measure: Callable) -> in
     rows = []
     with on_side_stream(args.device):
         for shape in grid_shapes(args):
-            rows.append(measure(shape, args, args.target_s))
+            rows.append(measure_safely(measure, shape.fields(), args, shape, args,
+                                       args.target_s))
             progress(rows[-1], "tflops")
     return finish(args, name, meta, rows, "tflops", "TFLOP/s")
+
+
+def measure_safely(measure: Callable[..., dict], fields: dict, args, *more) -> dict:
+    """measure(*more) with anything it raises (ours refusing the shape, an out-of-memory,
+    a failed check's own error) turned into a row that says so, so that one shape cannot
+    end the run. The row's check fails: the run's exit status shows it."""
+    try:
+        return measure(*more)
+    except Exception as e:
+        synchronize_quietly(args.device)
+        release_memory(args.device)
+        reason = first_line(e)
+        print(f"{fields.get('label') or shape_label(fields)}: {reason}", file=sys.stderr)
+        missing = {"eager": None, "kernel": None, "error": reason, "kernel_error": None}
+        return fields | {"check": {"ok": False, "error": reason},
+                         "results": {"ours": missing} | {p: dict(missing, error="not run: "
+                                                                 + reason)
+                                                         for p in PEERS}}
