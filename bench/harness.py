@@ -71,8 +71,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     """The options every script takes."""
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"),
-                   help="directory for the JSON, markdown and charts (created)")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("gpu-results"),
+                   help="directory for the JSON, markdown and charts (created; default "
+                        "./gpu-results, where scripts/gpu.sh puts results)")
     p.add_argument("--quick", action="store_true", help="a few small shapes, short timing")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: ours only, tiny shapes, the CPU backend (a smoke test)")
