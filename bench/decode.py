@@ -52,6 +52,11 @@ class DecodeShape:
         return f"{self.batch}x{h.seqlen_label(self.seqlen)} " \
                f"{'paged' if self.paged else 'dense'}"
 
+    def fields(self) -> dict:
+        return {"label": self.label(), "batch": self.batch, "seqlen": self.seqlen,
+                "heads": self.heads, "kv_heads": self.kv_heads, "hdim": self.hdim,
+                "paged": self.paged}
+
 
 def make_sets(shape: DecodeShape, args, page_size: int) -> list[dict]:
     """Input sets (q, the caches, lengths, block_table), together beyond --rotate-mib."""
@@ -118,10 +123,8 @@ def check(shape: DecodeShape, sets: list[dict], args) -> dict:
 
 def measure(shape: DecodeShape, args, page_size: int) -> dict:
     sets = make_sets(shape, args, page_size)
-    row = {"label": shape.label(), "batch": shape.batch, "seqlen": shape.seqlen,
-           "heads": shape.heads, "kv_heads": shape.kv_heads, "hdim": shape.hdim,
-           "paged": shape.paged, "page_size": page_size if shape.paged else None,
-           "check": check(shape, sets, args)}
+    row = shape.fields() | {"page_size": page_size if shape.paged else None,
+                            "check": check(shape, sets, args)}
     systems = [h.System("ours", [call_ours(x) for x in sets])]
     if shape.paged:
         systems += [h.System(p, [], error=PAGED_PEERS) for p in args.peer_list]
@@ -173,8 +176,9 @@ def main() -> int:
         meta["copy_bandwidth"] = copy
         for batch, seqlen in shapes:
             for paged in (False,) if args.dense_only else (False, True):
-                rows.append(measure(DecodeShape(batch, seqlen, heads, kv_heads, hdim, paged),
-                                    args, page_size))
+                shape = DecodeShape(batch, seqlen, heads, kv_heads, hdim, paged)
+                rows.append(h.measure_safely(measure, shape.fields(), args, shape, args,
+                                             page_size))
                 ours = rows[-1]["results"]["ours"]
                 for method in h.METHODS:
                     tbps = h.rate(ours, method, "tbps")

@@ -74,7 +74,8 @@ def main() -> int:
             for j, (key, measure) in enumerate(DIRECTIONS):
                 tasks_left = (len(shapes) - i) * len(DIRECTIONS) - j
                 target = target_for(args, began, tasks_left, systems)
-                measured[key] = measure(shape, args, target) | {"target_s": target}
+                measured[key] = h.measure_safely(measure, shape.fields(), args, shape, args,
+                                                 target) | {"target_s": target}
                 full[key].append(measured[key])
                 print(f"[{time.monotonic() - began:5.0f} s] {key} ", end="", file=sys.stderr)
                 h.progress(measured[key], "tflops")

@@ -71,8 +71,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     """The options every script takes."""
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"),
-                   help="directory for the JSON, markdown and charts (created)")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("gpu-results"),
+                   help="directory for the JSON, markdown and charts (created; default "
+                        "./gpu-results, where scripts/gpu.sh puts results)")
     p.add_argument("--quick", action="store_true", help="a few small shapes, short timing")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: ours only, tiny shapes, the CPU backend (a smoke test)")
@@ -802,6 +803,8 @@ def line_chart(path: pathlib.Path, title: str, panels: dict[str, list[tuple[str,
                xlabel: str, ylabel: str) -> str | None:
     """One PNG of line plots: panels maps a panel title to its (label, xs, ys) lines. Returns
     why no chart was made (matplotlib missing), else None."""
+    if not panels:
+        return "no chart: nothing was measured"
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -811,10 +814,9 @@ def line_chart(path: pathlib.Path, title: str, panels: dict[str, list[tuple[str,
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (panel, lines) in zip(axes[0], panels.items()):
         for label, xs, ys in lines:
-            points = [(x, y) for x, y in zip(xs, ys) if y is not None]
-            if points:
-                ax.plot(range(len(xs)), [None if y is None else y for y in ys], marker="o",
-                        label=label)
+            if any(y is not None for y in ys):  # a gap where a system has no time
+                ax.plot(range(len(xs)), [math.nan if y is None else y for y in ys],
+                        marker="o", label=label, linestyle="-" if "ours" in label else "--")
         ax.set_xticks(range(len(lines[0][1])) if lines else [])
         ax.set_xticklabels([str(x) for x in lines[0][1]] if lines else [])
         ax.set_title(panel, fontsize=9)
@@ -930,6 +932,25 @@ def main_over_grid(doc: str, benchmark: str, name: str, measure: Callable) -> in
     rows = []
     with on_side_stream(args.device):
         for shape in grid_shapes(args):
-            rows.append(measure(shape, args, args.target_s))
+            rows.append(measure_safely(measure, shape.fields(), args, shape, args,
+                                       args.target_s))
             progress(rows[-1], "tflops")
     return finish(args, name, meta, rows, "tflops", "TFLOP/s")
+
+
+def measure_safely(measure: Callable[..., dict], fields: dict, args, *more) -> dict:
+    """measure(*more) with anything it raises (ours refusing the shape, an out-of-memory,
+    a failed check's own error) turned into a row that says so, so that one shape cannot
+    end the run. The row's check fails: the run's exit status shows it."""
+    try:
+        return measure(*more)
+    except Exception as e:
+        synchronize_quietly(args.device)
+        release_memory(args.device)
+        reason = first_line(e)
+        print(f"{fields.get('label') or shape_label(fields)}: {reason}", file=sys.stderr)
+        missing = {"eager": None, "kernel": None, "error": reason, "kernel_error": None}
+        return fields | {"check": {"ok": False, "error": reason},
+                         "results": {"ours": missing} | {p: dict(missing, error="not run: "
+                                                                 + reason)
+                                                         for p in PEERS}}

@@ -165,3 +165,17 @@ def test_a_failed_check_or_a_missing_time_fails_the_run(tmp_path, capsys):
     untimed = dict(row, results={"ours": refused})
     assert h.report(args, "none", meta, [untimed], table, "") == 1
     assert (tmp_path / "ok.json").exists() and (tmp_path / "ok.md").exists()
+
+
+def test_a_shape_that_raises_becomes_a_failed_row():
+    h = load_harness()
+    args = type("Args", (), {"device": "cpu"})()
+    shape = h.Shape(1, 2, 64, 32, False)
+
+    def measure(shape, args, target_s):
+        raise ValueError("headdim: expected a multiple of 8\nmore")
+
+    row = h.measure_safely(measure, shape.fields(), args, shape, args, 0.1)
+    assert row["hdim"] == 32 and not row["check"]["ok"]
+    assert row["results"]["ours"]["error"] == "ValueError: headdim: expected a multiple of 8"
+    assert row["results"]["fa2"]["eager"] is None
