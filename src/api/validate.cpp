@@ -1,3 +1,5 @@
+// Argument checking (api/validate.hpp): structural helpers first, then each tensor argument
+// declared as a TensorSpec, the rules every attention call shares, and the four validations.
 #include "api/validate.hpp"
 
 #include <algorithm>
@@ -276,8 +278,9 @@ void check_cu_seqlens(const std::string& name, const TensorView& cu, int64_t tot
 
 constexpr int64_t kInt32Max = 2147483647;  // batch and head counts index kernels' grids
 
-// An input a call reads, for the overlap checks against what it writes.
-struct Input {
+// A checked tensor argument and the memory it spans, for the overlap checks between what a
+// call reads and what it writes.
+struct Argument {
   const char* name;
   const TensorView* view;
   Extent extent;
@@ -460,14 +463,15 @@ const std::vector<DType> kFloat32{DType::Float32};
 // Checks a group of arguments phase by phase: every view's structure (check_view), then every
 // dtype, device, shape and contiguity, so that an argument's structure is known to be sound
 // before any is compared with another. Returns the given ones with their extents, in order.
-std::vector<Input> expect(const TensorView& q, std::initializer_list<TensorSpec> specs) {
-  std::vector<Input> checked;
+std::vector<Argument> expect(const TensorView& q, std::initializer_list<TensorSpec> specs) {
+  std::vector<Argument> checked;
   for (const TensorSpec& s : specs)
     if (s.view) checked.push_back({s.name, s.view, check_view(s.name, *s.view, s.rank)});
   for (const TensorSpec& s : specs)
     if (s.view && !s.dtypes.empty() &&
         std::find(s.dtypes.begin(), s.dtypes.end(), s.view->dtype) == s.dtypes.end())
-      fail(s.name, "dtype " + dtype_list(s.dtypes), std::string("dtype ") + dtype_name(s.view->dtype));
+      fail(s.name, "dtype " + dtype_list(s.dtypes),
+           std::string("dtype ") + dtype_name(s.view->dtype));
   for (const TensorSpec& s : specs)
     if (s.view && s.on_q_device) check_same_device(s.name, *s.view, q);
   for (const TensorSpec& s : specs)
@@ -477,7 +481,7 @@ std::vector<Input> expect(const TensorView& q, std::initializer_list<TensorSpec>
   return checked;
 }
 
-void append(std::vector<Input>& to, const std::vector<Input>& more) {
+void append(std::vector<Argument>& to, const std::vector<Argument>& more) {
   to.insert(to.end(), more.begin(), more.end());
 }
 
@@ -486,9 +490,10 @@ void append(std::vector<Input>& to, const std::vector<Input>& more) {
 
 // q, k, v and out: rank, q's dtype (fp32, fp16 or bf16) and device, shared by the others.
 // Returns q, k, v and out with their extents.
-std::vector<Input> expect_attention_tensors(const TensorView& q, const char* k_name,
-                                            const TensorView& k, const char* v_name,
-                                            const TensorView& v, const TensorView& out, int rank) {
+std::vector<Argument> expect_attention_tensors(const TensorView& q, const char* k_name,
+                                               const TensorView& k, const char* v_name,
+                                               const TensorView& v, const TensorView& out,
+                                               int rank) {
   const std::vector<DType> like_q{q.dtype};
   return expect(q, {{.name = "q", .view = &q, .rank = rank,
                      .dtypes = {DType::Float32, DType::Float16, DType::BFloat16},
@@ -540,8 +545,8 @@ Extent expect_lse(const std::optional<TensorView>& lse, const TensorView& q,
 }
 
 // The ALiBi slopes, when given: fp32 (H) or (B, H), contiguous, on q's device.
-std::vector<Input> expect_alibi(const Options& options, const TensorView& q, int64_t batch,
-                                int64_t heads) {
+std::vector<Argument> expect_alibi(const Options& options, const TensorView& q, int64_t batch,
+                                   int64_t heads) {
   if (!options.alibi_slopes) return {};
   const TensorView& a = *options.alibi_slopes;
   if (a.ndim != 1 && a.ndim != 2)
@@ -555,9 +560,9 @@ std::vector<Input> expect_alibi(const Options& options, const TensorView& q, int
 }
 
 // Outputs must not overlap an input (or each other): a write would change what is read.
-void check_outputs_disjoint(const std::vector<Input>& inputs, const Input& out,
+void check_outputs_disjoint(const std::vector<Argument>& inputs, const Argument& out,
                             const std::optional<TensorView>& lse, const Extent& lse_extent) {
-  for (const Input& in : inputs) {
+  for (const Argument& in : inputs) {
     check_disjoint("out", *out.view, out.extent, in.name, *in.view, in.extent);
     if (lse) check_disjoint("lse", *lse, lse_extent, in.name, *in.view, in.extent);
   }
@@ -568,24 +573,24 @@ void check_outputs_disjoint(const std::vector<Input>& inputs, const Input& out,
 // in 16-byte chunks), and each pointer where its view says (when the CUDA runtime can tell):
 // a host pointer handed to a kernel, or a GPU pointer to the CPU engine, would fault.
 Backend check_backend_memory(const Execution& execution, const TensorView& q,
-                             const std::vector<Input>& copied_by_rows,
-                             const std::vector<Input>& inputs, const Input& out,
+                             const std::vector<Argument>& copied_by_rows,
+                             const std::vector<Argument>& inputs, const Argument& out,
                              const std::optional<TensorView>& lse) {
   const Backend backend = resolve_backend(execution, q);
   if (backend == Backend::CUDA)
-    for (const Input& t : copied_by_rows) check_rows_aligned(t.name, *t.view);
-  for (const Input& in : inputs) check_pointer_location(in.name, *in.view);
+    for (const Argument& t : copied_by_rows) check_rows_aligned(t.name, *t.view);
+  for (const Argument& in : inputs) check_pointer_location(in.name, *in.view);
   check_pointer_location("out", *out.view);
   if (lse) check_pointer_location("lse", *lse);
   return backend;
 }
 
 // cu_seqlens_q/k, max_seqlen_q/k and seqused_k of a varlen call: structure, then values.
-std::vector<Input> expect_varlen(const Varlen& varlen, const TensorView& q, int64_t batch,
-                                 int64_t rows_q, int64_t rows_k) {
+std::vector<Argument> expect_varlen(const Varlen& varlen, const TensorView& q, int64_t batch,
+                                    int64_t rows_q, int64_t rows_k) {
   const TensorView& cq = varlen.cu_seqlens_q;
   const TensorView& ck = varlen.cu_seqlens_k;
-  std::vector<Input> checked =
+  std::vector<Argument> checked =
       expect(q, {{.name = "cu_seqlens_q", .view = &cq, .rank = 1, .dtypes = kInt32,
                   .contiguous = true},
                  {.name = "cu_seqlens_k", .view = &ck, .rank = 1, .dtypes = kInt32,
@@ -637,10 +642,10 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
 
   const bool is_varlen = varlen != nullptr;
   const int rank = is_varlen ? 3 : 4;
-  std::vector<Input> inputs = expect_attention_tensors(q, "k", k, "v", v, out, rank);
-  const Input out_checked = inputs.back();
+  std::vector<Argument> inputs = expect_attention_tensors(q, "k", k, "v", v, out, rank);
+  const Argument out_checked = inputs.back();
   inputs.pop_back();
-  const std::vector<Input> copied_by_rows{inputs[0], inputs[1], inputs[2], out_checked};
+  const std::vector<Argument> copied_by_rows{inputs[0], inputs[1], inputs[2], out_checked};
 
   if (is_varlen) {  // B comes from cu_seqlens_q, so check its structure first
     check_view("cu_seqlens_q", varlen->cu_seqlens_q, 1);
@@ -682,11 +687,12 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
 
   const TensorView& kc = cache.k_cache;
   const TensorView& vc = cache.v_cache;
-  std::vector<Input> inputs = expect_attention_tensors(q, "k_cache", kc, "v_cache", vc, out, 4);
-  const Input out_checked = inputs.back();
+  std::vector<Argument> inputs =
+      expect_attention_tensors(q, "k_cache", kc, "v_cache", vc, out, 4);
+  const Argument out_checked = inputs.back();
   inputs.pop_back();
-  const Input kc_checked = inputs[1], vc_checked = inputs[2];
-  std::vector<Input> copied_by_rows{inputs[0], kc_checked, vc_checked, out_checked};
+  const Argument kc_checked = inputs[1], vc_checked = inputs[2];
+  std::vector<Argument> copied_by_rows{inputs[0], kc_checked, vc_checked, out_checked};
 
   ValidatedCall call = dimensions(q, kc, 4, q.sizes[0]);
   const int64_t batch = call.batch;
@@ -734,7 +740,7 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
   if (cache.k_new) {
     const std::vector<DType> like_q{q.dtype};
     const std::vector<int64_t> shape{batch, seqlen_new, call.heads_k, call.head_dim};
-    const std::vector<Input> appended =
+    const std::vector<Argument> appended =
         expect(q, {{.name = "k_new", .view = &*cache.k_new, .rank = 4, .dtypes = like_q,
                     .shape = shape, .layout = "= (B, S_new, Hk, D)"},
                    {.name = "v_new", .view = &*cache.v_new, .rank = 4, .dtypes = like_q,
@@ -773,7 +779,7 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
   if (seqlen_new > 0 && batch > 0) {
     check_no_self_overlap("k_cache", kc);
     check_no_self_overlap("v_cache", vc);
-    for (const Input& in : inputs) {
+    for (const Argument& in : inputs) {
       if (in.view == &kc || in.view == &vc) continue;
       check_disjoint("k_cache", kc, kc_checked.extent, in.name, *in.view, in.extent);
       check_disjoint("v_cache", vc, vc_checked.extent, in.name, *in.view, in.extent);
@@ -807,7 +813,7 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
   };
   const Like likes[] = {{"dout", &dout, &out, "out"}, {"dq", &dq, &q, "q"},
                         {"dk", &dk, &k, "k"}, {"dv", &dv, &v, "v"}};
-  const std::vector<Input> checked =
+  const std::vector<Argument> checked =
       expect(q, {{.name = "dout", .view = &dout, .rank = rank, .on_q_device = false},
                  {.name = "dq", .view = &dq, .rank = rank, .on_q_device = false},
                  {.name = "dk", .view = &dk, .rank = rank, .on_q_device = false},
@@ -817,8 +823,8 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
                 .shape = sizes_of(*l.like), .layout = std::string("like ") + l.like_name}});
     if (l.view != &dout) check_no_self_overlap(l.name, *l.view);
   }
-  const Input& dout_checked = checked[0];
-  const std::vector<Input> grads(checked.begin() + 1, checked.end());
+  const Argument& dout_checked = checked[0];
+  const std::vector<Argument> grads(checked.begin() + 1, checked.end());
 
   // The gradients are written while every input is still being read.
   std::vector<std::pair<const char*, const TensorView*>> inputs{
@@ -830,7 +836,7 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
     if (varlen->seqused_k) inputs.emplace_back("seqused_k", &*varlen->seqused_k);
   }
   for (size_t n = 0; n < grads.size(); ++n) {
-    const Input& g = grads[n];
+    const Argument& g = grads[n];
     for (const auto& [name, view] : inputs)
       check_disjoint(g.name, *g.view, g.extent, name, *view,
                      view == &dout ? dout_checked.extent : check_view(name, *view, view->ndim));
@@ -839,9 +845,9 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
   }
   if (call.backend == Backend::CUDA) {
     // The kernels read dout and write the gradients in 16-byte (dq) and 4-byte chunks.
-    for (const Input& t : checked) check_rows_aligned(t.name, *t.view);
+    for (const Argument& t : checked) check_rows_aligned(t.name, *t.view);
   }
-  for (const Input& t : checked) check_pointer_location(t.name, *t.view);
+  for (const Argument& t : checked) check_pointer_location(t.name, *t.view);
   return call;
 }
 
