@@ -1,7 +1,9 @@
-// The public entry points: validate, then hand the normalised params to the chosen backend.
+// The public entry points: validate, build the normalised params, hand them to the chosen
+// backend.
 #include <cstddef>
 #include <string>
 
+#include "api/params.hpp"
 #include "api/validate.hpp"
 #include "common/mask.hpp"
 #include "cpu/backward.hpp"
@@ -30,6 +32,13 @@ TensorView with_sizes(void* data, DType dtype, std::initializer_list<int64_t> si
   size_t i = 0;
   for (int64_t s : sizes) t.sizes[i++] = s;
   return t;
+}
+
+// The name of an enum value from its names in code order (the codes are 0, 1, ..., as in
+// the C ABI); "unknown" for a code out of range.
+template <size_t N>
+const char* name_of_code(int32_t code, const char* const (&names)[N]) {
+  return code >= 0 && static_cast<size_t>(code) < N ? names[code] : "unknown";
 }
 
 }  // namespace
@@ -69,17 +78,7 @@ int64_t TensorView::numel() const {
 }
 
 const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::Float32:
-      return "fp32";
-    case DType::Float16:
-      return "fp16";
-    case DType::BFloat16:
-      return "bf16";
-    case DType::Int32:
-      return "int32";
-  }
-  return "unknown";
+  return name_of_code(static_cast<int32_t>(dtype), {"fp32", "fp16", "bf16", "int32"});
 }
 
 size_t dtype_size(DType dtype) {
@@ -95,15 +94,7 @@ size_t dtype_size(DType dtype) {
 }
 
 const char* backend_name(Backend backend) {
-  switch (backend) {
-    case Backend::Auto:
-      return "auto";
-    case Backend::CPU:
-      return "cpu";
-    case Backend::CUDA:
-      return "cuda";
-  }
-  return "unknown";
+  return name_of_code(static_cast<int32_t>(backend), {"auto", "cpu", "cuda"});
 }
 
 Error::Error(ErrorCode code, std::string argument, std::string expected, std::string given)
@@ -115,59 +106,76 @@ Error::Error(ErrorCode code, std::string argument, std::string expected, std::st
 
 namespace {
 
-RunInfo run(const detail::ValidatedForward& call) {
-  RunInfo info;
-  info.backend = call.backend;
-  switch (call.backend) {
+// Runs a validated call on its resolved backend: cpu() or cuda(), whatever they return.
+template <typename Cpu, typename Cuda>
+auto on_backend(Backend backend, const char* kernel, const Cpu& cpu, const Cuda& cuda) {
+  switch (backend) {
     case Backend::CPU:
-      info.workspace_bytes = detail::cpu::forward(call.params);
-      return info;
+      return cpu();
     case Backend::CUDA:
-      info.workspace_bytes = detail::cuda::forward(call.params);
-      return info;
+      return cuda();
     case Backend::Auto:
       break;
   }
-  throw Error(ErrorCode::Internal, "backend", "a resolved backend with a forward kernel",
-              backend_name(call.backend));
+  throw Error(ErrorCode::Internal, "backend",
+              std::string("a resolved backend with a ") + kernel + " kernel",
+              backend_name(backend));
 }
 
-RunInfo run(const detail::ValidatedBackward& call) {
+// What a backend's entry point returned, as RunInfo.
+RunInfo report(Backend backend, size_t workspace_bytes) {
   RunInfo info;
-  info.backend = call.backend;
-  switch (call.backend) {
-    case Backend::CPU:  // deterministic whatever was asked (docs/ARCHITECTURE.md)
-      info.workspace_bytes = detail::cpu::backward(call.params);
-      return info;
-    case Backend::CUDA:  // the default mode adds dQ with atomics, in no fixed order
-      info.workspace_bytes = detail::cuda::backward(call.params);
-      info.deterministic = call.params.deterministic;
-      return info;
-    case Backend::Auto:
-      break;
-  }
-  throw Error(ErrorCode::Internal, "backend", "a resolved backend with a backward kernel",
-              backend_name(call.backend));
+  info.backend = backend;
+  info.workspace_bytes = workspace_bytes;
+  return info;
 }
 
-RunInfo run(const detail::ValidatedKvCache& call) {
-  RunInfo info;
-  info.backend = call.backend;
-  detail::KvCacheRun done;
-  switch (call.backend) {
-    case Backend::CPU:
-      done = detail::cpu::forward_kvcache(call.params);
-      break;
-    case Backend::CUDA:
-      done = detail::cuda::forward_kvcache(call.params);
-      break;
-    case Backend::Auto:
-      throw Error(ErrorCode::Internal, "backend", "a resolved backend with a KV-cache kernel",
-                  backend_name(call.backend));
-  }
-  info.workspace_bytes = done.workspace_bytes;
+RunInfo report(Backend backend, const detail::KvCacheRun& done) {
+  RunInfo info = report(backend, done.workspace_bytes);
   info.num_splits = done.num_splits;
   return info;
+}
+
+RunInfo run(Backend backend, const detail::ForwardParams& params) {
+  const auto cpu = [&] { return detail::cpu::forward(params); };
+  const auto cuda = [&] { return detail::cuda::forward(params); };
+  return report(backend, on_backend(backend, "forward", cpu, cuda));
+}
+
+RunInfo run(Backend backend, const detail::BackwardParams& params) {
+  const auto cpu = [&] { return detail::cpu::backward(params); };
+  const auto cuda = [&] { return detail::cuda::backward(params); };
+  RunInfo info = report(backend, on_backend(backend, "backward", cpu, cuda));
+  // The CPU backward is deterministic whatever was asked (docs/ARCHITECTURE.md); the CUDA
+  // one's default mode adds dQ with atomics, in no fixed order.
+  if (backend == Backend::CUDA) info.deterministic = params.deterministic;
+  return info;
+}
+
+RunInfo run(Backend backend, const detail::KvCacheParams& params) {
+  const auto cpu = [&] { return detail::cpu::forward_kvcache(params); };
+  const auto cuda = [&] { return detail::cuda::forward_kvcache(params); };
+  return report(backend, on_backend(backend, "KV-cache", cpu, cuda));
+}
+
+// Each call: validate (api/validate.hpp), build the params (api/params.hpp), run.
+RunInfo run_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& out, const std::optional<TensorView>& lse,
+                    const Varlen* varlen, const Options& options, const Execution& execution) {
+  const detail::ValidatedCall call =
+      detail::validate_forward(q, k, v, out, lse, varlen, options, execution);
+  return run(call.backend,
+             detail::forward_params(q, k, v, out, lse, varlen, options, execution, call));
+}
+
+RunInfo run_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const TensorView& dout, const TensorView& lse,
+                     const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                     const Varlen* varlen, const Options& options, const Execution& execution) {
+  const detail::ValidatedCall call = detail::validate_backward(q, k, v, out, dout, lse, dq, dk,
+                                                               dv, varlen, options, execution);
+  return run(call.backend, detail::backward_params(q, k, v, out, dout, lse, dq, dk, dv, varlen,
+                                                   options, execution, call));
 }
 
 }  // namespace
@@ -176,8 +184,7 @@ RunInfo backward(const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& out, const TensorView& dout, const TensorView& lse,
                  const TensorView& dq, const TensorView& dk, const TensorView& dv,
                  const Options& options, const Execution& execution) {
-  return run(detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, nullptr, options,
-                                       execution));
+  return run_backward(q, k, v, out, dout, lse, dq, dk, dv, nullptr, options, execution);
 }
 
 RunInfo backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -185,27 +192,28 @@ RunInfo backward_varlen(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& dq, const TensorView& dk, const TensorView& dv,
                         const Varlen& varlen, const Options& options,
                         const Execution& execution) {
-  return run(detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, &varlen, options,
-                                       execution));
+  return run_backward(q, k, v, out, dout, lse, dq, dk, dv, &varlen, options, execution);
 }
 
 RunInfo forward(const TensorView& q, const TensorView& k, const TensorView& v,
                 const TensorView& out, const std::optional<TensorView>& lse,
                 const Options& options, const Execution& execution) {
-  return run(detail::validate_forward(q, k, v, out, lse, nullptr, options, execution));
+  return run_forward(q, k, v, out, lse, nullptr, options, execution);
 }
 
 RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const std::optional<TensorView>& lse,
                        const Varlen& varlen, const Options& options,
                        const Execution& execution) {
-  return run(detail::validate_forward(q, k, v, out, lse, &varlen, options, execution));
+  return run_forward(q, k, v, out, lse, &varlen, options, execution);
 }
 
 RunInfo forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
                         const std::optional<TensorView>& lse, const Options& options,
                         const Execution& execution) {
-  return run(detail::validate_kvcache(q, cache, out, lse, options, execution));
+  const detail::ValidatedCall call =
+      detail::validate_kvcache(q, cache, out, lse, options, execution);
+  return run(call.backend, detail::kvcache_params(q, cache, out, lse, options, execution, call));
 }
 
 const char* version() { return FLASHATTN_VERSION; }

@@ -112,6 +112,26 @@ fa_status guarded(Body&& body) {
   }
 }
 
+// One attention call: info's struct_size checked first, then `call` (which returns the C++
+// API's RunInfo) run and reported into info, every exception turned into a status.
+template <typename Call>
+fa_status run_call(fa_run_info* info, Call&& call) {
+  return guarded([&] {
+    check_struct_size(info, "info", "fa_run_info_init");
+    report(info, call());
+  });
+}
+
+// A varlen call: like run_call, with the Varlen converted before the other arguments.
+template <typename Call>
+fa_status run_varlen_call(fa_run_info* info, const fa_tensor* cu_seqlens_q,
+                          const fa_tensor* cu_seqlens_k, int64_t max_seqlen_q,
+                          int64_t max_seqlen_k, const fa_tensor* seqused_k, Call&& call) {
+  return run_call(info, [&] {
+    return call(to_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k));
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -146,11 +166,10 @@ void fa_kvcache_init(fa_kvcache* cache) {
 fa_status fa_forward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
                      const fa_tensor* out, const fa_tensor* lse, const fa_options* options,
                      const fa_execution* execution, fa_run_info* info) {
-  return guarded([&] {
-    check_struct_size(info, "info", "fa_run_info_init");
-    report(info, flashattn::forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
-                                    to_view(out, "out"), to_optional_view(lse, "lse"),
-                                    to_options(options), to_execution(execution)));
+  return run_call(info, [&] {
+    return flashattn::forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                              to_view(out, "out"), to_optional_view(lse, "lse"),
+                              to_options(options), to_execution(execution));
   });
 }
 
@@ -160,15 +179,13 @@ fa_status fa_forward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_ten
                             int64_t max_seqlen_q, int64_t max_seqlen_k,
                             const fa_tensor* seqused_k, const fa_options* options,
                             const fa_execution* execution, fa_run_info* info) {
-  return guarded([&] {
-    check_struct_size(info, "info", "fa_run_info_init");
-    const flashattn::Varlen varlen =
-        to_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k);
-    report(info, flashattn::forward_varlen(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
-                                           to_view(out, "out"), to_optional_view(lse, "lse"),
-                                           varlen, to_options(options),
-                                           to_execution(execution)));
-  });
+  const auto call = [&](const flashattn::Varlen& varlen) {
+    return flashattn::forward_varlen(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                                     to_view(out, "out"), to_optional_view(lse, "lse"), varlen,
+                                     to_options(options), to_execution(execution));
+  };
+  return run_varlen_call(info, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                         call);
 }
 
 fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
@@ -176,13 +193,11 @@ fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v
                       const fa_tensor* dq, const fa_tensor* dk, const fa_tensor* dv,
                       const fa_options* options, const fa_execution* execution,
                       fa_run_info* info) {
-  return guarded([&] {
-    check_struct_size(info, "info", "fa_run_info_init");
-    report(info, flashattn::backward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
-                                     to_view(out, "out"), to_view(dout, "dout"),
-                                     to_view(lse, "lse"), to_view(dq, "dq"), to_view(dk, "dk"),
-                                     to_view(dv, "dv"), to_options(options),
-                                     to_execution(execution)));
+  return run_call(info, [&] {
+    return flashattn::backward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                               to_view(out, "out"), to_view(dout, "dout"), to_view(lse, "lse"),
+                               to_view(dq, "dq"), to_view(dk, "dk"), to_view(dv, "dv"),
+                               to_options(options), to_execution(execution));
   });
 }
 
@@ -193,23 +208,20 @@ fa_status fa_backward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_te
                              int64_t max_seqlen_q, int64_t max_seqlen_k,
                              const fa_tensor* seqused_k, const fa_options* options,
                              const fa_execution* execution, fa_run_info* info) {
-  return guarded([&] {
-    check_struct_size(info, "info", "fa_run_info_init");
-    const flashattn::Varlen varlen =
-        to_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k);
-    report(info, flashattn::backward_varlen(
-                     to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
-                     to_view(dout, "dout"), to_view(lse, "lse"), to_view(dq, "dq"),
-                     to_view(dk, "dk"), to_view(dv, "dv"), varlen, to_options(options),
-                     to_execution(execution)));
-  });
+  const auto call = [&](const flashattn::Varlen& varlen) {
+    return flashattn::backward_varlen(
+        to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
+        to_view(dout, "dout"), to_view(lse, "lse"), to_view(dq, "dq"), to_view(dk, "dk"),
+        to_view(dv, "dv"), varlen, to_options(options), to_execution(execution));
+  };
+  return run_varlen_call(info, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                         call);
 }
 
 fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, const fa_tensor* out,
                              const fa_tensor* lse, const fa_options* options,
                              const fa_execution* execution, fa_run_info* info) {
-  return guarded([&] {
-    check_struct_size(info, "info", "fa_run_info_init");
+  return run_call(info, [&] {
     if (cache == nullptr)
       throw Error(ErrorCode::InvalidArgument, "cache", "a fa_kvcache (fill it with fa_kvcache_init)",
                   "NULL");
@@ -227,9 +239,9 @@ fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, const 
     c.cache_leftpad = to_optional_view(cache->cache_leftpad, "cache_leftpad");
     c.block_table = to_optional_view(cache->block_table, "block_table");
     c.num_splits = cache->num_splits;
-    report(info, flashattn::forward_kvcache(to_view(q, "q"), c, to_view(out, "out"),
-                                            to_optional_view(lse, "lse"), to_options(options),
-                                            to_execution(execution)));
+    return flashattn::forward_kvcache(to_view(q, "q"), c, to_view(out, "out"),
+                                      to_optional_view(lse, "lse"), to_options(options),
+                                      to_execution(execution));
   });
 }
 

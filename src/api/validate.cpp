@@ -1,43 +1,34 @@
+// Argument checking (api/validate.hpp): structural helpers first, then each tensor argument
+// declared as a TensorSpec, the rules every attention call shares, and the four validations.
 #include "api/validate.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "api/params.hpp"
 #include "cuda/devices.hpp"
 
 namespace flashattn::detail {
 namespace {
 
-std::string shape_string(const TensorView& t) {
+// "(a, b, c)"
+std::string list_string(const int64_t* values, int64_t count) {
   std::string s = "(";
-  for (int i = 0; i < t.ndim; ++i) {
-    if (i) s += ", ";
-    s += std::to_string(t.sizes[static_cast<size_t>(i)]);
-  }
+  for (int64_t i = 0; i < count; ++i) s.append(i ? ", " : "").append(std::to_string(values[i]));
   return s + ")";
 }
 
-std::string strides_string(const TensorView& t) {
-  std::string s = "(";
-  for (int i = 0; i < t.ndim; ++i) {
-    if (i) s += ", ";
-    s += std::to_string(t.strides[static_cast<size_t>(i)]);
-  }
-  return s + ")";
-}
+std::string shape_string(const TensorView& t) { return list_string(t.sizes.data(), t.ndim); }
 
-std::string shape_string(std::initializer_list<int64_t> sizes) {
-  std::string s = "(";
-  bool first = true;
-  for (int64_t x : sizes) {
-    if (!first) s += ", ";
-    s += std::to_string(x);
-    first = false;
-  }
-  return s + ")";
+std::string strides_string(const TensorView& t) { return list_string(t.strides.data(), t.ndim); }
+
+std::string shape_string(const std::vector<int64_t>& sizes) {
+  return list_string(sizes.data(), static_cast<int64_t>(sizes.size()));
 }
 
 std::string dimensions_string(int n) {
@@ -178,11 +169,6 @@ void check_disjoint(const std::string& out_name, const TensorView& out, const Ex
          "a view overlapping " + in_name + "'s memory");
 }
 
-const char* name_of(const TensorView& t, const TensorView& q, const TensorView& k,
-                    const TensorView& v) {
-  return &t == &q ? "q" : &t == &k ? "k" : &t == &v ? "v" : "out";
-}
-
 // 16-byte rows: the base pointer and every stride but the last a multiple of 16 bytes.
 void check_rows_aligned(const std::string& name, const TensorView& t) {
   const int64_t elems_per_16_bytes = 16 / static_cast<int64_t>(dtype_size(t.dtype));
@@ -218,19 +204,13 @@ void check_pointer_location(const std::string& name, const TensorView& t) {
   }
 }
 
-void check_dtype(const std::string& name, const TensorView& t, DType expected) {
-  if (t.dtype != expected)
-    fail(name, std::string("dtype ") + dtype_name(expected),
-         std::string("dtype ") + dtype_name(t.dtype));
-}
-
 void check_same_device(const std::string& name, const TensorView& t, const TensorView& q) {
   if (t.device.type != q.device.type || t.device.index != q.device.index)
     fail(name, "the device of q (" + device_string(q.device) + ")", device_string(t.device));
 }
 
 void check_shape(const std::string& name, const TensorView& t,
-                 std::initializer_list<int64_t> expected, const std::string& layout) {
+                 const std::vector<int64_t>& expected, const std::string& layout) {
   size_t i = 0;
   for (int64_t size : expected) {
     if (t.sizes[i] != size)
@@ -296,20 +276,11 @@ void check_cu_seqlens(const std::string& name, const TensorView& cu, int64_t tot
          name + "[" + std::to_string(n - 1) + "] = " + std::to_string(c[n - 1]));
 }
 
-// The (batch, row, head) strides of a dense (B, S, H, D) or varlen (total, H, D) tensor; a
-// varlen batch has no batch stride (rows are found through cu_seqlens).
-void row_strides(const TensorView& t, bool is_varlen, int64_t& batch_stride,
-                 int64_t& row_stride, int64_t& head_stride) {
-  const size_t r = is_varlen ? 0 : 1;
-  batch_stride = is_varlen ? 0 : t.strides[0];
-  row_stride = t.strides[r];
-  head_stride = t.strides[r + 1];
-}
-
 constexpr int64_t kInt32Max = 2147483647;  // batch and head counts index kernels' grids
 
-// An input a call reads, for the overlap checks against what it writes.
-struct Input {
+// A checked tensor argument and the memory it spans, for the overlap checks between what a
+// call reads and what it writes.
+struct Argument {
   const char* name;
   const TensorView* view;
   Extent extent;
@@ -348,30 +319,6 @@ void check_counts(const char* batch_name, int64_t batch, const TensorView& q, in
          "Hk = " + std::to_string(heads_k));
 }
 
-// lse of a dense batch: fp32 (B, H, Sq), contiguous, on q's device.
-Extent check_dense_lse(const TensorView& lse, const TensorView& q, int64_t batch, int64_t heads,
-                       int64_t rows_q) {
-  const Extent extent = check_view("lse", lse, 3);
-  check_dtype("lse", lse, DType::Float32);
-  check_same_device("lse", lse, q);
-  check_shape("lse", lse, {batch, heads, rows_q}, "= (B, H, Sq)");
-  check_contiguous("lse", lse);
-  return extent;
-}
-
-Input check_alibi(const TensorView& a, const TensorView& q, int64_t batch, int64_t heads) {
-  if (a.ndim != 1 && a.ndim != 2)
-    fail("alibi_slopes", "shape (H) or (B, H)", std::to_string(a.ndim) + " dimensions");
-  const Input input{"alibi_slopes", &a, check_view("alibi_slopes", a, a.ndim)};
-  check_dtype("alibi_slopes", a, DType::Float32);
-  check_same_device("alibi_slopes", a, q);
-  if (a.ndim == 1)
-    check_shape("alibi_slopes", a, {heads}, "= (H)");
-  else
-    check_shape("alibi_slopes", a, {batch, heads}, "= (B, H)");
-  check_contiguous("alibi_slopes", a);
-  return input;
-}
 
 // Auto picks cuda for tensors on a GPU, else cpu; the backend must then suit q.
 Backend resolve_backend(const Execution& execution, const TensorView& q) {
@@ -395,199 +342,6 @@ Backend resolve_backend(const Execution& execution, const TensorView& q) {
 }
 
 // The options' part of the params (p.head_dim and p.heads already set), defaults resolved:
-// scale 1/sqrt(D), causal folded into window_right = 0.
-void fill_options(ForwardParams& p, const Options& options, const Execution& execution) {
-  p.softmax_scale = options.softmax_scale ? *options.softmax_scale
-                                          : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
-  p.softcap = options.softcap;
-  p.window_left = options.window_left;
-  p.window_right = options.causal ? 0 : options.window_right;
-  if (options.alibi_slopes) {
-    p.alibi_slopes = static_cast<const float*>(options.alibi_slopes->data);
-    p.alibi_batch_stride = options.alibi_slopes->ndim == 2 ? p.heads : 0;
-  }
-  p.dropout_p = options.dropout_p;
-  p.dropout_seed = options.dropout_seed;
-  p.dropout_offset = options.dropout_offset;
-  p.num_threads = execution.num_threads;
-  p.stream = execution.stream;
-}
-
-// The fields every forward-like call fills alike once validated: pointers, dtype, shape.
-void fill_tensors(ForwardParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
-                  const TensorView& out, const std::optional<TensorView>& lse, int64_t batch,
-                  int64_t heads, int64_t heads_k, int64_t head_dim) {
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.out = out.data;
-  p.device = q.device.index;  // every tensor's, checked beforehand (check_same_device)
-  p.lse = lse ? static_cast<float*>(lse->data) : nullptr;
-  p.dtype = q.dtype;
-  p.batch = static_cast<int32_t>(batch);
-  p.heads = static_cast<int32_t>(heads);
-  p.heads_k = static_cast<int32_t>(heads_k);
-  p.head_dim = static_cast<int32_t>(head_dim);
-  p.head_dim_v = static_cast<int32_t>(head_dim);
-}
-
-ValidatedForward validate_call(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const TensorView& out, const std::optional<TensorView>& lse,
-                               const Varlen* varlen, const Options& options,
-                               const Execution& execution) {
-  check_options(options);
-  check_execution(execution);
-
-  const bool is_varlen = varlen != nullptr;
-  const int rank = is_varlen ? 3 : 4;
-  const std::string q_layout = is_varlen ? "= (total_q, H, D)" : "= (B, Sq, H, D)";
-  const Extent q_extent = check_view("q", q, rank);
-  const Extent k_extent = check_view("k", k, rank);
-  const Extent v_extent = check_view("v", v, rank);
-  const Extent out_extent = check_view("out", out, rank);
-
-  // Dtypes and devices.
-  if (q.dtype != DType::Float32 && q.dtype != DType::Float16 && q.dtype != DType::BFloat16)
-    fail("q", "dtype fp32, fp16 or bf16", std::string("dtype ") + dtype_name(q.dtype));
-  check_dtype("k", k, q.dtype);
-  check_dtype("v", v, q.dtype);
-  check_dtype("out", out, q.dtype);
-  check_same_device("k", k, q);
-  check_same_device("v", v, q);
-  check_same_device("out", out, q);
-
-  if (is_varlen) {  // B comes from cu_seqlens_q, so check its structure first
-    check_view("cu_seqlens_q", varlen->cu_seqlens_q, 1);
-    if (varlen->cu_seqlens_q.sizes[0] < 1)
-      fail("cu_seqlens_q", "B + 1 >= 1 entries", "shape " + shape_string(varlen->cu_seqlens_q));
-  }
-
-  // Shapes.
-  const int r = is_varlen ? 0 : 1;  // index of the first dim after the batch dim
-  const int64_t batch = is_varlen ? varlen->cu_seqlens_q.sizes[0] - 1 : q.sizes[0];
-  const int64_t rows_q = q.sizes[static_cast<size_t>(r)];
-  const int64_t rows_k = k.sizes[static_cast<size_t>(r)];
-  const int64_t heads = q.sizes[static_cast<size_t>(r + 1)];
-  const int64_t head_dim = q.sizes[static_cast<size_t>(r + 2)];
-  const int64_t heads_k = k.sizes[static_cast<size_t>(r + 1)];
-  if (!is_varlen && k.sizes[0] != batch)
-    fail("k", "batch size B = " + std::to_string(batch) + " like q", "shape " + shape_string(k));
-  check_head_dim(q, head_dim);
-  check_counts(is_varlen ? "cu_seqlens_q" : "q", batch, q, heads, "k", k, heads_k);
-  if (k.sizes[static_cast<size_t>(r + 2)] != head_dim)
-    fail("k", "head dim D = " + std::to_string(head_dim) + " like q", "shape " + shape_string(k));
-  if (is_varlen) {
-    check_shape("v", v, {rows_k, heads_k, head_dim}, "= (total_k, Hk, D) like k");
-    check_shape("out", out, {rows_q, heads, head_dim}, "= (total_q, H, D) like q");
-  } else {
-    check_shape("v", v, {batch, rows_k, heads_k, head_dim}, "= (B, Sk, Hk, D) like k");
-    check_shape("out", out, {batch, rows_q, heads, head_dim}, "= (B, Sq, H, D) like q");
-  }
-  check_no_self_overlap("out", out);
-
-  // Every input a call reads, for the overlap check at the end.
-  std::vector<Input> inputs{{"q", &q, q_extent}, {"k", &k, k_extent}, {"v", &v, v_extent}};
-
-  Extent lse_extent;
-  if (lse) {
-    if (is_varlen) {
-      lse_extent = check_view("lse", *lse, 2);
-      check_dtype("lse", *lse, DType::Float32);
-      check_same_device("lse", *lse, q);
-      check_shape("lse", *lse, {heads, rows_q}, "= (H, total_q)");
-      check_contiguous("lse", *lse);
-    } else {
-      lse_extent = check_dense_lse(*lse, q, batch, heads, rows_q);
-    }
-  }
-
-  if (options.alibi_slopes) inputs.push_back(check_alibi(*options.alibi_slopes, q, batch, heads));
-
-  if (is_varlen) {
-    const TensorView& cq = varlen->cu_seqlens_q;
-    const TensorView& ck = varlen->cu_seqlens_k;
-    inputs.push_back({"cu_seqlens_q", &cq, check_view("cu_seqlens_q", cq, 1)});
-    inputs.push_back({"cu_seqlens_k", &ck, check_view("cu_seqlens_k", ck, 1)});
-    check_dtype("cu_seqlens_q", cq, DType::Int32);
-    check_dtype("cu_seqlens_k", ck, DType::Int32);
-    check_same_device("cu_seqlens_q", cq, q);
-    check_same_device("cu_seqlens_k", ck, q);
-    check_shape("cu_seqlens_k", ck, {batch + 1}, "= (B + 1) like cu_seqlens_q");
-    check_contiguous("cu_seqlens_q", cq);
-    check_contiguous("cu_seqlens_k", ck);
-    // Lengths come from int32 prefix sums, so a larger bound is meaningless (and would
-    // size a GPU grid absurdly).
-    if (varlen->max_seqlen_q < 0 || varlen->max_seqlen_q > kInt32Max)
-      fail("max_seqlen_q", "a length in [0, 2^31)", std::to_string(varlen->max_seqlen_q));
-    if (varlen->max_seqlen_k < 0 || varlen->max_seqlen_k > kInt32Max)
-      fail("max_seqlen_k", "a length in [0, 2^31)", std::to_string(varlen->max_seqlen_k));
-    check_cu_seqlens("cu_seqlens_q", cq, rows_q, varlen->max_seqlen_q, "max_seqlen_q");
-    check_cu_seqlens("cu_seqlens_k", ck, rows_k, varlen->max_seqlen_k, "max_seqlen_k");
-    if (varlen->seqused_k) {
-      const TensorView& su = *varlen->seqused_k;
-      inputs.push_back({"seqused_k", &su, check_view("seqused_k", su, 1)});
-      check_dtype("seqused_k", su, DType::Int32);
-      check_same_device("seqused_k", su, q);
-      check_shape("seqused_k", su, {batch}, "= (B)");
-      check_contiguous("seqused_k", su);
-      const int32_t* used = host_int32(su);
-      const int32_t* ckv = host_int32(ck);
-      for (int64_t b = 0; used != nullptr && ckv != nullptr && b < batch; ++b) {
-        const int64_t len = static_cast<int64_t>(ckv[b + 1]) - ckv[b];
-        if (used[b] < 0 || used[b] > len)
-          fail("seqused_k",
-               "0 <= seqused_k[b] <= the key length of sequence b (" + std::to_string(len) +
-                   " for b = " + std::to_string(b) + ")",
-               std::to_string(used[b]));
-      }
-    }
-  }
-
-  // Outputs must not overlap an input (or each other): a write would change what is read.
-  for (const Input& in : inputs) {
-    check_disjoint("out", out, out_extent, in.name, *in.view, in.extent);
-    if (lse) check_disjoint("lse", *lse, lse_extent, in.name, *in.view, in.extent);
-  }
-  if (lse) check_disjoint("lse", *lse, lse_extent, "out", out, out_extent);
-
-  const Backend backend = resolve_backend(execution, q);
-  if (backend == Backend::CUDA)  // the kernels copy rows in 16-byte chunks
-    for (const TensorView* t : {&q, &k, &v, &out}) check_rows_aligned(name_of(*t, q, k, v), *t);
-  // Each pointer must really live where its view says (when the CUDA runtime can tell):
-  // a host pointer handed to a kernel, or a GPU pointer to the CPU engine, would fault.
-  for (const Input& in : inputs) check_pointer_location(in.name, *in.view);
-  check_pointer_location("out", out);
-  if (lse) check_pointer_location("lse", *lse);
-
-  ValidatedForward result;
-  result.backend = backend;
-  ForwardParams& p = result.params;
-  fill_tensors(p, q, k, v, out, lse, batch, heads, heads_k, head_dim);
-  p.seqlen_q = is_varlen ? varlen->max_seqlen_q : rows_q;
-  p.seqlen_k = is_varlen ? varlen->max_seqlen_k : rows_k;
-  const auto strides_of = [&](const TensorView& t, int64_t& batch_stride, int64_t& row_stride,
-                              int64_t& head_stride) {
-    row_strides(t, is_varlen, batch_stride, row_stride, head_stride);
-  };
-  strides_of(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  strides_of(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  strides_of(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  strides_of(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
-  if (is_varlen) {
-    p.lse_batch_stride = 0;
-    p.lse_head_stride = rows_q;
-    p.cu_seqlens_q = static_cast<const int32_t*>(varlen->cu_seqlens_q.data);
-    p.cu_seqlens_k = static_cast<const int32_t*>(varlen->cu_seqlens_k.data);
-    p.seqused_k =
-        varlen->seqused_k ? static_cast<const int32_t*>(varlen->seqused_k->data) : nullptr;
-  } else {
-    p.lse_batch_stride = heads * rows_q;
-    p.lse_head_stride = rows_q;
-  }
-  fill_options(p, options, execution);
-  return result;
-}
-
 // The number of key chunks a KV-cache call may ask for: far more than any machine has
 // threads or SMs to fill, and a bound on the partial results' workspace.
 constexpr int32_t kMaxSplits = 1024;
@@ -677,11 +431,251 @@ void check_kvcache_values(const KvCache& cache, int64_t batch, int64_t rows_q, i
          "shape " + shape_string(*cache.rotary_cos));
 }
 
+// An argument's sizes, as an expected shape for another.
+std::vector<int64_t> sizes_of(const TensorView& t) {
+  return {t.sizes.begin(), t.sizes.begin() + std::max(0, std::min(t.ndim, kMaxDims))};
+}
+
+const TensorView* given(const std::optional<TensorView>& t) { return t ? &*t : nullptr; }
+
+std::string dtype_list(const std::vector<DType>& dtypes) {
+  std::string s;
+  for (size_t i = 0; i < dtypes.size(); ++i)
+    s.append(i == 0 ? "" : i + 1 == dtypes.size() ? " or " : ", ").append(dtype_name(dtypes[i]));
+  return s;
+}
+
+// One tensor argument as a call declares it; expect() checks it.
+struct TensorSpec {
+  const char* name;
+  const TensorView* view;  // null: an optional argument that was not given (nothing to check)
+  int rank;
+  std::vector<DType> dtypes = {};   // the dtypes it may have; empty: any
+  bool on_q_device = true;          // on the device of q (every argument but q itself)
+  std::vector<int64_t> shape = {};  // the sizes it must have; empty: checked by the call
+  std::string layout = {};          // how the message names that shape, e.g. "= (B)"
+  bool contiguous = false;          // row-major as a whole, not only in its last dimension
+};
+
+const std::vector<DType> kInt32{DType::Int32};
+const std::vector<DType> kFloat32{DType::Float32};
+
+// Checks a group of arguments phase by phase: every view's structure (check_view), then every
+// dtype, device, shape and contiguity, so that an argument's structure is known to be sound
+// before any is compared with another. Returns the given ones with their extents, in order.
+std::vector<Argument> expect(const TensorView& q, std::initializer_list<TensorSpec> specs) {
+  std::vector<Argument> checked;
+  for (const TensorSpec& s : specs)
+    if (s.view) checked.push_back({s.name, s.view, check_view(s.name, *s.view, s.rank)});
+  for (const TensorSpec& s : specs)
+    if (s.view && !s.dtypes.empty() &&
+        std::find(s.dtypes.begin(), s.dtypes.end(), s.view->dtype) == s.dtypes.end())
+      fail(s.name, "dtype " + dtype_list(s.dtypes),
+           std::string("dtype ") + dtype_name(s.view->dtype));
+  for (const TensorSpec& s : specs)
+    if (s.view && s.on_q_device) check_same_device(s.name, *s.view, q);
+  for (const TensorSpec& s : specs)
+    if (s.view && !s.shape.empty()) check_shape(s.name, *s.view, s.shape, s.layout);
+  for (const TensorSpec& s : specs)
+    if (s.view && s.contiguous) check_contiguous(s.name, *s.view);
+  return checked;
+}
+
+void append(std::vector<Argument>& to, const std::vector<Argument>& more) {
+  to.insert(to.end(), more.begin(), more.end());
+}
+
+// ---- The rules every attention call shares: the forward's, reused by the backward and the
+// kv-cache call (whose k and v are the caches).
+
+// q, k, v and out: rank, q's dtype (fp32, fp16 or bf16) and device, shared by the others.
+// Returns q, k, v and out with their extents.
+std::vector<Argument> expect_attention_tensors(const TensorView& q, const char* k_name,
+                                               const TensorView& k, const char* v_name,
+                                               const TensorView& v, const TensorView& out,
+                                               int rank) {
+  const std::vector<DType> like_q{q.dtype};
+  return expect(q, {{.name = "q", .view = &q, .rank = rank,
+                     .dtypes = {DType::Float32, DType::Float16, DType::BFloat16},
+                     .on_q_device = false},
+                    {.name = k_name, .view = &k, .rank = rank, .dtypes = like_q},
+                    {.name = v_name, .view = &v, .rank = rank, .dtypes = like_q},
+                    {.name = "out", .view = &out, .rank = rank, .dtypes = like_q}});
+}
+
+// The dimensions of q (B, Sq, H, D) or (total_q, H, D) and k (B, Sk, Hk, D) or (total_k, Hk,
+// D); a varlen batch size comes from cu_seqlens_q.
+ValidatedCall dimensions(const TensorView& q, const TensorView& k, int rank, int64_t batch) {
+  const size_t r = rank == 4 ? 1 : 0;  // the first dim after the batch dim
+  ValidatedCall call;
+  call.batch = batch;
+  call.rows_q = q.sizes[r];
+  call.rows_k = k.sizes[r];
+  call.heads = q.sizes[r + 1];
+  call.head_dim = q.sizes[r + 2];
+  call.heads_k = k.sizes[r + 1];
+  return call;
+}
+
+// The head dim, the batch and head counts, k's head dim like q's, then v shaped like k and
+// out like q (out's elements distinct).
+void check_attention_shapes(const ValidatedCall& call, const TensorView& q,
+                            const char* batch_name, const char* k_name, const TensorView& k,
+                            const char* v_name, const TensorView& v, const std::string& v_layout,
+                            const TensorView& out, const std::string& out_layout) {
+  check_head_dim(q, call.head_dim);
+  check_counts(batch_name, call.batch, q, call.heads, k_name, k, call.heads_k);
+  if (k.sizes[static_cast<size_t>(k.ndim - 1)] != call.head_dim)
+    fail(k_name, "head dim D = " + std::to_string(call.head_dim) + " like q",
+         "shape " + shape_string(k));
+  check_shape(v_name, v, sizes_of(k), v_layout);
+  check_shape("out", out, sizes_of(q), out_layout);
+  check_no_self_overlap("out", out);
+}
+
+// lse, when wanted: fp32, contiguous, on q's device, (B, H, Sq) or (H, total_q).
+Extent expect_lse(const std::optional<TensorView>& lse, const TensorView& q,
+                  std::vector<int64_t> shape, const char* layout) {
+  if (!lse) return {};
+  const int rank = static_cast<int>(shape.size());
+  return expect(q, {{.name = "lse", .view = &*lse, .rank = rank, .dtypes = kFloat32,
+                     .shape = std::move(shape), .layout = layout, .contiguous = true}})
+      .front()
+      .extent;
+}
+
+// The ALiBi slopes, when given: fp32 (H) or (B, H), contiguous, on q's device.
+std::vector<Argument> expect_alibi(const Options& options, const TensorView& q, int64_t batch,
+                                   int64_t heads) {
+  if (!options.alibi_slopes) return {};
+  const TensorView& a = *options.alibi_slopes;
+  if (a.ndim != 1 && a.ndim != 2)
+    fail("alibi_slopes", "shape (H) or (B, H)", std::to_string(a.ndim) + " dimensions");
+  const bool per_batch = a.ndim == 2;
+  return expect(q, {{.name = "alibi_slopes", .view = &a, .rank = a.ndim, .dtypes = kFloat32,
+                     .shape = per_batch ? std::vector<int64_t>{batch, heads}
+                                        : std::vector<int64_t>{heads},
+                     .layout = per_batch ? "= (B, H)" : "= (H)",
+                     .contiguous = true}});
+}
+
+// Outputs must not overlap an input (or each other): a write would change what is read.
+void check_outputs_disjoint(const std::vector<Argument>& inputs, const Argument& out,
+                            const std::optional<TensorView>& lse, const Extent& lse_extent) {
+  for (const Argument& in : inputs) {
+    check_disjoint("out", *out.view, out.extent, in.name, *in.view, in.extent);
+    if (lse) check_disjoint("lse", *lse, lse_extent, in.name, *in.view, in.extent);
+  }
+  if (lse) check_disjoint("lse", *lse, lse_extent, "out", *out.view, out.extent);
+}
+
+// The backend, then the memory it needs: 16-byte rows for the CUDA kernels (which copy rows
+// in 16-byte chunks), and each pointer where its view says (when the CUDA runtime can tell):
+// a host pointer handed to a kernel, or a GPU pointer to the CPU engine, would fault.
+Backend check_backend_memory(const Execution& execution, const TensorView& q,
+                             const std::vector<Argument>& copied_by_rows,
+                             const std::vector<Argument>& inputs, const Argument& out,
+                             const std::optional<TensorView>& lse) {
+  const Backend backend = resolve_backend(execution, q);
+  if (backend == Backend::CUDA)
+    for (const Argument& t : copied_by_rows) check_rows_aligned(t.name, *t.view);
+  for (const Argument& in : inputs) check_pointer_location(in.name, *in.view);
+  check_pointer_location("out", *out.view);
+  if (lse) check_pointer_location("lse", *lse);
+  return backend;
+}
+
+// cu_seqlens_q/k, max_seqlen_q/k and seqused_k of a varlen call: structure, then values.
+std::vector<Argument> expect_varlen(const Varlen& varlen, const TensorView& q, int64_t batch,
+                                    int64_t rows_q, int64_t rows_k) {
+  const TensorView& cq = varlen.cu_seqlens_q;
+  const TensorView& ck = varlen.cu_seqlens_k;
+  std::vector<Argument> checked =
+      expect(q, {{.name = "cu_seqlens_q", .view = &cq, .rank = 1, .dtypes = kInt32,
+                  .contiguous = true},
+                 {.name = "cu_seqlens_k", .view = &ck, .rank = 1, .dtypes = kInt32,
+                  .shape = {batch + 1}, .layout = "= (B + 1) like cu_seqlens_q",
+                  .contiguous = true}});
+  // Lengths come from int32 prefix sums, so a larger bound is meaningless (and would
+  // size a GPU grid absurdly).
+  if (varlen.max_seqlen_q < 0 || varlen.max_seqlen_q > kInt32Max)
+    fail("max_seqlen_q", "a length in [0, 2^31)", std::to_string(varlen.max_seqlen_q));
+  if (varlen.max_seqlen_k < 0 || varlen.max_seqlen_k > kInt32Max)
+    fail("max_seqlen_k", "a length in [0, 2^31)", std::to_string(varlen.max_seqlen_k));
+  check_cu_seqlens("cu_seqlens_q", cq, rows_q, varlen.max_seqlen_q, "max_seqlen_q");
+  check_cu_seqlens("cu_seqlens_k", ck, rows_k, varlen.max_seqlen_k, "max_seqlen_k");
+  if (!varlen.seqused_k) return checked;
+  const TensorView& su = *varlen.seqused_k;
+  append(checked, expect(q, {{.name = "seqused_k", .view = &su, .rank = 1, .dtypes = kInt32,
+                              .shape = {batch}, .layout = "= (B)", .contiguous = true}}));
+  const int32_t* used = host_int32(su);
+  const int32_t* ckv = host_int32(ck);
+  for (int64_t b = 0; used != nullptr && ckv != nullptr && b < batch; ++b) {
+    const int64_t len = static_cast<int64_t>(ckv[b + 1]) - ckv[b];
+    if (used[b] < 0 || used[b] > len)
+      fail("seqused_k",
+           "0 <= seqused_k[b] <= the key length of sequence b (" + std::to_string(len) +
+               " for b = " + std::to_string(b) + ")",
+           std::to_string(used[b]));
+  }
+  return checked;
+}
+
+// Both of a pair of optional arguments or neither.
+void check_both_or_neither(const char* first, bool has_first, const char* second,
+                           bool has_second) {
+  if (has_first != has_second)
+    fail(has_first ? second : first,
+         std::string("a tensor, since ") + (has_first ? first : second) +
+             " is given (both or neither)",
+         "none");
+}
+
 }  // namespace
 
-ValidatedKvCache validate_kvcache(const TensorView& q, const KvCache& cache,
-                                  const TensorView& out, const std::optional<TensorView>& lse,
-                                  const Options& options, const Execution& execution) {
+ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const std::optional<TensorView>& lse,
+                               const Varlen* varlen, const Options& options,
+                               const Execution& execution) {
+  check_options(options);
+  check_execution(execution);
+
+  const bool is_varlen = varlen != nullptr;
+  const int rank = is_varlen ? 3 : 4;
+  std::vector<Argument> inputs = expect_attention_tensors(q, "k", k, "v", v, out, rank);
+  const Argument out_checked = inputs.back();
+  inputs.pop_back();
+  const std::vector<Argument> copied_by_rows{inputs[0], inputs[1], inputs[2], out_checked};
+
+  if (is_varlen) {  // B comes from cu_seqlens_q, so check its structure first
+    check_view("cu_seqlens_q", varlen->cu_seqlens_q, 1);
+    if (varlen->cu_seqlens_q.sizes[0] < 1)
+      fail("cu_seqlens_q", "B + 1 >= 1 entries", "shape " + shape_string(varlen->cu_seqlens_q));
+  }
+  ValidatedCall call =
+      dimensions(q, k, rank, is_varlen ? varlen->cu_seqlens_q.sizes[0] - 1 : q.sizes[0]);
+  if (!is_varlen && k.sizes[0] != call.batch)
+    fail("k", "batch size B = " + std::to_string(call.batch) + " like q",
+         "shape " + shape_string(k));
+  check_attention_shapes(call, q, is_varlen ? "cu_seqlens_q" : "q", "k", k, "v", v,
+                         is_varlen ? "= (total_k, Hk, D) like k" : "= (B, Sk, Hk, D) like k",
+                         out, is_varlen ? "= (total_q, H, D) like q" : "= (B, Sq, H, D) like q");
+
+  const Extent lse_extent =
+      is_varlen ? expect_lse(lse, q, {call.heads, call.rows_q}, "= (H, total_q)")
+                : expect_lse(lse, q, {call.batch, call.heads, call.rows_q}, "= (B, H, Sq)");
+  append(inputs, expect_alibi(options, q, call.batch, call.heads));
+  if (is_varlen)
+    append(inputs, expect_varlen(*varlen, q, call.batch, call.rows_q, call.rows_k));
+
+  check_outputs_disjoint(inputs, out_checked, lse, lse_extent);
+  call.backend = check_backend_memory(execution, q, copied_by_rows, inputs, out_checked, lse);
+  return call;
+}
+
+ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                               const std::optional<TensorView>& lse, const Options& options,
+                               const Execution& execution) {
   check_options(options);
   if (options.dropout_p != 0.0f)
     fail("dropout_p", "0 (forward_kvcache is inference only)", number_string(options.dropout_p));
@@ -693,41 +687,25 @@ ValidatedKvCache validate_kvcache(const TensorView& q, const KvCache& cache,
 
   const TensorView& kc = cache.k_cache;
   const TensorView& vc = cache.v_cache;
-  const Extent q_extent = check_view("q", q, 4);
-  const Extent kc_extent = check_view("k_cache", kc, 4);
-  const Extent vc_extent = check_view("v_cache", vc, 4);
-  const Extent out_extent = check_view("out", out, 4);
-  if (q.dtype != DType::Float32 && q.dtype != DType::Float16 && q.dtype != DType::BFloat16)
-    fail("q", "dtype fp32, fp16 or bf16", std::string("dtype ") + dtype_name(q.dtype));
-  check_dtype("k_cache", kc, q.dtype);
-  check_dtype("v_cache", vc, q.dtype);
-  check_dtype("out", out, q.dtype);
-  check_same_device("k_cache", kc, q);
-  check_same_device("v_cache", vc, q);
-  check_same_device("out", out, q);
+  std::vector<Argument> inputs =
+      expect_attention_tensors(q, "k_cache", kc, "v_cache", vc, out, 4);
+  const Argument out_checked = inputs.back();
+  inputs.pop_back();
+  const Argument kc_checked = inputs[1], vc_checked = inputs[2];
+  std::vector<Argument> copied_by_rows{inputs[0], kc_checked, vc_checked, out_checked};
 
-  const int64_t batch = q.sizes[0], rows_q = q.sizes[1], heads = q.sizes[2],
-                head_dim = q.sizes[3], heads_k = kc.sizes[2];
-  check_head_dim(q, head_dim);
-  check_counts("q", batch, q, heads, "k_cache", kc, heads_k);
-  if (kc.sizes[3] != head_dim)
-    fail("k_cache", "head dim D = " + std::to_string(head_dim) + " like q",
-         "shape " + shape_string(kc));
-  check_shape("v_cache", vc, {kc.sizes[0], kc.sizes[1], heads_k, head_dim}, "like k_cache");
-  check_shape("out", out, {batch, rows_q, heads, head_dim}, "= (B, Sq, H, D) like q");
-  check_no_self_overlap("out", out);
+  ValidatedCall call = dimensions(q, kc, 4, q.sizes[0]);
+  const int64_t batch = call.batch;
+  check_attention_shapes(call, q, "q", "k_cache", kc, "v_cache", vc, "like k_cache", out,
+                         "= (B, Sq, H, D) like q");
 
-  std::vector<Input> inputs{{"q", &q, q_extent}, {"k_cache", &kc, kc_extent},
-                            {"v_cache", &vc, vc_extent}};
-  const auto per_sequence = [&](const char* name, const TensorView& t) {
-    inputs.push_back({name, &t, check_view(name, t, 1)});
-    check_dtype(name, t, DType::Int32);
-    check_same_device(name, t, q);
-    check_shape(name, t, {batch}, "= (B)");
-  };
-  per_sequence("cache_seqlens", cache.cache_seqlens);
-  if (cache.cache_batch_idx) per_sequence("cache_batch_idx", *cache.cache_batch_idx);
-  if (cache.cache_leftpad) per_sequence("cache_leftpad", *cache.cache_leftpad);
+  const std::pair<const char*, const TensorView*> per_sequence[] = {
+      {"cache_seqlens", &cache.cache_seqlens},
+      {"cache_batch_idx", given(cache.cache_batch_idx)},
+      {"cache_leftpad", given(cache.cache_leftpad)}};
+  for (const auto& [name, t] : per_sequence)
+    append(inputs, expect(q, {{.name = name, .view = t, .rank = 1, .dtypes = kInt32,
+                               .shape = {batch}, .layout = "= (B)"}}));
 
   // Dense (B_cache, S_cache, Hk, D) or paged (num_pages, page_size, Hk, D).
   int64_t capacity = kc.sizes[1];
@@ -736,9 +714,7 @@ ValidatedKvCache validate_kvcache(const TensorView& q, const KvCache& cache,
     if (cache.cache_batch_idx)
       fail("cache_batch_idx", "no cache_batch_idx with a paged cache (block_table picks the pages)",
            "both cache_batch_idx and block_table");
-    inputs.push_back({"block_table", &bt, check_view("block_table", bt, 2)});
-    check_dtype("block_table", bt, DType::Int32);
-    check_same_device("block_table", bt, q);
+    append(inputs, expect(q, {{.name = "block_table", .view = &bt, .rank = 2, .dtypes = kInt32}}));
     if (bt.sizes[0] != batch)
       fail("block_table", "shape (B = " + std::to_string(batch) + ", max_pages)",
            "shape " + shape_string(bt));
@@ -756,225 +732,123 @@ ValidatedKvCache validate_kvcache(const TensorView& q, const KvCache& cache,
                    " cache rows (dim 0), or cache_batch_idx to pick them",
          "shape " + shape_string(kc));
   }
+  call.rows_k = capacity;
 
   // Appended keys and values: both or neither, (B, S_new, Hk, D) in q's dtype.
-  int64_t seqlen_new = 0;
-  if (cache.k_new.has_value() != cache.v_new.has_value())
-    fail(cache.k_new ? "v_new" : "k_new",
-         std::string("a tensor, since ") + (cache.k_new ? "k_new" : "v_new") +
-             " is given (both or neither)",
-         "none");
+  check_both_or_neither("k_new", cache.k_new.has_value(), "v_new", cache.v_new.has_value());
+  const int64_t seqlen_new = cache.k_new ? cache.k_new->sizes[1] : 0;
   if (cache.k_new) {
-    const TensorView& kn = *cache.k_new;
-    const TensorView& vn = *cache.v_new;
-    inputs.push_back({"k_new", &kn, check_view("k_new", kn, 4)});
-    inputs.push_back({"v_new", &vn, check_view("v_new", vn, 4)});
-    check_dtype("k_new", kn, q.dtype);
-    check_dtype("v_new", vn, q.dtype);
-    check_same_device("k_new", kn, q);
-    check_same_device("v_new", vn, q);
-    seqlen_new = kn.sizes[1];
-    check_shape("k_new", kn, {batch, seqlen_new, heads_k, head_dim}, "= (B, S_new, Hk, D)");
-    check_shape("v_new", vn, {batch, seqlen_new, heads_k, head_dim}, "= (B, S_new, Hk, D) like k_new");
+    const std::vector<DType> like_q{q.dtype};
+    const std::vector<int64_t> shape{batch, seqlen_new, call.heads_k, call.head_dim};
+    const std::vector<Argument> appended =
+        expect(q, {{.name = "k_new", .view = &*cache.k_new, .rank = 4, .dtypes = like_q,
+                    .shape = shape, .layout = "= (B, S_new, Hk, D)"},
+                   {.name = "v_new", .view = &*cache.v_new, .rank = 4, .dtypes = like_q,
+                    .shape = shape, .layout = "= (B, S_new, Hk, D) like k_new"}});
     if (seqlen_new > kInt32Max)
-      fail("k_new", "S_new < 2^31 new positions", "shape " + shape_string(kn));
+      fail("k_new", "S_new < 2^31 new positions", "shape " + shape_string(*cache.k_new));
+    append(inputs, appended);
+    append(copied_by_rows, appended);
   }
 
   // Rotary tables: both or neither, (S_rotary, rotary_dim / 2), 2 <= rotary_dim <= D.
-  if (cache.rotary_cos.has_value() != cache.rotary_sin.has_value())
-    fail(cache.rotary_cos ? "rotary_sin" : "rotary_cos",
-         std::string("a tensor, since ") + (cache.rotary_cos ? "rotary_cos" : "rotary_sin") +
-             " is given (both or neither)",
-         "none");
+  check_both_or_neither("rotary_cos", cache.rotary_cos.has_value(), "rotary_sin",
+                        cache.rotary_sin.has_value());
   if (cache.rotary_cos) {
     const TensorView& cos = *cache.rotary_cos;
     const TensorView& sin = *cache.rotary_sin;
-    inputs.push_back({"rotary_cos", &cos, check_view("rotary_cos", cos, 2)});
-    inputs.push_back({"rotary_sin", &sin, check_view("rotary_sin", sin, 2)});
-    check_dtype("rotary_cos", cos, q.dtype);
-    check_dtype("rotary_sin", sin, q.dtype);
-    check_same_device("rotary_cos", cos, q);
-    check_same_device("rotary_sin", sin, q);
-    if (cos.sizes[1] < 1 || 2 * cos.sizes[1] > head_dim)
+    const std::vector<DType> like_q{q.dtype};
+    append(inputs, expect(q, {{.name = "rotary_cos", .view = &cos, .rank = 2, .dtypes = like_q},
+                              {.name = "rotary_sin", .view = &sin, .rank = 2, .dtypes = like_q}}));
+    if (cos.sizes[1] < 1 || 2 * cos.sizes[1] > call.head_dim)
       fail("rotary_cos",
            "shape (S_rotary, rotary_dim / 2) with 2 <= rotary_dim <= D = " +
-               std::to_string(head_dim),
+               std::to_string(call.head_dim),
            "shape " + shape_string(cos));
     check_shape("rotary_sin", sin, {cos.sizes[0], cos.sizes[1]}, "like rotary_cos");
   }
 
-  Extent lse_extent;
-  if (lse) lse_extent = check_dense_lse(*lse, q, batch, heads, rows_q);
-  if (options.alibi_slopes) inputs.push_back(check_alibi(*options.alibi_slopes, q, batch, heads));
+  const Extent lse_extent =
+      expect_lse(lse, q, {batch, call.heads, call.rows_q}, "= (B, H, Sq)");
+  append(inputs, expect_alibi(options, q, batch, call.heads));
 
   // What the call writes must not overlap what it reads: out and lse, and the caches when
   // k_new is appended (a packed (.., 2, Hk, D) cache, k and v interleaved, is fine: the two
   // caches are read and written at distinct elements).
-  for (const Input& in : inputs) {
-    check_disjoint("out", out, out_extent, in.name, *in.view, in.extent);
-    if (lse) check_disjoint("lse", *lse, lse_extent, in.name, *in.view, in.extent);
-  }
-  if (lse) check_disjoint("lse", *lse, lse_extent, "out", out, out_extent);
+  check_outputs_disjoint(inputs, out_checked, lse, lse_extent);
   if (seqlen_new > 0 && batch > 0) {
     check_no_self_overlap("k_cache", kc);
     check_no_self_overlap("v_cache", vc);
-    for (const Input& in : inputs) {
+    for (const Argument& in : inputs) {
       if (in.view == &kc || in.view == &vc) continue;
-      check_disjoint("k_cache", kc, kc_extent, in.name, *in.view, in.extent);
-      check_disjoint("v_cache", vc, vc_extent, in.name, *in.view, in.extent);
+      check_disjoint("k_cache", kc, kc_checked.extent, in.name, *in.view, in.extent);
+      check_disjoint("v_cache", vc, vc_checked.extent, in.name, *in.view, in.extent);
     }
   }
-
-  const Backend backend = resolve_backend(execution, q);
-  if (backend == Backend::CUDA) {  // the kernels copy rows in 16-byte chunks
-    check_rows_aligned("q", q);
-    check_rows_aligned("k_cache", kc);
-    check_rows_aligned("v_cache", vc);
-    check_rows_aligned("out", out);
-    if (cache.k_new) {
-      check_rows_aligned("k_new", *cache.k_new);
-      check_rows_aligned("v_new", *cache.v_new);
-    }
-  }
-  for (const Input& in : inputs) check_pointer_location(in.name, *in.view);
-  check_pointer_location("out", out);
-  if (lse) check_pointer_location("lse", *lse);
-
-  ValidatedKvCache result;
-  result.backend = backend;
-  KvCacheParams& kp = result.params;
-  ForwardParams& p = kp.attn;
-  fill_tensors(p, q, kc, vc, out, lse, batch, heads, heads_k, head_dim);
-  p.seqlen_q = rows_q;
-  p.seqlen_k = capacity;
-  row_strides(q, false, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  row_strides(kc, false, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  row_strides(vc, false, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  row_strides(out, false, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
-  p.lse_batch_stride = heads * rows_q;
-  p.lse_head_stride = rows_q;
-  fill_options(p, options, execution);
-
-  const auto int32_data = [](const std::optional<TensorView>& t) {
-    return t ? static_cast<const int32_t*>(t->data) : nullptr;
-  };
-  kp.cache_seqlens = static_cast<const int32_t*>(cache.cache_seqlens.data);
-  kp.cache_batch_idx = int32_data(cache.cache_batch_idx);
-  kp.cache_leftpad = int32_data(cache.cache_leftpad);
-  kp.block_table = int32_data(cache.block_table);
-  if (cache.block_table) {
-    kp.block_table_batch_stride = cache.block_table->strides[0];
-    kp.page_size = static_cast<int32_t>(kc.sizes[1]);
-  }
-  if (cache.k_new) {
-    kp.k_new = cache.k_new->data;
-    kp.v_new = cache.v_new->data;
-    kp.seqlen_new = seqlen_new;
-    row_strides(*cache.k_new, false, kp.k_new_batch_stride, kp.k_new_row_stride,
-                kp.k_new_head_stride);
-    row_strides(*cache.v_new, false, kp.v_new_batch_stride, kp.v_new_row_stride,
-                kp.v_new_head_stride);
-  }
-  if (cache.rotary_cos) {
-    kp.rotary_cos = cache.rotary_cos->data;
-    kp.rotary_sin = cache.rotary_sin->data;
-    kp.rotary_cos_row_stride = cache.rotary_cos->strides[0];
-    kp.rotary_sin_row_stride = cache.rotary_sin->strides[0];
-    kp.rotary_seqlen = cache.rotary_cos->sizes[0];
-    kp.rotary_dim = static_cast<int32_t>(2 * cache.rotary_cos->sizes[1]);
-    kp.rotary_interleaved = cache.rotary_interleaved;
-  }
-  kp.num_splits = cache.num_splits;
+  call.backend = check_backend_memory(execution, q, copied_by_rows, inputs, out_checked, lse);
 
   // Last, so that a call with a bad value fails after every structural check; host values
   // only (the CPU backend), and only now that every pointer is known to be readable.
-  check_kvcache_values(cache, batch, rows_q, seqlen_new, capacity, kp.rotary_q_per_row());
-  return result;
+  const bool rotary_q_per_row = options.window_left >= 0 || window_right_of(options) >= 0;
+  check_kvcache_values(cache, batch, call.rows_q, seqlen_new, capacity, rotary_q_per_row);
+  return call;
 }
 
-ValidatedForward validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                  const TensorView& out, const std::optional<TensorView>& lse,
-                                  const Varlen* varlen, const Options& options,
-                                  const Execution& execution) {
-  return validate_call(q, k, v, out, lse, varlen, options, execution);
-}
-
-ValidatedBackward validate_backward(const TensorView& q, const TensorView& k,
-                                    const TensorView& v, const TensorView& out,
-                                    const TensorView& dout, const TensorView& lse,
-                                    const TensorView& dq, const TensorView& dk,
-                                    const TensorView& dv, const Varlen* varlen,
-                                    const Options& options, const Execution& execution) {
+ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const TensorView& dout,
+                                const TensorView& lse, const TensorView& dq,
+                                const TensorView& dk, const TensorView& dv, const Varlen* varlen,
+                                const Options& options, const Execution& execution) {
   // The forward's own checks cover q, k, v, out, lse, the options and the backend.
-  const ValidatedForward forward =
-      validate_call(q, k, v, out, lse, varlen, options, execution);
+  const ValidatedCall call = validate_forward(q, k, v, out, lse, varlen, options, execution);
 
-  const bool is_varlen = varlen != nullptr;
-  const int rank = is_varlen ? 3 : 4;
-  struct Gradient {
+  // dout like out and the gradients like what they differentiate: their structure first,
+  // then each one's dtype, device and shape (the gradients' elements distinct).
+  const int rank = varlen != nullptr ? 3 : 4;
+  struct Like {
     const char* name;
     const TensorView* view;
     const TensorView* like;
     const char* like_name;
-    Extent extent;
   };
-  Gradient grads[] = {{"dq", &dq, &q, "q", {}}, {"dk", &dk, &k, "k", {}}, {"dv", &dv, &v, "v", {}}};
-  const Extent dout_extent = check_view("dout", dout, rank);
-  for (Gradient& g : grads) g.extent = check_view(g.name, *g.view, rank);
-  const auto check_like = [](const char* name, const TensorView& t, const TensorView& like,
-                             const char* like_name) {
-    check_dtype(name, t, like.dtype);
-    check_same_device(name, t, like);
-    for (int d = 0; d < t.ndim; ++d)
-      if (t.sizes[static_cast<size_t>(d)] != like.sizes[static_cast<size_t>(d)])
-        fail(name, "shape " + shape_string(like) + " like " + like_name,
-             "shape " + shape_string(t));
-  };
-  check_like("dout", dout, out, "out");
-  for (const Gradient& g : grads) {
-    check_like(g.name, *g.view, *g.like, g.like_name);
-    check_no_self_overlap(g.name, *g.view);
+  const Like likes[] = {{"dout", &dout, &out, "out"}, {"dq", &dq, &q, "q"},
+                        {"dk", &dk, &k, "k"}, {"dv", &dv, &v, "v"}};
+  const std::vector<Argument> checked =
+      expect(q, {{.name = "dout", .view = &dout, .rank = rank, .on_q_device = false},
+                 {.name = "dq", .view = &dq, .rank = rank, .on_q_device = false},
+                 {.name = "dk", .view = &dk, .rank = rank, .on_q_device = false},
+                 {.name = "dv", .view = &dv, .rank = rank, .on_q_device = false}});
+  for (const Like& l : likes) {
+    expect(q, {{.name = l.name, .view = l.view, .rank = rank, .dtypes = {l.like->dtype},
+                .shape = sizes_of(*l.like), .layout = std::string("like ") + l.like_name}});
+    if (l.view != &dout) check_no_self_overlap(l.name, *l.view);
   }
+  const Argument& dout_checked = checked[0];
+  const std::vector<Argument> grads(checked.begin() + 1, checked.end());
 
   // The gradients are written while every input is still being read.
   std::vector<std::pair<const char*, const TensorView*>> inputs{
       {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}};
   if (options.alibi_slopes) inputs.emplace_back("alibi_slopes", &*options.alibi_slopes);
-  if (is_varlen) {
+  if (varlen != nullptr) {
     inputs.emplace_back("cu_seqlens_q", &varlen->cu_seqlens_q);
     inputs.emplace_back("cu_seqlens_k", &varlen->cu_seqlens_k);
     if (varlen->seqused_k) inputs.emplace_back("seqused_k", &*varlen->seqused_k);
   }
-  for (size_t n = 0; n < std::size(grads); ++n) {
-    const Gradient& g = grads[n];
+  for (size_t n = 0; n < grads.size(); ++n) {
+    const Argument& g = grads[n];
     for (const auto& [name, view] : inputs)
       check_disjoint(g.name, *g.view, g.extent, name, *view,
-                     view == &dout ? dout_extent : check_view(name, *view, view->ndim));
+                     view == &dout ? dout_checked.extent : check_view(name, *view, view->ndim));
     for (size_t m = 0; m < n; ++m)
       check_disjoint(g.name, *g.view, g.extent, grads[m].name, *grads[m].view, grads[m].extent);
   }
-  if (forward.backend == Backend::CUDA) {
+  if (call.backend == Backend::CUDA) {
     // The kernels read dout and write the gradients in 16-byte (dq) and 4-byte chunks.
-    check_rows_aligned("dout", dout);
-    for (const Gradient& g : grads) check_rows_aligned(g.name, *g.view);
+    for (const Argument& t : checked) check_rows_aligned(t.name, *t.view);
   }
-  check_pointer_location("dout", dout);
-  for (const Gradient& g : grads) check_pointer_location(g.name, *g.view);
-
-  ValidatedBackward result;
-  result.backend = forward.backend;
-  BackwardParams& p = result.params;
-  p.fwd = forward.params;
-  p.dout = dout.data;
-  p.dq = dq.data;
-  p.dk = dk.data;
-  p.dv = dv.data;
-  row_strides(dout, is_varlen, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride);
-  row_strides(dq, is_varlen, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-  row_strides(dk, is_varlen, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-  row_strides(dv, is_varlen, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-  p.deterministic = options.deterministic;
-  return result;
+  for (const Argument& t : checked) check_pointer_location(t.name, *t.view);
+  return call;
 }
 
 }  // namespace flashattn::detail

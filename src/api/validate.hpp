@@ -1,44 +1,38 @@
-// Argument checking: the only place that validates. Turns a public call into a ForwardParams
-// (or BackwardParams, KvCacheParams) or throws flashattn::Error naming the argument, the expectation and the given value. Runs
-// before any backend touches memory, so a rejected call writes nothing.
+// Argument checking: the only place that validates. Checks a public call and returns what it
+// learned (the backend and the call's dimensions), or throws flashattn::Error naming the
+// argument, the expectation and the given value. Runs before any backend touches memory, so
+// a rejected call writes nothing. The params are built from a validated call by
+// api/params.hpp.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
-#include "common/kvcache.hpp"
-#include "common/params.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn::detail {
 
-struct ValidatedForward {
-  ForwardParams params;
+// A validated call's dimensions, as the params need them.
+struct ValidatedCall {
   Backend backend = Backend::CPU;  // resolved: never Auto
+  int64_t batch = 0, heads = 0, heads_k = 0, head_dim = 0;
+  // The row dimension of q and of k: Sq and Sk (dense), total_q and total_k (varlen), Sq
+  // and the positions a sequence can hold (kv-cache).
+  int64_t rows_q = 0, rows_k = 0;
 };
 
-ValidatedForward validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                  const TensorView& out, const std::optional<TensorView>& lse,
-                                  const Varlen* varlen, const Options& options,
-                                  const Execution& execution);
-
-struct ValidatedBackward {
-  BackwardParams params;
-  Backend backend = Backend::CPU;  // resolved: never Auto
-};
+ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const std::optional<TensorView>& lse,
+                               const Varlen* varlen, const Options& options,
+                               const Execution& execution);
 
 // Everything validate_forward checks (out and lse now being inputs, lse required), plus
 // dout like out, dq/dk/dv like q/k/v, and gradients disjoint from every input and each other.
-ValidatedBackward validate_backward(const TensorView& q, const TensorView& k,
-                                    const TensorView& v, const TensorView& out,
-                                    const TensorView& dout, const TensorView& lse,
-                                    const TensorView& dq, const TensorView& dk,
-                                    const TensorView& dv, const Varlen* varlen,
-                                    const Options& options, const Execution& execution);
-
-struct ValidatedKvCache {
-  KvCacheParams params;
-  Backend backend = Backend::CPU;  // resolved: never Auto
-};
+ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const TensorView& dout,
+                                const TensorView& lse, const TensorView& dq,
+                                const TensorView& dk, const TensorView& dv, const Varlen* varlen,
+                                const Options& options, const Execution& execution);
 
 // forward_kvcache's checks: the forward's rules for q, out, lse and the options (dropout
 // rejected), the caches (dense or paged), k_new/v_new, the rotary tables and the int32
@@ -46,8 +40,8 @@ struct ValidatedKvCache {
 // overlaps anything read. Integer values are checked when they are in host memory (the CPU
 // backend): every position read or written exists, no two sequences write one cache row,
 // the rotary tables cover every rotated position. CUDA kernels trust them.
-ValidatedKvCache validate_kvcache(const TensorView& q, const KvCache& cache,
-                                  const TensorView& out, const std::optional<TensorView>& lse,
-                                  const Options& options, const Execution& execution);
+ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                               const std::optional<TensorView>& lse, const Options& options,
+                               const Execution& execution);
 
 }  // namespace flashattn::detail

@@ -1,5 +1,6 @@
-// The normalised description of one forward_kvcache call (validated by src/api), and the
-// addressing rules of a KV cache, written once for every backend.
+// The normalised description of one forward_kvcache call (validated by src/api), the
+// addressing rules of a KV cache, written once for every backend, and what a backend reports
+// back (KvCacheRun).
 //
 // attn describes the attention as a dense forward: q/out/lse and their strides as usual, k/v
 // pointing at the caches (k_batch_stride = the stride of the cache's first dimension: a
@@ -7,12 +8,19 @@
 // can hold. Which positions take part, and where they are, is decided per sequence here.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/host_device.hpp"
 #include "common/params.hpp"
 
 namespace flashattn::detail {
+
+// What a KV-cache forward did, for RunInfo.
+struct KvCacheRun {
+  size_t workspace_bytes = 0;
+  int32_t num_splits = 1;  // the key chunks it merged (num_splits resolved)
+};
 
 struct KvCacheParams {
   ForwardParams attn;

@@ -16,8 +16,8 @@
 #include <string>
 
 #include "cuda/backward.hpp"
+#include "common/knobs.hpp"
 #include "cuda/common/buckets.hpp"
-#include "cuda/common/forced_kernel.hpp"
 #include "cuda/common/grid.hpp"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/stream_allocation.hpp"
@@ -116,9 +116,9 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
 // (atomic dQ) mode with head-dim buckets 64, 128 and 256, on a GPU that loaded its sm_90a code.
 // FLASHATTN_CUDA_BACKWARD=sm80 keeps every call on the sm80 kernels.
 template <typename Element>
-bool run_sm90(const sm80::BackwardKernelParams& kp, KernelFamily forced) {
+bool run_sm90(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
   const ForwardParams& p = kp.bp.fwd;
-  if (forced == KernelFamily::Sm80 || kp.bp.deterministic || kp.has_dropout || p.softcap > 0.0f ||
+  if (forced == knobs::KernelFamily::Sm80 || kp.bp.deterministic || kp.has_dropout || p.softcap > 0.0f ||
       p.alibi_slopes != nullptr)
     return false;
   switch (head_dim_bucket(p.head_dim)) {
@@ -130,7 +130,7 @@ bool run_sm90(const sm80::BackwardKernelParams& kp, KernelFamily forced) {
 }
 
 template <typename Element>
-void run_bucket(const sm80::BackwardKernelParams& kp, KernelFamily forced) {
+void run_bucket(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
   if (run_sm90<Element>(kp, forced)) return;
   with_head_dim_bucket(kp.bp.fwd.head_dim, [&](auto bucket) {
     sm80::run_backward<Element, decltype(bucket)::value>(kp);
@@ -138,7 +138,7 @@ void run_bucket(const sm80::BackwardKernelParams& kp, KernelFamily forced) {
 }
 
 template <typename Element>
-void run_all(const sm80::BackwardKernelParams& kp, KernelFamily forced) {
+void run_all(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
   const ForwardParams& p = kp.bp.fwd;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const dim3 rows_grid(static_cast<unsigned>((p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta),
@@ -161,7 +161,7 @@ size_t backward(const BackwardParams& bp) {
   // The grids hold the heads (H, or Hk <= H) and the batch: the attention kernels' as
   // cuda/common/tile_order.cuh lays them out, the preprocess and conversion (row blocks, H, B).
   check_heads_and_batch(p.heads, p.batch);
-  const KernelFamily forced = forced_kernel_family("FLASHATTN_CUDA_BACKWARD", false);
+  const knobs::KernelFamily forced = knobs::backward_family();
   if (p.batch == 0) return 0;
   // Before the workspace: it is freed on the same GPU, before the caller's is current again.
   const CurrentDevice on_the_tensors_gpu(p.device);

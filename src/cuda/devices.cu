@@ -4,9 +4,9 @@
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <sstream>
 
+#include "common/knobs.hpp"
 #include "cuda/devices.hpp"
 
 namespace flashattn::detail::cuda {
@@ -109,12 +109,7 @@ int32_t current_device_attribute() {
 int64_t shared_bytes_per_block_limit() {
   // The device attribute once per device (it cannot change); the override on every call, so
   // that a test can set it for one case.
-  int64_t limit = current_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
-  if (const char* forced = std::getenv("FLASHATTN_CUDA_SMEM_LIMIT")) {
-    const long long value = std::atoll(forced);
-    if (value > 0 && value < limit) limit = value;
-  }
-  return limit;
+  return knobs::shared_bytes_limit(current_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>());
 }
 
 int32_t multiprocessor_count() { return current_device_attribute<cudaDevAttrMultiProcessorCount>(); }

@@ -5,8 +5,8 @@
 
 #include <string>
 
+#include "common/knobs.hpp"
 #include "cuda/common/buckets.hpp"
-#include "cuda/common/forced_kernel.hpp"
 #include "cuda/common/grid.hpp"
 #include "cuda/common/per_device.hpp"
 #include "cuda/forward.hpp"
@@ -27,9 +27,9 @@ namespace {
 // FLASHATTN_CUDA_FORWARD=sm80 keeps every call on the sm80 kernel, =sm90 sends head dims
 // of 64 and below to the sm90 kernel as well (the tests run the CUDA suite each way).
 template <typename Element>
-bool run_sm90(const ForwardParams& p, KernelFamily forced) {
-  if (forced == KernelFamily::Sm80) return false;
-  if (p.head_dim <= 64 && forced != KernelFamily::Sm90) return false;
+bool run_sm90(const ForwardParams& p, knobs::KernelFamily forced) {
+  if (forced == knobs::KernelFamily::Sm80) return false;
+  if (p.head_dim <= 64 && forced != knobs::KernelFamily::Sm90) return false;
   switch ((p.head_dim + 63) / 64 * 64) {
     case 64: return sm90::run_forward<Element, 64>(p);
     case 128: return sm90::run_forward<Element, 128>(p);
@@ -40,7 +40,7 @@ bool run_sm90(const ForwardParams& p, KernelFamily forced) {
 }
 
 template <typename Element>
-void run_bucket(const ForwardParams& p, KernelFamily forced) {
+void run_bucket(const ForwardParams& p, knobs::KernelFamily forced) {
   if (run_sm90<Element>(p, forced)) return;
   with_head_dim_bucket(p.head_dim, [&](auto bucket) {
     sm80::run_forward<Element, decltype(bucket)::value>(p);
@@ -51,7 +51,7 @@ void run_bucket(const ForwardParams& p, KernelFamily forced) {
 
 size_t forward(const ForwardParams& p) {
   check_heads_and_batch(p.heads, p.batch);  // the grid holds H and B (cuda/common/tile_order.cuh)
-  const KernelFamily forced = forced_kernel_family("FLASHATTN_CUDA_FORWARD", true);
+  const knobs::KernelFamily forced = knobs::forward_family();
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
   const CurrentDevice on_the_tensors_gpu(p.device);
 #ifdef FLASHATTN_SM80_TUNING

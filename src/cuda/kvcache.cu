@@ -4,10 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "common/knobs.hpp"
 #include "cuda/common/buckets.hpp"
 #include "cuda/common/grid.hpp"
 #include "cuda/common/per_device.hpp"
@@ -41,7 +41,7 @@ bool try_tuning_candidate(const char* wanted, const char* variant, const KvCache
 
 template <typename Element>
 bool run_tuning_candidate(const KvCacheParams& kv, KvCacheRun& result) {
-  const char* wanted = std::getenv("FLASHATTN_KVCACHE_CONFIG");
+  const char* wanted = knobs::tuning_candidate(knobs::kKvCacheConfig);
   if (wanted == nullptr || head_dim_bucket(kv.attn.head_dim) != 128) return false;
   if (try_tuning_candidate<Element, 4, 3, 128>(wanted, "", kv, result) ||
       try_tuning_candidate<Element, 4, 3, 256>(wanted, "", kv, result) ||
@@ -52,7 +52,7 @@ bool run_tuning_candidate(const KvCacheParams& kv, KvCacheRun& result) {
       try_tuning_candidate<Element, 4, 3, 256, TileLayout::Pad16>(wanted, "pad16", kv, result))
     return true;
   // A name that matches nothing must not time the release shape under its label.
-  throw Error(ErrorCode::InvalidArgument, "FLASHATTN_KVCACHE_CONFIG",
+  throw Error(ErrorCode::InvalidArgument, knobs::kKvCacheConfig,
               "one of 4,3,128 4,3,256 4,2,0 2,3,0 2,4,0 8,3,0 4,3,256,pad16",
               wanted);
 }

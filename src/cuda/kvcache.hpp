@@ -1,7 +1,7 @@
 // The CUDA backend's KV-cache forward entry point (host side).
 #pragma once
 
-#include "cpu/kvcache.hpp"  // KvCacheRun
+#include "common/kvcache.hpp"
 
 namespace flashattn::detail::cuda {
 

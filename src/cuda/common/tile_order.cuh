@@ -24,9 +24,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
+#include <optional>
 
+#include "common/knobs.hpp"
 #include "cuda/common/grid.hpp"
 
 namespace flashattn::detail::cuda {
@@ -36,7 +36,7 @@ namespace flashattn::detail::cuda {
 inline bool blocks_work_differs(int32_t window_left, int32_t window_right) {
 #ifdef FLASHATTN_SM80_TUNING
   // Tuning builds: FLASHATTN_CUDA_GRID=heads (or blocks) forces one layout, for A/B timing.
-  if (const char* forced = std::getenv("FLASHATTN_CUDA_GRID")) return std::strcmp(forced, "heads") == 0;
+  if (const std::optional<bool> forced = knobs::forced_heads_first()) return *forced;
 #endif
   return window_left >= 0 || window_right >= 0;
 }

@@ -1,6 +1,6 @@
 // Tile shapes of the sm80 backward kernels per head-dim bucket, with the reason for each
-// (registers and spills from `nvcc -Xptxas -v`, recorded in docs/ARCHITECTURE.md; speed to be
-// measured on the H200 with bench/gpu_backward.py).
+// (registers and spills from `nvcc -Xptxas -v`, recorded in docs/ARCHITECTURE.md; speed
+// measured on the H200: `scripts/gpu.sh bench`, bench/backward.py).
 #pragma once
 
 #include "cuda/common/fit.cuh"
@@ -30,8 +30,8 @@ template <typename E> struct TunedBackward<E, 32> {
 };
 // 64: FA2's shape for it, 128 query rows x 128 keys per CTA, 8 warps (255 registers, no spill
 // on sm_90a; 178 KiB of shared memory, so an A100 takes 64 x 128): each K/V fragment read
-// feeds twice the rows. Measured on the H200 (2026-11-30, gpu_pending.sh verify, the tuning
-// build) against 64 x 128: +12 to +15 % (4k: 248.2 against 219.7 TFLOP/s non-causal, 236.2
+// feeds twice the rows. Measured on the H200 (2026-11-30, the tuning build, `scripts/gpu.sh
+// tune`) against 64 x 128: +12 to +15 % (4k: 248.2 against 219.7 TFLOP/s non-causal, 236.2
 // against 207.1 causal).
 template <typename E> struct TunedBackward<E, 64> {
   using Configs = Candidates<BackwardConfig<E, 64, 128, 128, 8>, BackwardConfig<E, 64, 64, 128, 8>,

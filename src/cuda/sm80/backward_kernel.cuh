@@ -31,10 +31,9 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
+#include "common/knobs.hpp"
 #include "common/mask.hpp"
 #include "common/params.hpp"
 #include "common/philox.hpp"
@@ -812,7 +811,6 @@ void launch_backward(const BackwardKernelParams& kp) {
   // launchers see it (FLASHATTN_CUDA_SMEM_LIMIT can lower it).
   // FLASHATTN_CUDA_DQ_ATOMICS=1 keeps the atomics, so that an sm_90 test run covers the path
   // older GPUs take.
-  const char* atomics_forced = std::getenv("FLASHATTN_CUDA_DQ_ATOMICS");
   BackwardKernelParams run = kp;
   static PerDevice<bool> bulk_code_on;
   const bool bulk_code = bulk_code_on.get([] {
@@ -821,7 +819,7 @@ void launch_backward(const BackwardKernelParams& kp) {
   });
   run.bulk_dq = staging_allowed && !kp.bp.deterministic && bulk_code &&
                 Cfg::kDkdvSharedBytes + Cfg::kDqStagingBytes <= shared_bytes_per_block_limit() &&
-                !(atomics_forced != nullptr && std::strcmp(atomics_forced, "1") == 0);
+                !knobs::dq_atomics_forced();
   const int dkdv_bytes = Cfg::kDkdvSharedBytes + (run.bulk_dq ? Cfg::kDqStagingBytes : 0);
   const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr || kp.has_dropout;
   const auto dkdv_kernel = general ? backward_dkdv_kernel<Cfg, true> : backward_dkdv_kernel<Cfg, false>;

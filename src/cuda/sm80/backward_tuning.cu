@@ -4,9 +4,9 @@
 // one GPU session can test and time candidates against the release shapes. Release builds
 // never compile or consult this.
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
+#include "common/knobs.hpp"
 #include "cuda/common/buckets.hpp"
 #include "cuda/common/fit.cuh"
 #include "cuda/sm80/backward_kernel.cuh"
@@ -38,13 +38,13 @@ bool try_candidate(const char* wanted, const BackwardKernelParams& kp, bool& lau
 }  // namespace
 
 bool run_backward_tuning_candidate(const BackwardKernelParams& kp) {
-  const char* wanted = std::getenv("FLASHATTN_SM80_BWD_CONFIG");
+  const char* wanted = knobs::tuning_candidate(knobs::kSm80BwdConfig);
   if (wanted == nullptr) return false;
   bool launched = false;
   // The hdim-64 shape before FA2's (64 query rows per step), for comparisons with the release.
   if (try_candidate<64, 64, 128, 8>(wanted, kp, launched)) return launched;
   // A name that matches nothing must not time the release shape under its label.
-  throw Error(ErrorCode::InvalidArgument, "FLASHATTN_SM80_BWD_CONFIG", "64,64,128,8", wanted);
+  throw Error(ErrorCode::InvalidArgument, knobs::kSm80BwdConfig, "64,64,128,8", wanted);
 }
 
 }  // namespace flashattn::detail::cuda::sm80

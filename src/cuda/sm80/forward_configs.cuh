@@ -18,7 +18,7 @@ struct TunedForward;
 // Two m-tiles per warp wherever registers allow: each K and V fragment read from shared
 // memory then feeds two MMAs, halving shared-memory traffic per FLOP (with one m-tile the
 // loads alone take as long as the MMAs). 4 warps x 32 rows = 128-row CTAs.
-// Up to 64: O is <= 64 registers. Measured on the H200 (scripts/gpu_tune.sh, hdim 64):
+// Up to 64: O is <= 64 registers. Measured on the H200 (`scripts/gpu.sh tune`, hdim 64):
 // 128-key steps with Q re-read from shared memory beat 64-key steps with Q in registers by
 // 2-6 % (fewer syncs and rescales); with Q in registers as well they spill and lose 8-10 %.
 template <typename E> struct TunedForward<E, 32> {
@@ -29,7 +29,7 @@ template <typename E> struct TunedForward<E, 64> {
 };
 // 96..128: O is up to 128 registers, so Q is re-read per k-step. 64-key steps: ptxas reports
 // a ~60-byte spill there (against ~16 bytes with 32-key steps), but measured on the H200
-// (scripts/gpu_tune.sh, hdim 128) 64-key steps are 8-10 % faster: half the syncs and O
+// (`scripts/gpu.sh tune`, hdim 128) 64-key steps are 8-10 % faster: half the syncs and O
 // rescales outweigh the spill traffic, which stays in L1.
 template <typename E> struct TunedForward<E, 96> {
   using Configs = Candidates<ForwardConfig<E, 96, 64, 4, 2, false>>;
@@ -43,7 +43,7 @@ template <typename E> struct TunedForward<E, 128> {
 // 256: FA2's H100 shape and schedule: 64-row CTAs of 4 warps, 64-key steps, one K and one V
 // buffer (V(n) loads during Q K(n)^T, K(n+1) during the softmax and P V(n)): 99 KiB of
 // shared memory, so two CTAs share an SM and one's softmax overlaps the other's MMAs.
-// Measured on the H200 (2026-11-30, gpu_pending.sh fwd1stage) against the 128-row shape with
+// Measured on the H200 (2026-11-30, a tuning build) against the 128-row shape with
 // double-buffered K/V (one CTA of 8 warps per SM): +4 to +12 % non-causal, +8 to +12 %
 // causal up to 4k, -6 % causal at 16k; with the heads-first grid (tile_order.cuh) it is
 // ahead of the old shape's table at every point, 16k causal included (docs/PERFORMANCE.md).

@@ -6,9 +6,9 @@
 // candidate serves every call, so it is meaningful for head dims up to its own: one built for
 // 256 runs (and so can be tested on) every head dim. Release builds never compile or consult this.
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
+#include "common/knobs.hpp"
 #include "cuda/common/fit.cuh"
 #include "cuda/sm80/forward_kernel.cuh"
 
@@ -37,7 +37,7 @@ bool try_candidate(const char* wanted, const ForwardParams& p) {
 }  // namespace
 
 bool run_tuning_candidate(const ForwardParams& p) {
-  const char* wanted = std::getenv("FLASHATTN_SM80_CONFIG");
+  const char* wanted = knobs::tuning_candidate(knobs::kSm80Config);
   if (wanted == nullptr) return false;
   if (try_candidate<256, 64, 4, 1, false, 0, 1>(wanted, p) ||
       try_candidate<256, 32, 4, 1, false, 0, 1>(wanted, p) ||
@@ -63,7 +63,7 @@ bool run_tuning_candidate(const ForwardParams& p) {
       try_candidate<192, 64, 8, 1, true>(wanted, p))
     return true;
   // A name that matches nothing must not time the release shape under its label.
-  throw Error(ErrorCode::InvalidArgument, "FLASHATTN_SM80_CONFIG", "a candidate listed in src/cuda/sm80/forward_tuning.cu",
+  throw Error(ErrorCode::InvalidArgument, knobs::kSm80Config, "a candidate listed in src/cuda/sm80/forward_tuning.cu",
               wanted);
 }
 

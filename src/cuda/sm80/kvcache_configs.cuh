@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cpu/kvcache.hpp"  // KvCacheRun
+#include "common/kvcache.hpp"
 #include "cuda/common/fit.cuh"
 #include "cuda/common/grid.hpp"
 #include "cuda/common/kernel_code.cuh"

@@ -1,0 +1,91 @@
+// Every FLASHATTN_* environment variable the library reads, with its parsing: the one place
+// that calls getenv. The table in docs/ARCHITECTURE.md ("Knobs") lists them with the build
+// options. None changes what a call computes; they pick among kernels that compute the same
+// thing (for the tests that cover each path, and for timing them against one another).
+// Each is read on every call, so that a test can set it for one case.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn::detail::knobs {
+
+inline constexpr char kCudaForward[] = "FLASHATTN_CUDA_FORWARD";
+inline constexpr char kCudaBackward[] = "FLASHATTN_CUDA_BACKWARD";
+inline constexpr char kCudaSmemLimit[] = "FLASHATTN_CUDA_SMEM_LIMIT";
+inline constexpr char kCudaDqAtomics[] = "FLASHATTN_CUDA_DQ_ATOMICS";
+// Read only in tuning builds (-DFLASHATTN_SM80_TUNING=ON).
+inline constexpr char kCudaGrid[] = "FLASHATTN_CUDA_GRID";
+inline constexpr char kKvCacheConfig[] = "FLASHATTN_KVCACHE_CONFIG";
+inline constexpr char kSm80Config[] = "FLASHATTN_SM80_CONFIG";
+inline constexpr char kSm80BwdConfig[] = "FLASHATTN_SM80_BWD_CONFIG";
+
+// The variable's value; null when it is not set.
+inline const char* value(const char* variable) { return std::getenv(variable); }
+
+enum class KernelFamily {
+  Default,  // the fastest kernel this GPU runs for the call
+  Sm80,     // the mma.sync kernels only
+  Sm90,     // the wgmma kernels wherever they cover the call, whatever the head dim
+};
+
+namespace internal {
+inline KernelFamily kernel_family(const char* variable, bool sm90_choosable) {
+  const char* set = value(variable);
+  if (set == nullptr || *set == '\0') return KernelFamily::Default;
+  const std::string_view given(set);
+  if (given == "sm80") return KernelFamily::Sm80;
+  if (given == "sm90" && sm90_choosable) return KernelFamily::Sm90;
+  // A value that names no family is an error naming the variable, not a silent default.
+  throw Error(ErrorCode::InvalidArgument, variable, sm90_choosable ? "sm80, sm90 or unset" : "sm80 or unset",
+              std::string(given));
+}
+}  // namespace internal
+
+// FLASHATTN_CUDA_FORWARD=sm80|sm90 keeps every forward call on one kernel family (the tests
+// run the CUDA suites on each family with it, the benchmarks compare them).
+inline KernelFamily forward_family() { return internal::kernel_family(kCudaForward, true); }
+
+// FLASHATTN_CUDA_BACKWARD=sm80 keeps every backward call on the sm80 kernels.
+inline KernelFamily backward_family() { return internal::kernel_family(kCudaBackward, false); }
+
+// FLASHATTN_CUDA_SMEM_LIMIT=<bytes> lowers the shared memory per block that the launchers
+// take the device to have (never raises it): the tests reach the smaller-tile fallbacks with
+// it. Values that are not a positive number of bytes below the device's limit are ignored.
+inline int64_t shared_bytes_limit(int64_t device_limit) {
+  if (const char* forced = value(kCudaSmemLimit)) {
+    const long long bytes = std::atoll(forced);
+    if (bytes > 0 && bytes < device_limit) return bytes;
+  }
+  return device_limit;
+}
+
+// FLASHATTN_CUDA_DQ_ATOMICS=1 keeps the sm80 backward's dQ on atomics where bulk reductions
+// would run (sm_90 and newer), so that an sm_90 test run covers the path older GPUs take.
+inline bool dq_atomics_forced() {
+  const char* forced = value(kCudaDqAtomics);
+  return forced != nullptr && std::strcmp(forced, "1") == 0;
+}
+
+// Tuning builds only. FLASHATTN_CUDA_GRID forces the grid layout of the forward and backward
+// kernels (cuda/common/tile_order.cuh), for A/B timing: "heads" puts the heads on the grid's
+// fastest axis (the layout causal and windowed calls get), any other value the sequence
+// blocks (the layout of unmasked calls). Unset: the layout follows the mask.
+inline std::optional<bool> forced_heads_first() {
+  const char* forced = value(kCudaGrid);
+  if (forced == nullptr) return std::nullopt;
+  return std::strcmp(forced, "heads") == 0;
+}
+
+// Tuning builds only: the candidate tile shape named by FLASHATTN_SM80_CONFIG,
+// FLASHATTN_SM80_BWD_CONFIG or FLASHATTN_KVCACHE_CONFIG (the kernels' tuning files list
+// the names); null when unset. A set name that matches no candidate is an error there.
+inline const char* tuning_candidate(const char* variable) { return value(variable); }
+
+}  // namespace flashattn::detail::knobs
