@@ -109,7 +109,7 @@ def check(shape: h.Shape, sets: list[tuple], args) -> dict:
         if peer_grads is not None:
             peer_err = max(h.max_abs(peer_grads[i][b, index, hh], y)
                            for (b, hh), y in zip(pairs, ref))
-            diff = h.max_abs(grads[i], peer_grads[i])
+            diff = h.max_beyond_ulp(grads[i], peer_grads[i], args.dtype)
         ok, figures = h.verdict(ours_err, scale, args.dtype, peer_err, diff,
                                 factor=GRAD_FACTOR, slack=GRAD_SLACK)
         finite = bool(grads[i].isfinite().all())

@@ -618,6 +618,18 @@ def max_abs(a, b) -> float:
     return float("inf") if bool(d.isnan().any()) else float(d.max()) if d.numel() else 0.0
 
 
+# One unit in the last place of the storage dtype, relative: two correct kernels that round
+# the same exact value to the dtype may differ by it at any element, the largest included.
+ULP = {"bf16": 2.0 ** -7, "fp16": 2.0 ** -10, "fp32": 2.0 ** -23}
+
+
+def max_beyond_ulp(a, b, dtype: str) -> float:
+    """Max of |a - b| less one ulp of |b| (float64), over the whole tensors: how far ours is
+    from a peer beyond the rounding step they may legitimately differ by. NaN gives inf."""
+    d = (a.double() - b.double()).abs() - ULP[dtype] * b.double().abs()
+    return float("inf") if bool(d.isnan().any()) else max(float(d.max()), 0.0) if d.numel() else 0.0
+
+
 def verdict(ours_err: float, scale: float, dtype: str, peer_err: float | None,
             peer_diff: float | None, factor: float = 2.0, slack: float = PEER_SLACK) -> tuple:
     """Ours passes when its float64 error is within factor x the peer's own plus slack x
@@ -631,7 +643,7 @@ def verdict(ours_err: float, scale: float, dtype: str, peer_err: float | None,
     ok = ours_err <= bound
     figures = {"max_abs_vs_fp64": ours_err, "bound_vs_fp64": bound}
     if peer_diff is not None:
-        figures |= {"max_abs_vs_peer": peer_diff, "peer_max_abs_vs_fp64": peer_err,
+        figures |= {"max_beyond_ulp_vs_peer": peer_diff, "peer_max_abs_vs_fp64": peer_err,
                     "bound_vs_peer": bound + peer_err}
         ok = ok and peer_diff <= bound + peer_err
     return ok, figures
@@ -659,7 +671,7 @@ def check_attention(out, lse, q, kv_of: Callable, causal: bool, dtype: str, pair
     # Outputs are averages of values of magnitude ~1: the bound's floor is absolute below 1.
     ok, figures = verdict(ours_err, max(scale, 1.0), dtype,
                           peer_err if peer_out is not None else None,
-                          max_abs(out, peer_out) if peer_out is not None else None)
+                          max_beyond_ulp(out, peer_out, dtype) if peer_out is not None else None)
     if lse is not None:
         figures |= {"max_abs_lse_vs_fp64": lse_err, "bound_lse": LSE_TOLERANCE}
         ok = ok and lse_err <= LSE_TOLERANCE

@@ -122,6 +122,18 @@ def test_verdict_scales_with_the_peer():
     assert not h.verdict(float("inf"), 1.0, "bf16", None, None)[0]
 
 
+def test_peer_distance_forgives_one_rounding_step_only():
+    torch = pytest.importorskip("torch")
+    h = load_harness()
+    peer = torch.tensor([1.5, -0.75, 0.001], dtype=torch.bfloat16)
+    one_ulp = torch.tensor([1.5 + 2 ** -7, -0.75 - 2 ** -8, 0.001], dtype=torch.bfloat16)
+    assert h.max_beyond_ulp(one_ulp, peer, "bf16") == 0.0
+    three_ulps = torch.tensor([1.5 + 3 * 2 ** -7, -0.75, 0.001], dtype=torch.bfloat16)
+    assert h.max_beyond_ulp(three_ulps, peer, "bf16") == pytest.approx(3 * 2 ** -7 - 1.5 * 2 ** -7)
+    nan = torch.tensor([float("nan"), -0.75, 0.001], dtype=torch.bfloat16)
+    assert h.max_beyond_ulp(nan, peer, "bf16") == float("inf")
+
+
 def test_reference_gradients_match_float64_autograd():
     torch = pytest.importorskip("torch")
     load_harness()
