@@ -33,8 +33,8 @@ import harness as h
 
 CHUNK_ROWS = 1024  # query rows per float64 block of the reference (S x CHUNK_ROWS scores)
 # A gradient of ours passes within GRAD_FACTOR x the peer's float64 error plus GRAD_SLACK x
-# the largest reference gradient of its slices (docs/SPEC.md's gradient rule, the peer standing for
-# the plain low-precision implementation).
+# the largest reference gradient of its slices (docs/SPEC.md's accuracy rule for gradients, 3x,
+# the peer standing for the plain low-precision implementation).
 GRAD_FACTOR, GRAD_SLACK = 3.0, 1e-3
 
 

@@ -12,7 +12,7 @@
 //   ./stream_read profile [SEQLEN]   batch 8 x 32k (or SEQLEN) only, four calls per schedule,
 //                            for Nsight Compute: `ncu --clock-control none --metrics
 //                            gpu__time_duration.sum ./stream_read profile` gives kernel
-//                            durations comparable with scripts/gpu_profile.sh's decode
+//                            durations comparable with `scripts/gpu.sh profile`'s decode
 //                            profiles.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -475,7 +475,7 @@ double time_tbps(Kernel kernel, const Problem& base, const Shape& shape, int sha
 
 // `stream_read profile [SEQLEN]`: batch 8 with a 32k (or SEQLEN) cache only, one call per schedule and no warm-up, for
 // Nsight Compute (`ncu --clock-control none --section SpeedOfLight ./stream_read profile`),
-// whose durations compare with the decode profiles of scripts/gpu_profile.sh.
+// whose durations compare with the decode profiles of `scripts/gpu.sh profile`.
 int main(int argc, char** argv) {
   const int heads_k = 8;
   const bool profile = argc > 1 && std::string(argv[1]) == "profile";

@@ -2,7 +2,7 @@
 # Times candidate tile configurations of the sm80 forward through the tuning build of the
 # package (dev/build_tuning.sh), one after the other in one GPU session, with the release
 # configuration first as the baseline. Candidates are "headdim,keys,warps,mtiles,qregs" strings
-# (FLASHATTN_SM80_CONFIG; src/cuda/forward.cu lists the compiled ones).
+# (FLASHATTN_SM80_CONFIG; src/cuda/sm80/forward_tuning.cu lists the compiled ones).
 #   dev/gpu_tune.sh "128,64,8,1,1" ...      (or: TUNE_ARGS="fwd 128,64,8,1,1" scripts/gpu.sh tune)
 # TUNE_BENCH_ARGS: extra arguments of bench/forward.py (e.g. --quick). Results in $OUT/tune_*.
 set -uo pipefail

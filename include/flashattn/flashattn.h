@@ -56,7 +56,7 @@ typedef struct fa_options {
   int32_t window_right; /* -1: unbounded */
   float softcap;        /* 0: off */
   const fa_tensor* alibi_slopes; /* NULL: off; fp32 (H) or (B, H) */
-  float dropout_p;      /* [0, 1); 0: off (not yet in the CUDA forward) */
+  float dropout_p;      /* [0, 1); 0: off (every backend, forward and backward) */
   uint64_t dropout_seed;
   uint64_t dropout_offset;
   int32_t deterministic; /* backward: bitwise reproducible gradients (the CPU always is) */

@@ -18,9 +18,7 @@ Dropout: the forward op draws a seed from torch's default (CPU) generator, so
 ``torch.manual_seed`` governs it, and returns it as ``rng_state = [seed, offset]`` (int64,
 CPU), which the backward replays: forward and backward drop the same elements (Philox4x32-10,
 a pure function of seed, offset and the element's coordinates, the same on both backends).
-The CUDA backward has dropout; where the library's CUDA forward does not have it yet, a CUDA
-forward with dropout_p > 0 raises NotImplementedError with the library's message. The seed
-is drawn on the host when the op runs, so a CUDA graph captures one seed: every replay of
+Both backends have dropout in the forward and the backward. The seed is drawn on the host when the op runs, so a CUDA graph captures one seed: every replay of
 that graph drops the same elements.
 
 Tensors reach the library as raw descriptors (pointer, dtype, device, sizes, strides): no
