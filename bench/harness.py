@@ -693,6 +693,11 @@ def first_working_peer(args, run: Callable[[], Any]):
 # --- output ----------------------------------------------------------------------------------
 
 def git_commit() -> str | None:
+    """The commit measured: a COMMIT file at the repository's root where there is one (a
+    snapshot copied to a GPU machine, whose .git may not be the tree's), else git's HEAD."""
+    named = BENCH_DIR.parent / "COMMIT"
+    if named.is_file():
+        return named.read_text().strip() or None
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH_DIR, text=True,
                                 capture_output=True, timeout=10).stdout.strip()
