@@ -225,9 +225,8 @@ std::vector<std::string> cuda_architectures() { return detail::cuda::architectur
 std::vector<CudaDevice> cuda_devices(std::string* why) { return detail::cuda::devices(why); }
 
 KeyRange visible_keys(int64_t row, int64_t seqlen_q, int64_t seqlen_k, const Options& options) {
-  const int32_t right = options.causal ? 0 : options.window_right;  // as the params hold it
-  const detail::KeyRange r =
-      detail::visible_keys(row, seqlen_q, seqlen_k, options.window_left, right);
+  const detail::KeyRange r = detail::visible_keys(row, seqlen_q, seqlen_k, options.window_left,
+                                                  detail::window_right_of(options));
   return {r.begin, r.end};
 }
 

@@ -319,7 +319,6 @@ void check_counts(const char* batch_name, int64_t batch, const TensorView& q, in
          "Hk = " + std::to_string(heads_k));
 }
 
-
 // Auto picks cuda for tensors on a GPU, else cpu; the backend must then suit q.
 Backend resolve_backend(const Execution& execution, const TensorView& q) {
   Backend backend = execution.backend;
@@ -341,7 +340,6 @@ Backend resolve_backend(const Execution& execution, const TensorView& q) {
   return backend;
 }
 
-// The options' part of the params (p.head_dim and p.heads already set), defaults resolved:
 // The number of key chunks a KV-cache call may ask for: far more than any machine has
 // threads or SMs to fill, and a bound on the partial results' workspace.
 constexpr int32_t kMaxSplits = 1024;
@@ -789,7 +787,8 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
 
   // Last, so that a call with a bad value fails after every structural check; host values
   // only (the CPU backend), and only now that every pointer is known to be readable.
-  const bool rotary_q_per_row = options.window_left >= 0 || window_right_of(options) >= 0;
+  const bool rotary_q_per_row =
+      kvcache_rotary_q_per_row(options.window_left, window_right_of(options));
   check_kvcache_values(cache, batch, call.rows_q, seqlen_new, capacity, rotary_q_per_row);
   return call;
 }

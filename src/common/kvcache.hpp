@@ -22,6 +22,13 @@ struct KvCacheRun {
   int32_t num_splits = 1;  // the key chunks it merged (num_splits resolved)
 };
 
+// Queries take their rotary position from their own row when the mask depends on it (window
+// bounds as the params hold them: causal is a right bound of 0). One rule for the kernels and
+// for the validator that checks the rotary tables have the rows the kernels will read.
+FA_HOST_DEVICE bool kvcache_rotary_q_per_row(int32_t window_left, int32_t window_right) {
+  return window_left >= 0 || window_right >= 0;
+}
+
 struct KvCacheParams {
   ForwardParams attn;
 
@@ -51,9 +58,8 @@ struct KvCacheParams {
   int32_t num_splits = 0;
 
   FA_HOST_DEVICE bool is_paged() const { return block_table != nullptr; }
-  // Queries take their rotary position from their own row when the mask depends on it.
   FA_HOST_DEVICE bool rotary_q_per_row() const {
-    return attn.window_left >= 0 || attn.window_right >= 0;
+    return kvcache_rotary_q_per_row(attn.window_left, attn.window_right);
   }
 };
 

@@ -81,7 +81,10 @@ void store(const TensorView& t, int64_t offset, double x) {
     case DType::BFloat16:
       static_cast<bfloat16_t*>(t.data)[offset] = detail::to_bfloat16(f);
       return;
-    case DType::Int32:
+    case DType::Int32:  // exact integers only: a cast of anything else is undefined
+      if (!(x == std::floor(x) && x >= double(INT32_MIN) && x <= double(INT32_MAX)))
+        throw std::invalid_argument("reference::scatter: an int32 view takes integers in "
+                                    "int32's range, given " + std::to_string(x));
       static_cast<int32_t*>(t.data)[offset] = static_cast<int32_t>(x);
       return;
   }

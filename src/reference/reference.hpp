@@ -57,7 +57,8 @@ std::vector<double> dropped_probabilities(const TensorView& q, const TensorView&
 std::vector<double> gather(const TensorView& t);
 // The inverse, for tools that make inputs: writes `values` (one per element of the host view,
 // in gather's order) into the view, each rounded to float and then to the view's dtype
-// (nearest even). Throws std::invalid_argument when the counts differ.
+// (nearest even); an int32 view takes integers in its range. Throws std::invalid_argument when
+// the counts differ or an int32 value is not such an integer.
 void scatter(const std::vector<double>& values, const TensorView& t);
 
 // The accuracy rule of SPEC.md for one output: the largest absolute error of `actual` against
