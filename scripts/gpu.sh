@@ -67,8 +67,12 @@ step() {
   "$@" >"$step_log" 2>&1 || status=$?
   local verdict=PASS
   [ $status -eq 0 ] || verdict="FAIL ($status)"
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$verdict" "$(( $(date +%s) - start ))" \
-    "$(outcome_of "$logs/$log")" "$log" >>"$rows"
+  local row
+  row=$(printf '%s\t%s\t%s\t%s\t%s' "$name" "$verdict" "$(( $(date +%s) - start ))" \
+    "$(outcome_of "$logs/$log")" "$log")
+  echo "$row" >>"$rows"
+  # Also as it happens: a call cut short (a time limit) still shows every step that ended.
+  echo "gpu.sh step: ${row%$'\t'*}" | tr '\t' ' '
   return $status
 }
 # A log's outcome: the last line the step printed as "outcome: ...", else ctest's or pytest's
