@@ -7,7 +7,8 @@
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on small forward, backward and
 #             kv-cache sweeps, all at once (with `test`: beside it, unless GPU_SERIAL=1)
 #   bench     the benchmarks through the installed package: bench/grid.py (forward and backward
-#             over the grid, with the peers) and bench/decode.py; the grid's grid_latest.json is
+#             over the grid, with the peers), bench/decode.py and bench/overhead.py (small calls'
+#             eager cost); the grid's grid_latest.json is
 #             copied to $OUT/h200_grid_latest.json (for docs/results/)
 #   profile   Nsight Compute on one shape, ours against FlashAttention-2 (cuDNN for decode):
 #             PROFILE_ARGS="fwd|bwd HDIM SEQLEN yes|no" (default "fwd 128 4096 no") or
@@ -214,6 +215,7 @@ run_bench() {
   package || return 1
   step "bench/grid.py ${BENCH_ARGS:-}" bench_grid.log bench_one grid
   step "bench/decode.py ${BENCH_ARGS:-}" bench_decode.log bench_one decode
+  step "bench/overhead.py ${BENCH_ARGS:-}" bench_overhead.log bench_one overhead
   if [ -f "$out/grid/grid_latest.json" ]; then
     cp "$out/grid/grid_latest.json" "$out/h200_grid_latest.json"
   else

@@ -84,9 +84,9 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
         from . import torch_ops
 
         left, right = _window(window_size)
-        out, lse, _ = torch_ops.fwd(q, k, v, float(dropout_p), softmax_scale, bool(causal),
-                                    left, right, float(softcap), alibi_slopes,
-                                    bool(deterministic))
+        out, lse = torch_ops.forward(q, k, v, float(dropout_p), softmax_scale, bool(causal),
+                                     left, right, float(softcap), alibi_slopes,
+                                     bool(deterministic))
     else:
         out, lse = _array.forward(q, k, v, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes)
@@ -103,11 +103,11 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
         from . import torch_ops
 
         left, right = _window(window_size)
-        out, lse, _ = torch_ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                           int(max_seqlen_q), int(max_seqlen_k),
-                                           float(dropout_p), softmax_scale, bool(causal),
-                                           left, right, float(softcap), alibi_slopes,
-                                           bool(deterministic))
+        out, lse = torch_ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                            int(max_seqlen_q), int(max_seqlen_k),
+                                            float(dropout_p), softmax_scale, bool(causal),
+                                            left, right, float(softcap), alibi_slopes,
+                                            bool(deterministic))
     else:
         out, lse = _array.forward(q, k, v, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
@@ -296,11 +296,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         from . import torch_ops
 
         seqlens = torch_ops.cache_seqlens_tensor(cache_seqlens, q, k_cache, k, block_table)
-        out, lse = torch_ops.fwd_kvcache(q, k_cache, v_cache, seqlens, k, v, rotary_cos,
-                                         rotary_sin, bool(rotary_interleaved), cache_batch_idx,
-                                         cache_leftpad, block_table, softmax_scale,
-                                         bool(causal), left, right, float(softcap),
-                                         alibi_slopes, int(num_splits))
+        out, lse = torch_ops.forward_kvcache(q, k_cache, v_cache, seqlens, k, v, rotary_cos,
+                                             rotary_sin, bool(rotary_interleaved),
+                                             cache_batch_idx, cache_leftpad, block_table,
+                                             softmax_scale, bool(causal), left, right,
+                                             float(softcap), alibi_slopes, int(num_splits))
     else:
         out, lse = _array.forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                           cache_seqlens, cache_batch_idx, cache_leftpad,

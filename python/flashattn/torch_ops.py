@@ -21,6 +21,12 @@ a pure function of seed, offset and the element's coordinates, the same on both 
 Both backends have dropout in the forward and the backward. The seed is drawn on the host when the op runs, so a CUDA graph captures one seed: every replay of
 that graph drops the same elements.
 
+Eager calls skip the op's dispatch: a call on plain tensors, outside torch.compile's tracing,
+dispatch and function modes and functorch transforms, runs the op's implementation directly
+(through ``torch.autograd.Function`` when a gradient is wanted; the kv-cache's version counters
+bumped as the op would). That keeps the per-call cost at SDPA's; anything that needs the op
+(tracing, FakeTensor, FlopCounterMode, vmap, ...) gets the op, with the same implementation.
+
 Tensors reach the library as raw descriptors (pointer, dtype, device, sizes, strides): no
 DLPack round trip and no stream synchronisation, so a call on the current CUDA stream is
 capturable. Only the last dimension needs unit stride; other strides pass through, so packed
@@ -47,18 +53,24 @@ def _desc(t: Optional[Tensor], name: str):
     if dtype is None:
         raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 (int32 for "
                         f"sequence offsets), given {t.dtype}")
-    if t.device.type == "cpu":
-        device, index = _C.DEVICE_CPU, 0
-    elif t.device.type == "cuda":
-        device = _C.DEVICE_CUDA
-        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    else:
-        raise TypeError(f"{name}: expected a CPU or CUDA tensor, given device {t.device}")
-    return (t.data_ptr(), dtype, device, index, tuple(t.shape), tuple(t.stride()))
+    if t.is_cuda:
+        return (t.data_ptr(), dtype, _C.DEVICE_CUDA, t.get_device(), t.shape, t.stride())
+    if t.is_cpu:
+        return (t.data_ptr(), dtype, _C.DEVICE_CPU, 0, t.shape, t.stride())
+    raise TypeError(f"{name}: expected a CPU or CUDA tensor, given device {t.device}")
+
+
+# The raw handle of a device's current stream, without building a torch.cuda.Stream (a few
+# microseconds a call); the public spelling where this private one is missing.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _execution(t: Tensor) -> dict:
-    if t.device.type == "cuda":
+    # The library makes the tensors' GPU current for the call itself (cuda/common/per_device.hpp),
+    # so no device guard is needed here; the stream is that GPU's current one.
+    if t.is_cuda:
+        if _raw_stream is not None:
+            return {"stream": _raw_stream(t.get_device())}
         return {"stream": torch.cuda.current_stream(t.device).cuda_stream}
     return {}
 
@@ -106,41 +118,63 @@ def _options(softmax_scale, causal, window_left, window_right, softcap, alibi_sl
     }
 
 
-class _DeviceGuard:
-    """Makes the tensor's GPU current for the call (no-op on the CPU)."""
+def _plain_eager(*tensors: Optional[Tensor]) -> bool:
+    """Whether a call can run its op's implementation directly (module docstring): eager, on
+    plain tensors, with nothing that has to see the op (tracing, a dispatch or function mode,
+    a functorch transform)."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._is_torch_function_mode_enabled()
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    for t in tensors:
+        if t is not None and type(t) is not Tensor and type(t) is not torch.nn.Parameter:
+            return False
+    return True
 
-    def __init__(self, t: Tensor):
-        self.guard = torch.cuda.device(t.device) if t.device.type == "cuda" else None
 
-    def __enter__(self):
-        if self.guard is not None:
-            self.guard.__enter__()
-
-    def __exit__(self, *exc):
-        if self.guard is not None:
-            self.guard.__exit__(*exc)
+def _wants_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 # ---------------------------------------------------------------------------- dense
+
+def _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+              alibi_slopes, deterministic, rng_state):
+    _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
+    _check_dim(v, "v", 4, "(batch, seqlen_k, nheads_k, headdim_v)")
+    q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    _C.forward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
+               _desc(lse, "lse"),
+               **_options(softmax_scale, causal, window_left, window_right, softcap,
+                          alibi_slopes, deterministic),
+               **_rng_args(dropout_p, rng_state), **_execution(q))
+    return out, lse
+
+
+def _bwd_impl(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, causal,
+              window_left, window_right, softcap, alibi_slopes, deterministic):
+    dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    _C.backward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
+                _desc(dout, "dout"), _desc(lse, "lse"), _desc(dq, "dq"), _desc(dk, "dk"),
+                _desc(dv, "dv"),
+                **_options(softmax_scale, causal, window_left, window_right, softcap,
+                           alibi_slopes, deterministic),
+                **_rng_args(dropout_p, rng_state), **_execution(q))
+    return dq, dk, dv
+
 
 @torch.library.custom_op("flashattn::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: Optional[float],
         causal: bool, window_left: int, window_right: int, softcap: float,
         alibi_slopes: Optional[Tensor], deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """out (B, Sq, H, Dv), lse (B, H, Sq) fp32, rng_state (2,) int64 on the CPU."""
-    _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
-    _check_dim(v, "v", 4, "(batch, seqlen_k, nheads_k, headdim_v)")
-    q, k, v = (_contiguous_last(t) for t in (q, k, v))
-    batch, seqlen_q, nheads, _ = q.shape
-    out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]))
-    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
     rng_state = _draw_rng_state(dropout_p)
-    with _DeviceGuard(q):
-        _C.forward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
-                   _desc(lse, "lse"),
-                   **_options(softmax_scale, causal, window_left, window_right, softcap,
-                              alibi_slopes, deterministic),
-                   **_rng_args(dropout_p, rng_state), **_execution(q))
+    out, lse = _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right,
+                         softcap, alibi_slopes, deterministic, rng_state)
     return out, lse, rng_state
 
 
@@ -159,16 +193,8 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
         deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv with the shapes and dtypes of q, k, v (contiguous)."""
-    dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    with _DeviceGuard(q):
-        _C.backward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
-                    _desc(dout, "dout"), _desc(lse, "lse"), _desc(dq, "dq"), _desc(dk, "dk"),
-                    _desc(dv, "dv"),
-                    **_options(softmax_scale, causal, window_left, window_right, softcap,
-                               alibi_slopes, deterministic),
-                    **_rng_args(dropout_p, rng_state), **_execution(q))
-    return dq, dk, dv
+    return _bwd_impl(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, causal,
+                     window_left, window_right, softcap, alibi_slopes, deterministic)
 
 
 @bwd.register_fake
@@ -197,7 +223,84 @@ def _fwd_backward(ctx, dout, dlse, drng_state):
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """The eager path's autograd for forward() and varlen_forward(): `impls` is the pair of
+    implementations (forward, backward) and `extra` the tensors and ints between the inputs
+    and the options (cu_seqlens and max_seqlen for varlen, empty for dense)."""
+
+    @staticmethod
+    def forward(ctx, impls, q, k, v, extra, dropout_p, softmax_scale, causal, window_left,
+                window_right, softcap, alibi_slopes, deterministic):
+        rng_state = _draw_rng_state(dropout_p) if dropout_p > 0.0 else None
+        out, lse = impls[0](q, k, v, *extra, dropout_p, softmax_scale, causal, window_left,
+                            window_right, softcap, alibi_slopes, deterministic, rng_state)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
+        ctx.impls, ctx.extra, ctx.rng_state = impls, extra, rng_state
+        ctx.args = (dropout_p, softmax_scale, causal, window_left, window_right, softcap)
+        ctx.deterministic = deterministic
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
+        dq, dk, dv = ctx.impls[1](dout, q, k, v, out, lse, *ctx.extra, ctx.rng_state,
+                                  *ctx.args, alibi_slopes, ctx.deterministic)
+        return (None, dq, dk, dv) + (None,) * 9
+
+
+def forward(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+            alibi_slopes, deterministic) -> Tuple[Tensor, Tensor]:
+    """out, lse of flash_attn_func: the op, or its implementation when the call is plainly
+    eager (module docstring)."""
+    if not _plain_eager(q, k, v, alibi_slopes):
+        out, lse, _ = fwd(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right,
+                          softcap, alibi_slopes, deterministic)
+        return out, lse
+    if _wants_grad(q, k, v):
+        return _EagerAttention.apply((_fwd_impl, _bwd_impl), q, k, v, (), dropout_p,
+                                     softmax_scale, causal, window_left, window_right,
+                                     softcap, alibi_slopes, deterministic)
+    rng_state = _draw_rng_state(dropout_p) if dropout_p > 0.0 else None
+    return _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right,
+                     softcap, alibi_slopes, deterministic, rng_state)
+
+
 # ---------------------------------------------------------------------------- varlen
+
+def _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+                     alibi_slopes, deterministic, rng_state):
+    _check_dim(q, "q", 3, "(total_q, nheads, headdim)")
+    _check_dim(v, "v", 3, "(total_k, nheads_k, headdim_v)")
+    q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
+    total_q, nheads, _ = q.shape
+    out = q.new_empty((total_q, nheads, v.shape[-1]))
+    lse = q.new_empty((nheads, total_q), dtype=torch.float32)
+    _C.forward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
+                      _desc(lse, "lse"), _desc(cu_seqlens_q, "cu_seqlens_q"),
+                      _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+                      **_options(softmax_scale, causal, window_left, window_right, softcap,
+                                 alibi_slopes, deterministic),
+                      **_rng_args(dropout_p, rng_state), **_execution(q))
+    return out, lse
+
+
+def _varlen_bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, rng_state, dropout_p, softmax_scale, causal, window_left,
+                     window_right, softcap, alibi_slopes, deterministic):
+    dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    _C.backward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
+                       _desc(dout, "dout"), _desc(lse, "lse"), _desc(dq, "dq"),
+                       _desc(dk, "dk"), _desc(dv, "dv"),
+                       _desc(cu_seqlens_q, "cu_seqlens_q"),
+                       _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+                       **_options(softmax_scale, causal, window_left, window_right,
+                                  softcap, alibi_slopes, deterministic),
+                       **_rng_args(dropout_p, rng_state), **_execution(q))
+    return dq, dk, dv
+
 
 @torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -206,20 +309,10 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
                deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """out (total_q, H, Dv), lse (H, total_q) fp32, rng_state (2,) int64 on the CPU."""
-    _check_dim(q, "q", 3, "(total_q, nheads, headdim)")
-    _check_dim(v, "v", 3, "(total_k, nheads_k, headdim_v)")
-    q, k, v = (_contiguous_last(t) for t in (q, k, v))
-    total_q, nheads, _ = q.shape
-    out = q.new_empty((total_q, nheads, v.shape[-1]))
-    lse = q.new_empty((nheads, total_q), dtype=torch.float32)
     rng_state = _draw_rng_state(dropout_p)
-    with _DeviceGuard(q):
-        _C.forward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
-                          _desc(lse, "lse"), _desc(cu_seqlens_q, "cu_seqlens_q"),
-                          _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
-                          **_options(softmax_scale, causal, window_left, window_right, softcap,
-                                     alibi_slopes, deterministic),
-                          **_rng_args(dropout_p, rng_state), **_execution(q))
+    out, lse = _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, dropout_p, softmax_scale, causal, window_left,
+                                window_right, softcap, alibi_slopes, deterministic, rng_state)
     return out, lse, rng_state
 
 
@@ -239,18 +332,9 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
                softmax_scale: Optional[float], causal: bool, window_left: int,
                window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
                deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    with _DeviceGuard(q):
-        _C.backward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
-                           _desc(dout, "dout"), _desc(lse, "lse"), _desc(dq, "dq"),
-                           _desc(dk, "dk"), _desc(dv, "dv"),
-                           _desc(cu_seqlens_q, "cu_seqlens_q"),
-                           _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
-                           **_options(softmax_scale, causal, window_left, window_right,
-                                      softcap, alibi_slopes, deterministic),
-                           **_rng_args(dropout_p, rng_state), **_execution(q))
-    return dq, dk, dv
+    return _varlen_bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                            max_seqlen_k, rng_state, dropout_p, softmax_scale, causal,
+                            window_left, window_right, softcap, alibi_slopes, deterministic)
 
 
 @varlen_bwd.register_fake
@@ -286,17 +370,31 @@ def _varlen_fwd_backward(ctx, dout, dlse, drng_state):
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
 
 
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                   deterministic) -> Tuple[Tensor, Tensor]:
+    """out, lse of flash_attn_varlen_func: the op, or its implementation when plainly eager."""
+    if not _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        out, lse, _ = varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, dropout_p, softmax_scale, causal, window_left,
+                                 window_right, softcap, alibi_slopes, deterministic)
+        return out, lse
+    extra = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if _wants_grad(q, k, v):
+        return _EagerAttention.apply((_varlen_fwd_impl, _varlen_bwd_impl), q, k, v, extra,
+                                     dropout_p, softmax_scale, causal, window_left,
+                                     window_right, softcap, alibi_slopes, deterministic)
+    rng_state = _draw_rng_state(dropout_p) if dropout_p > 0.0 else None
+    return _varlen_fwd_impl(q, k, v, *extra, dropout_p, softmax_scale, causal, window_left,
+                            window_right, softcap, alibi_slopes, deterministic, rng_state)
+
+
 # ---------------------------------------------------------------------------- kv cache
 
-@torch.library.custom_op("flashattn::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
-def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
-                k: Optional[Tensor], v: Optional[Tensor], rotary_cos: Optional[Tensor],
-                rotary_sin: Optional[Tensor], rotary_interleaved: bool,
-                cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
-                block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
-                window_left: int, window_right: int, softcap: float,
-                alibi_slopes: Optional[Tensor], num_splits: int) -> Tuple[Tensor, Tensor]:
-    """Appends k/v into k_cache/v_cache in place, then out (B, Sq, H, Dv), lse (B, H, Sq) fp32."""
+def _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin,
+                      rotary_interleaved, cache_batch_idx, cache_leftpad, block_table,
+                      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                      num_splits):
     _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     _check_dim(v_cache, "v_cache", 4, "(batch_cache, seqlen_cache, nheads_k, headdim_v) or "
                "(num_blocks, page_block_size, nheads_k, headdim_v)")
@@ -309,19 +407,33 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tens
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v_cache.shape[-1]))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
-    with _DeviceGuard(q):
-        _C.forward_kvcache(
-            _desc(q, "q"), _desc(k_cache, "k_cache"), _desc(v_cache, "v_cache"),
-            _desc(cache_seqlens, "cache_seqlens"), _desc(out, "out"), _desc(lse, "lse"),
-            k=_desc(k, "k"), v=_desc(v, "v"), rotary_cos=_desc(rotary_cos, "rotary_cos"),
-            rotary_sin=_desc(rotary_sin, "rotary_sin"), rotary_interleaved=rotary_interleaved,
-            cache_batch_idx=_desc(cache_batch_idx, "cache_batch_idx"),
-            cache_leftpad=_desc(cache_leftpad, "cache_leftpad"),
-            block_table=_desc(block_table, "block_table"), num_splits=num_splits,
-            **_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                       False),
-            **_execution(q))
+    _C.forward_kvcache(
+        _desc(q, "q"), _desc(k_cache, "k_cache"), _desc(v_cache, "v_cache"),
+        _desc(cache_seqlens, "cache_seqlens"), _desc(out, "out"), _desc(lse, "lse"),
+        k=_desc(k, "k"), v=_desc(v, "v"), rotary_cos=_desc(rotary_cos, "rotary_cos"),
+        rotary_sin=_desc(rotary_sin, "rotary_sin"), rotary_interleaved=rotary_interleaved,
+        cache_batch_idx=_desc(cache_batch_idx, "cache_batch_idx"),
+        cache_leftpad=_desc(cache_leftpad, "cache_leftpad"),
+        block_table=_desc(block_table, "block_table"), num_splits=num_splits,
+        **_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                   False),
+        **_execution(q))
     return out, lse
+
+
+@torch.library.custom_op("flashattn::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                k: Optional[Tensor], v: Optional[Tensor], rotary_cos: Optional[Tensor],
+                rotary_sin: Optional[Tensor], rotary_interleaved: bool,
+                cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
+                block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
+                window_left: int, window_right: int, softcap: float,
+                alibi_slopes: Optional[Tensor], num_splits: int) -> Tuple[Tensor, Tensor]:
+    """Appends k/v into k_cache/v_cache in place, then out (B, Sq, H, Dv), lse (B, H, Sq) fp32."""
+    return _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin,
+                             rotary_interleaved, cache_batch_idx, cache_leftpad, block_table,
+                             softmax_scale, causal, window_left, window_right, softcap,
+                             alibi_slopes, num_splits)
 
 
 @fwd_kvcache.register_fake
@@ -331,6 +443,21 @@ def _(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin, rotary_i
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v_cache.shape[-1]))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return out, lse
+
+
+def forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, *rest) -> Tuple[Tensor, Tensor]:
+    """out, lse of flash_attn_with_kvcache: the op, or its implementation when plainly eager
+    (rest: fwd_kvcache's arguments after v). The op has no autograd formula: a call that
+    wants a gradient takes the op, so that it refuses the backward as the op does."""
+    tensors = (q, k_cache, v_cache, cache_seqlens, k, v) + tuple(
+        t for t in rest if isinstance(t, Tensor))
+    if not _plain_eager(*tensors) or _wants_grad(q, k_cache, v_cache, *(t for t in (k, v) if t is not None)):
+        return fwd_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, *rest)
+    out, lse = _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, *rest)
+    if k is not None:
+        # What the op does for its mutated arguments: autograd sees the caches change.
+        torch.autograd.graph.increment_version((k_cache, v_cache))
     return out, lse
 
 

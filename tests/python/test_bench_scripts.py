@@ -1,5 +1,5 @@
 """The benchmarks in bench/ run through the installed package: forward.py, backward.py,
-decode.py and grid.py with --device cpu --quick (the CPU backend, tiny shapes; the peers and
+decode.py, overhead.py and grid.py with --device cpu --quick (the CPU backend, tiny shapes; the peers and
 CUDA graphs are recorded as not available), each writing its JSON with the check of ours
 passed; grid.py's grid_latest.json in the schema docs/results/h200_grid_latest.json keeps."""
 import json
@@ -24,7 +24,7 @@ def run(script, out, *extra):
     return done
 
 
-@pytest.mark.parametrize("script", ["forward.py", "backward.py", "decode.py"])
+@pytest.mark.parametrize("script", ["forward.py", "backward.py", "decode.py", "overhead.py"])
 def test_a_benchmark_runs_ours_and_checks_it(script, tmp_path):
     run(script, tmp_path)
     name = script[:-3]

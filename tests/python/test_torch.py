@@ -347,3 +347,101 @@ def test_torch_compile_dynamic_shapes_and_upstream_module_path():
         torch.testing.assert_close(got, flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
         got.sum().backward()
         assert q.grad.shape == q.shape
+
+
+# ---- the eager path (torch_ops module docstring): plain eager calls run the op's
+# implementation directly; anything that must see the op still gets it.
+
+class _OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the name of every op dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+def test_eager_path_equals_the_op_bitwise(dropout_p):
+    q, k, v = (make((2, 19, 4, 24)) for _ in range(3))
+    g = torch.randn(2, 19, 4, 24)
+    torch.manual_seed(7)
+    out = flash_attn_func(q, k, v, dropout_p=dropout_p, causal=True)
+    out.backward(g)
+    eager = (out.detach(), q.grad, k.grad, v.grad)
+    for t in (q, k, v):
+        t.grad = None
+    torch.manual_seed(7)  # the same seed drawn: the same dropout mask
+    with _OpNames() as mode:
+        out = flash_attn_func(q, k, v, dropout_p=dropout_p, causal=True)
+        out.backward(g)
+    assert "flashattn.fwd.default" in mode.names and "flashattn.bwd.default" in mode.names
+    for a, b in zip(eager, (out.detach(), q.grad, k.grad, v.grad)):
+        assert torch.equal(a, b)
+
+
+def test_eager_path_varlen_gradients_equal_the_op():
+    total, h, d = 29, 3, 16
+    q, k, v = (make((total, h, d)) for _ in range(3))
+    cu = torch.tensor([0, 11, 11, 29], dtype=torch.int32)
+    g = torch.randn(total, h, d)
+    results = []
+    for mode in (None, _OpNames()):
+        for t in (q, k, v):
+            t.grad = None
+        if mode is not None:
+            mode.__enter__()
+        out = flash_attn_varlen_func(q, k, v, cu, cu, 18, 18, causal=True)
+        out.backward(g)
+        if mode is not None:
+            mode.__exit__(None, None, None)
+            assert "flashattn.varlen_fwd.default" in mode.names
+        results.append((out.detach(), q.grad, k.grad, v.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_eager_path_without_grad_and_lse_has_no_gradient():
+    q, k, v = (make((1, 5, 2, 8), grad=False) for _ in range(3))
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.grad_fn is None and lse.grad_fn is None
+    q.requires_grad_()
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.grad_fn is not None and not lse.requires_grad
+
+
+def test_eager_kvcache_append_bumps_the_caches_versions():
+    from flashattn import flash_attn_with_kvcache
+    q = torch.randn(2, 1, 4, 16)
+    k_cache, v_cache = torch.zeros(2, 9, 2, 16), torch.zeros(2, 9, 2, 16)
+    seqlens = torch.tensor([3, 5], dtype=torch.int32)
+    before = (k_cache._version, v_cache._version)
+    flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    assert (k_cache._version, v_cache._version) == before  # nothing appended
+    k_new, v_new = torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
+    flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens)
+    assert k_cache._version > before[0] and v_cache._version > before[1]
+    assert torch.equal(k_cache[0, 3], k_new[0, 0]) and torch.equal(v_cache[1, 5], v_new[1, 0])
+    with torch.inference_mode():  # caches without version counters: still fine
+        kc, vc = torch.zeros(2, 9, 2, 16), torch.zeros(2, 9, 2, 16)
+        out = flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens)
+        assert torch.equal(kc[0, 3], k_new[0, 0]) and out.isfinite().all()
+
+
+def test_plain_eager_calls_do_not_dispatch_the_op(monkeypatch):
+    from flashattn import flash_attn_with_kvcache, torch_ops
+
+    def op_called(*args, **kwargs):
+        raise AssertionError("a plain eager call went through the custom op")
+
+    for name in ("fwd", "bwd", "varlen_fwd", "varlen_bwd", "fwd_kvcache"):
+        monkeypatch.setattr(torch_ops, name, op_called)
+    q, k, v = (make((1, 7, 2, 8)) for _ in range(3))
+    flash_attn_func(q, k, v, causal=True).sum().backward()
+    cu = torch.tensor([0, 7], dtype=torch.int32)
+    flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 7, 7).sum().backward()
+    with torch.no_grad():
+        flash_attn_with_kvcache(q, k, v, cache_seqlens=7)
