@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Upstream FlashAttention's own test file for these functions (tests/test_flash_attn.py of the
+# established package) run against flashattn, with only its imports changed. Scratch (dev/): the
+# files are theirs and stay in upstream/, which git ignores.
+#   dev/upstream_tests.sh prepare GIT_DIR   copy the test file and its helpers (bert_padding,
+#                                           layers/rotary, ops/triton/rotary) out of a clone
+#                                           of Dao-AILab/flash-attention into upstream/
+#   dev/upstream_tests.sh run [N] [SEED] [PYTEST_ARGS...]
+#                                           on a GPU machine with flashattn installed: N cases
+#                                           drawn at random (SEED) from the collected ones
+#                                           (all when N = 0), run with pytest; writes
+#                                           $OUT/upstream_failures.txt, one line per distinct
+#                                           failure reason with its count
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit
+dir=upstream
+case ${1:-} in
+  prepare)
+    git_dir=${2:?usage: dev/upstream_tests.sh prepare GIT_DIR}
+    mkdir -p "$dir"
+    show() { git --git-dir="$git_dir" show "HEAD:$1"; }
+    # The imports, and nothing else: flash_attn -> flashattn (our drop-in module path), the
+    # helpers from this folder; USE_TRITON_ROCM is their ROCm switch (off on CUDA).
+    show tests/test_flash_attn.py | sed \
+      -e 's/^from flash_attn import (/from flashattn import (/' \
+      -e 's/^from flash_attn.bert_padding import/from bert_padding import/' \
+      -e 's/^from flash_attn.flash_attn_interface import _get_block_size_n, USE_TRITON_ROCM$/from flashattn.flash_attn_interface import _get_block_size_n; USE_TRITON_ROCM = False/' \
+      -e 's/^from flash_attn.layers.rotary import/from rotary import/' >"$dir/test_flash_attn.py"
+    show flash_attn/bert_padding.py >"$dir/bert_padding.py"
+    show flash_attn/layers/rotary.py |
+      sed 's/^from flash_attn.ops.triton.rotary import/from triton_rotary import/' >"$dir/rotary.py"
+    show flash_attn/ops/triton/rotary.py >"$dir/triton_rotary.py"
+    grep -n "flash_attn\b" "$dir"/*.py | grep -E "^[^:]+:[0-9]+:(from|import) " && {
+      echo "upstream_tests: an import of flash_attn is left" >&2; exit 1; }
+    git --git-dir="$git_dir" log -1 --format='prepared from %H (%cs)' | tee "$dir/SOURCE"
+    ;;
+  run)
+    n=${2:-400}; seed=${3:-0}; shift $(( $# < 3 ? $# : 3 ))
+    out=${OUT:-gpu-results}; mkdir -p "$out"
+    [ -f "$dir/test_flash_attn.py" ] || { echo "upstream_tests: run prepare first" >&2; exit 2; }
+    ids=$out/upstream_ids.txt
+    (cd "$dir" && python3 -m pytest --collect-only -q -p no:cacheprovider test_flash_attn.py) |
+      grep '::' >"$ids.all"
+    python3 - "$ids.all" "$n" "$seed" >"$ids" <<'PY'
+import random, sys
+ids = open(sys.argv[1]).read().split()
+n, seed = int(sys.argv[2]), int(sys.argv[3])
+print("\n".join(ids if n == 0 or n >= len(ids) else sorted(random.Random(seed).sample(ids, n))))
+PY
+    echo "upstream_tests: $(wc -l <"$ids") of $(wc -l <"$ids.all") cases (seed $seed)"
+    (cd "$dir" && python3 -m pytest -q -p no:cacheprovider -rfE "$@" $(cat "../$ids")) \
+      >"$out/upstream_pytest.log" 2>&1
+    status=$?
+    # One line per distinct reason: the exception line of each failure, counted.
+    grep -E '^(FAILED|ERROR) ' "$out/upstream_pytest.log" | sed -E 's/^(FAILED|ERROR) [^ ]+ - //' |
+      cut -c1-200 | sort | uniq -c | sort -rn >"$out/upstream_failures.txt"
+    tail -1 "$out/upstream_pytest.log"
+    head -20 "$out/upstream_failures.txt"
+    exit $status
+    ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
+esac
