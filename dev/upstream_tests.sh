@@ -36,7 +36,7 @@ case ${1:-} in
     ;;
   run)
     n=${2:-400}; seed=${3:-0}; shift $(( $# < 3 ? $# : 3 ))
-    out=${OUT:-gpu-results}; mkdir -p "$out"
+    out=${OUT:-gpu-results}; mkdir -p "$out"; out=$(cd "$out" && pwd)
     [ -f "$dir/test_flash_attn.py" ] || { echo "upstream_tests: run prepare first" >&2; exit 2; }
     ids=$out/upstream_ids.txt
     (cd "$dir" && python3 -m pytest --collect-only -q -p no:cacheprovider test_flash_attn.py) |
@@ -48,7 +48,9 @@ n, seed = int(sys.argv[2]), int(sys.argv[3])
 print("\n".join(ids if n == 0 or n >= len(ids) else sorted(random.Random(seed).sample(ids, n))))
 PY
     echo "upstream_tests: $(wc -l <"$ids") of $(wc -l <"$ids.all") cases (seed $seed)"
-    (cd "$dir" && python3 -m pytest -q -p no:cacheprovider -rfE "$@" $(cat "../$ids")) \
+    set -f  # the ids' brackets are not globs
+    # shellcheck disable=SC2046  # one argument per id
+    (cd "$dir" && python3 -m pytest -q -p no:cacheprovider -rfE "$@" $(cat "$ids")) \
       >"$out/upstream_pytest.log" 2>&1
     status=$?
     # One line per distinct reason: the exception line of each failure, counted.
