@@ -122,7 +122,11 @@ ctest_gpu() {
 pytest_all() {
   # From the repository root: `import flashattn` finds the installed package (the sources live
   # under python/, not on sys.path). -rA lists every outcome, so the CUDA tests can be counted.
-  timeout 480 "$py" -m pytest tests/python -rA -q -p no:cacheprovider --durations=15
+  # Four workers where pytest-xdist is installed: the CPU-bound tests (torch.compile's
+  # inductor build, the float64 references) then overlap instead of queueing.
+  local workers=()
+  "$py" -c 'import xdist' 2>/dev/null && workers=(-n 4)
+  timeout 480 "$py" -m pytest tests/python -rA -q -p no:cacheprovider --durations=15 "${workers[@]}"
   local status=$? log=$step_log
   echo "outcome: $(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$log" | tail -1 | sed -E 's/=+ ?| ?=+$//g');" \
     "test_gpu.py: $(grep -c '^PASSED tests/python/test_gpu.py' "$log") passed," \
