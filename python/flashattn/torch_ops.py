@@ -21,6 +21,10 @@ a pure function of seed, offset and the element's coordinates, the same on both 
 Both backends have dropout in the forward and the backward. The seed is drawn on the host when the op runs, so a CUDA graph captures one seed: every replay of
 that graph drops the same elements.
 
+``flashattn::attn_probs`` and ``flashattn::varlen_attn_probs`` materialise upstream's S_dmask
+for ``return_attn_probs=True`` with dropout (a testing aid: O(B H Sq Sk) memory), from the
+forward's rng_state so that their mask is the forward's.
+
 Tensors reach the library as raw descriptors (pointer, dtype, device, sizes, strides): no
 DLPack round trip and no stream synchronisation, so a call on the current CUDA stream is
 capturable. Only the last dimension needs unit stride; other strides pass through, so packed
@@ -284,6 +288,66 @@ def _varlen_fwd_backward(ctx, dout, dlse, drng_state):
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
+
+
+# ---------------------------------------------------------------------------- probabilities
+#
+# return_attn_probs with dropout: upstream's S_dmask, a testing aid (docs/SPEC.md, "Attention
+# probabilities"). Ops of their own, with fake implementations, so that torch.compile traces
+# them as single nodes; they take the rng_state the forward op drew, so their sign bits are
+# the mask that forward (and its backward) applied. No autograd: the callers pass detached
+# q and k, and the probabilities are not differentiable.
+
+@torch.library.custom_op("flashattn::attn_probs", mutates_args=())
+def attn_probs(q: Tensor, k: Tensor, rng_state: Tensor, dropout_p: float,
+               softmax_scale: Optional[float], causal: bool, window_left: int,
+               window_right: int, softcap: float, alibi_slopes: Optional[Tensor]) -> Tensor:
+    """(B, H, Sq, Sk) fp32: exp(s - row max) where visible, 0 elsewhere, negated where dropped."""
+    q, k = (_contiguous_last(t) for t in (q, k))
+    probs = _new_probs(q, q.shape[0], q.shape[1], k.shape[1])
+    with _DeviceGuard(q):
+        _C.attention_probabilities(_desc(q, "q"), _desc(k, "k"), _desc(probs, "probs"),
+                                   **_options(softmax_scale, causal, window_left, window_right,
+                                              softcap, alibi_slopes, False),
+                                   **_rng_args(dropout_p, rng_state), **_execution(q))
+    return probs
+
+
+def _new_probs(q: Tensor, batch, seqlen_q, seqlen_k) -> Tensor:
+    """(batch, nheads, seqlen_q, seqlen_k) fp32 on q's device; q is (.., nheads, headdim)."""
+    return q.new_empty((batch, q.shape[-2], seqlen_q, seqlen_k), dtype=torch.float32)
+
+
+@attn_probs.register_fake
+def _(q, k, rng_state, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+      alibi_slopes):
+    return _new_probs(q, q.shape[0], q.shape[1], k.shape[1])
+
+
+@torch.library.custom_op("flashattn::varlen_attn_probs", mutates_args=())
+def varlen_attn_probs(q: Tensor, k: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                      max_seqlen_q: int, max_seqlen_k: int, rng_state: Tensor,
+                      dropout_p: float, softmax_scale: Optional[float], causal: bool,
+                      window_left: int, window_right: int, softcap: float,
+                      alibi_slopes: Optional[Tensor]) -> Tensor:
+    """(B, H, max_seqlen_q, max_seqlen_k) fp32, indexed by the position within each sequence."""
+    q, k = (_contiguous_last(t) for t in (q, k))
+    probs = _new_probs(q, cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k)
+    with _DeviceGuard(q):
+        _C.attention_probabilities_varlen(
+            _desc(q, "q"), _desc(k, "k"), _desc(probs, "probs"),
+            _desc(cu_seqlens_q, "cu_seqlens_q"), _desc(cu_seqlens_k, "cu_seqlens_k"),
+            max_seqlen_q, max_seqlen_k,
+            **_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                       False),
+            **_rng_args(dropout_p, rng_state), **_execution(q))
+    return probs
+
+
+@varlen_attn_probs.register_fake
+def _(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state, dropout_p,
+      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes):
+    return _new_probs(q, cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k)
 
 
 # ---------------------------------------------------------------------------- kv cache
