@@ -167,6 +167,9 @@ FWD_FILTER='*FeatureGrid*sliding_softcap*:*FeatureGrid*band_alibi*:EdgeCases.*:V
 BWD_FILTER='*BackwardGrid*causal_softcap*:*BackwardGrid*band_alibiH_*:BackwardEdgeCases.*:*BackwardHeadDims*/0:*BackwardHeadDims*/11:BackwardVarlen.*:CudaBackward.RunsOnTheGivenStream*:CudaBackwardErrors.*'
 SM90_BWD_FILTER='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
 KV_FILTER='KvCachePlain.*:KvCache.EverySplitCountMatchesTheReference:KvCache.NanInOneQueryRowStaysInThatRow:KvCache.AppendStraddlesPagesAndQueriesOutnumberKeys'
+# attention_probabilities: ragged batches (device cu_seqlens, padding rows and columns) and a
+# packed, causal call.
+PROBS_FILTER='Probabilities.VarlenMatchTheReferenceTheForwardAndTheBackward:Probabilities.PackedQkvAndNegativeScale'
 # tool, test binary, forward kernel family (default: the dispatch's choice; sm80: what GPUs
 # before Hopper run), filter.
 SANITIZER_RUNS=(
@@ -182,6 +185,8 @@ SANITIZER_RUNS=(
   "memcheck test_kvcache_cuda default $KV_FILTER"
   "racecheck test_kvcache_cuda default $KV_FILTER"
   "synccheck test_kvcache_cuda default $KV_FILTER"
+  "memcheck test_probabilities_cuda default $PROBS_FILTER"
+  "racecheck test_probabilities_cuda default $PROBS_FILTER"
 )
 sanitize_one() {  # TOOL TEST FAMILY FILTER
   local forced=()
@@ -317,7 +322,7 @@ sanitize_pid="" sanitize_started=""
 built=0
 if wants test || wants sanitize; then
   targets=()
-  wants test || targets=(test_forward_cuda test_backward_cuda test_kvcache_cuda)
+  wants test || targets=(test_forward_cuda test_backward_cuda test_kvcache_cuda test_probabilities_cuda)
   step "build (CUDA, build-gpu)" build.log build_cxx "${targets[@]}" || built=$?
 fi
 if [ "$built" -ne 0 ]; then

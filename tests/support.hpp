@@ -281,6 +281,27 @@ class DeviceMirror {
   size_t bytes_ = 0;
 };
 
+// The tensors an Options and a Varlen point to (ALiBi slopes, cu_seqlens, seqused_k) mirrored
+// to the GPU, and the Options and Varlen that point to the copies.
+class DeviceArguments {
+ public:
+  DeviceArguments(const Options& options, const Varlen* varlen) : options_(options) {
+    if (options.alibi_slopes) options_.alibi_slopes = slopes_.emplace(*options.alibi_slopes).view();
+    if (varlen == nullptr) return;
+    varlen_ = *varlen;
+    varlen_->cu_seqlens_q = cu_q_.emplace(varlen->cu_seqlens_q).view();
+    varlen_->cu_seqlens_k = cu_k_.emplace(varlen->cu_seqlens_k).view();
+    if (varlen->seqused_k) varlen_->seqused_k = used_.emplace(*varlen->seqused_k).view();
+  }
+  const Options& options() const { return options_; }
+  const Varlen* varlen() const { return varlen_ ? &*varlen_ : nullptr; }
+
+ private:
+  std::optional<DeviceMirror> slopes_, cu_q_, cu_k_, used_;
+  Options options_;
+  std::optional<Varlen> varlen_;
+};
+
 // Without a GPU every test of the CUDA suite reports itself skipped, with the reason.
 class CudaEnvironment : public ::testing::Environment {
  public:

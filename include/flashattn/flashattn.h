@@ -136,6 +136,25 @@ fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, const 
                              const fa_tensor* lse, const fa_options* options,
                              const fa_execution* execution, fa_run_info* info);
 
+/* Testing aid (flashattn::attention_probabilities documents it; docs/SPEC.md, "Attention
+ * probabilities"): writes probs, fp32 (B, H, Sq, Sk), with exp(s_ij - max_j s_ij) for the keys
+ * query i sees, 0 elsewhere, negated where dropout drops the element: the probabilities of
+ * the forward with the same q, k and options. O(B H Sq Sk) memory and time. options,
+ * execution and info may be NULL. */
+fa_status fa_attention_probabilities(const fa_tensor* q, const fa_tensor* k,
+                                     const fa_tensor* probs, const fa_options* options,
+                                     const fa_execution* execution, fa_run_info* info);
+
+/* The same for a ragged batch: probs (B, H, max_seqlen_q, max_seqlen_k), row i and column j
+ * of sequence b its positions i and j. seqused_k may be NULL. */
+fa_status fa_attention_probabilities_varlen(const fa_tensor* q, const fa_tensor* k,
+                                            const fa_tensor* probs,
+                                            const fa_tensor* cu_seqlens_q,
+                                            const fa_tensor* cu_seqlens_k, int64_t max_seqlen_q,
+                                            int64_t max_seqlen_k, const fa_tensor* seqused_k,
+                                            const fa_options* options,
+                                            const fa_execution* execution, fa_run_info* info);
+
 /* The calling thread's last error message ("" when none). Valid until its next call. */
 const char* fa_last_error(void);
 const char* fa_version(void);

@@ -1,4 +1,5 @@
-// flashattn: exact attention that never materialises the Sq x Sk score matrix.
+// flashattn: exact attention that never materialises the Sq x Sk score matrix (but for
+// attention_probabilities, a testing aid).
 //
 // The C++ API. Tensors are non-owning views (pointer, dtype, device, sizes, strides in
 // elements); the library never allocates or frees the caller's tensors. Every entry point
@@ -204,6 +205,28 @@ RunInfo backward_varlen(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& dq, const TensorView& dk, const TensorView& dv,
                         const Varlen& varlen, const Options& options = {},
                         const Execution& execution = {});
+
+// A testing aid, not part of the fast path: the attention probabilities of the forward call
+// with the same q, k, options (and varlen), materialised in the form FlashAttention 2's
+// return_attn_probs gives them to its dropout tests (docs/SPEC.md, "Attention probabilities").
+// probs is fp32 (B, H, Sq, Sk) dense and (B, H, max_seqlen_q, max_seqlen_k) varlen, indexed by
+// the position within each sequence, and every element is written:
+//   probs[b][h][i][j] = exp(s_ij - max_j' s_ij')   for a key j that query i sees (s: the full
+//                                                  score, scale, softcap, ALiBi; the max over
+//                                                  the keys i sees),
+//                     = 0                          for a masked key and outside the sequence,
+//                     negated (sign bit set)       where dropout drops a visible (b, h, i, j):
+//                                                  the keep bits the forward and backward apply.
+// So P_ij = |probs_ij| exp(max_i - lse_i), and out_i = sum_j P_ij v_j / (1 - p) over the j whose
+// sign bit is clear. Costs O(B H Sq Sk) memory and time, which the forward never spends: for
+// tests, not training.
+RunInfo attention_probabilities(const TensorView& q, const TensorView& k, const TensorView& probs,
+                                const Options& options = {}, const Execution& execution = {});
+
+RunInfo attention_probabilities_varlen(const TensorView& q, const TensorView& k,
+                                       const TensorView& probs, const Varlen& varlen,
+                                       const Options& options = {},
+                                       const Execution& execution = {});
 
 // What this build holds and what it can see.
 struct CudaDevice {

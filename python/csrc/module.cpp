@@ -332,6 +332,48 @@ NB_MODULE(_C, m) {
       "fa_backward_varlen: lse (H, total_q) fp32 is required.");
 
   m.def(
+      "attention_probabilities",
+      [](nb::handle q, nb::handle k, nb::handle probs, std::optional<float> softmax_scale,
+         bool causal, int window_left, int window_right, float softcap, nb::handle alibi_slopes,
+         float dropout_p, uint64_t seed, uint64_t offset, bool deterministic, int backend,
+         uintptr_t stream, int num_threads) {
+        Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+               dropout_p, seed, offset, deterministic, backend, stream, num_threads);
+        Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tprobs = tensor(probs, "probs");
+        return run([&](fa_run_info* info) {
+          return fa_attention_probabilities(tq.ptr(), tk.ptr(), tprobs.ptr(), &c.options,
+                                            &c.execution, info);
+        });
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("probs"), FA_COMMON_ARGS,
+      "fa_attention_probabilities (testing aid): writes probs (B, H, Sq, Sk) fp32, "
+      "exp(s - row max) where visible, 0 elsewhere, negated where dropout drops.");
+
+  m.def(
+      "attention_probabilities_varlen",
+      [](nb::handle q, nb::handle k, nb::handle probs, nb::handle cu_seqlens_q,
+         nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+         nb::handle seqused_k, std::optional<float> softmax_scale, bool causal, int window_left,
+         int window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
+         uint64_t seed, uint64_t offset, bool deterministic, int backend, uintptr_t stream,
+         int num_threads) {
+        Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+               dropout_p, seed, offset, deterministic, backend, stream, num_threads);
+        Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tprobs = tensor(probs, "probs"),
+            tcq = tensor(cu_seqlens_q, "cu_seqlens_q"), tck = tensor(cu_seqlens_k, "cu_seqlens_k");
+        std::optional<Arg> tsk = optional_tensor(seqused_k, "seqused_k");
+        return run([&](fa_run_info* info) {
+          return fa_attention_probabilities_varlen(tq.ptr(), tk.ptr(), tprobs.ptr(), tcq.ptr(),
+                                                   tck.ptr(), max_seqlen_q, max_seqlen_k,
+                                                   ptr(tsk), &c.options, &c.execution, info);
+        });
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("probs"), nb::arg("cu_seqlens_q"),
+      nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+      nb::arg("seqused_k").none() = nb::none(), FA_COMMON_ARGS,
+      "fa_attention_probabilities_varlen: probs (B, H, max_seqlen_q, max_seqlen_k) fp32.");
+
+  m.def(
       "forward_kvcache",
       [](nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle cache_seqlens,
          nb::handle out, nb::handle lse, nb::handle k_new, nb::handle v_new,

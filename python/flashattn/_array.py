@@ -58,7 +58,10 @@ def _dropout(dropout_p: float) -> dict:
 
 
 def forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+            return_probs=False):
+    """(out, lse, probs): probs is upstream's S_dmask when return_probs and dropout_p > 0
+    (attention_probabilities with the forward's seed, so the same mask), else None."""
     xp, convert = _namespace(q)
     q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k = (
         convert(a) for a in (q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k))
@@ -79,12 +82,19 @@ def forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, ali
                    window_left=int(window_size[0]), window_right=int(window_size[1]),
                    softcap=float(softcap), alibi_slopes=alibi_slopes,
                    **_dropout(dropout_p), **_execution(xp))
+    want_probs, probs = return_probs and dropout_p > 0.0, None
     if varlen:
-        _C.forward_varlen(_bits(q), _bits(k), _bits(v), _bits(out), lse, cu_seqlens_q,
-                          cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), **options)
+        lengths = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+        _C.forward_varlen(_bits(q), _bits(k), _bits(v), _bits(out), lse, *lengths, **options)
+        if want_probs:
+            probs = xp.empty((len(cu_seqlens_q) - 1, q.shape[1]) + lengths[2:], dtype=xp.float32)
+            _C.attention_probabilities_varlen(_bits(q), _bits(k), probs, *lengths, **options)
     else:
         _C.forward(_bits(q), _bits(k), _bits(v), _bits(out), lse, **options)
-    return out, lse
+        if want_probs:
+            probs = xp.empty((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), dtype=xp.float32)
+            _C.attention_probabilities(_bits(q), _bits(k), probs, **options)
+    return out, lse, probs
 
 
 def _cache_seqlens(xp, cache_seqlens, q, k_cache, k, block_table):

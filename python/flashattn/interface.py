@@ -25,9 +25,9 @@ _COMMON_ARGS = """\
             CPU backward always is; the CUDA backward by default adds dq with atomics (faster,
             last bits vary run to run) and with deterministic=True computes dq in a fixed
             order instead.
-        return_attn_probs: bool. Also return the log-sum-exp; the third element, which
-            upstream fills with the dropout-masked probabilities for testing only, is None:
-            the probabilities are never materialised."""
+        return_attn_probs: bool. Also return the log-sum-exp and, when dropout_p > 0, the
+            probabilities with the dropout mask in their signs (S_dmask, below). For testing
+            only: S_dmask costs O(batch * nheads * seqlen_q * seqlen_k) memory and time."""
 
 _MASKS = """\
     Masks (1 = attend, 0 = masked out). With causal=True the mask is aligned to the bottom-right
@@ -63,7 +63,15 @@ _RETURNS = """\
         out: {out_shape}.
         softmax_lse [optional, if return_attn_probs=True]: {lse_shape}, fp32. The log-sum-exp
             (natural log) of each row of the scaled, masked scores.
-        S_dmask [optional, if return_attn_probs=True]: None (not materialised)."""
+        S_dmask [optional, if return_attn_probs=True]: None when dropout_p == 0. With dropout,
+            {s_shape} fp32, indexed by the positions within each sequence, as upstream
+            returns it for its tests: exp(s_ij - max_j s_ij) where query i sees key j (s the
+            scaled, softcapped, biased score; the max over the keys row i sees), 0 where
+            masked or outside the sequence, negated where dropout dropped the element (the
+            forward's mask: S_dmask >= 0 reads it). So the probability is
+            |S_dmask| * exp(max - softmax_lse). Upstream's test helper normalises it by key
+            blocks of _get_block_size_n (flashattn.flash_attn_interface has it), which
+            returns one block covering every key."""
 
 
 def _is_torch(x) -> bool:
@@ -80,17 +88,21 @@ def _window(window_size):
 
 def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
            deterministic, return_attn_probs):
+    probs = None
     if _is_torch(q):
         from . import torch_ops
 
         left, right = _window(window_size)
-        out, lse = torch_ops.forward(q, k, v, float(dropout_p), softmax_scale, bool(causal),
-                                     left, right, float(softcap), alibi_slopes,
-                                     bool(deterministic))
+        options = (float(dropout_p), softmax_scale, bool(causal), left, right, float(softcap),
+                   alibi_slopes)
+        out, lse, rng_state = torch_ops.forward(q, k, v, *options, bool(deterministic))
+        if return_attn_probs and dropout_p > 0:
+            probs = torch_ops.attn_probs(q.detach(), k.detach(), rng_state, *options)
     else:
-        out, lse = _array.forward(q, k, v, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes)
-    return (out, lse, None) if return_attn_probs else out
+        out, lse, probs = _array.forward(q, k, v, dropout_p, softmax_scale, causal,
+                                         window_size, softcap, alibi_slopes,
+                                         return_probs=return_attn_probs)
+    return (out, lse, probs) if return_attn_probs else out
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -99,20 +111,25 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     if block_table is not None:
         raise NotImplementedError("block_table: expected None (a paged KV cache is "
                                   "flash_attn_with_kvcache's), given a tensor")
+    probs = None
     if _is_torch(q):
         from . import torch_ops
 
         left, right = _window(window_size)
-        out, lse = torch_ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                            int(max_seqlen_q), int(max_seqlen_k),
-                                            float(dropout_p), softmax_scale, bool(causal),
-                                            left, right, float(softcap), alibi_slopes,
-                                            bool(deterministic))
+        lengths = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+        options = (float(dropout_p), softmax_scale, bool(causal), left, right, float(softcap),
+                   alibi_slopes)
+        out, lse, rng_state = torch_ops.varlen_forward(q, k, v, *lengths, *options,
+                                                       bool(deterministic))
+        if return_attn_probs and dropout_p > 0:
+            probs = torch_ops.varlen_attn_probs(q.detach(), k.detach(), *lengths, rng_state,
+                                                *options)
     else:
-        out, lse = _array.forward(q, k, v, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                                  max_seqlen_q, max_seqlen_k)
-    return (out, lse, None) if return_attn_probs else out
+        out, lse, probs = _array.forward(q, k, v, dropout_p, softmax_scale, causal,
+                                         window_size, softcap, alibi_slopes, cu_seqlens_q,
+                                         cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         return_probs=return_attn_probs)
+    return (out, lse, probs) if return_attn_probs else out
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -140,7 +157,8 @@ flash_attn_func.__doc__ = f"""Exact attention, dense batch.
 {_MASKS}
 
 {_RETURNS.format(out_shape="(batch_size, seqlen_q, nheads, headdim_v)",
-                 lse_shape="(batch_size, nheads, seqlen_q)")}
+                 lse_shape="(batch_size, nheads, seqlen_q)",
+                 s_shape="(batch_size, nheads, seqlen_q, seqlen_k)")}
     """
 
 
@@ -164,7 +182,8 @@ flash_attn_qkvpacked_func.__doc__ = f"""Exact attention with q, k, v packed in o
 {_MASKS}
 
 {_RETURNS.format(out_shape="(batch_size, seqlen, nheads, headdim)",
-                 lse_shape="(batch_size, nheads, seqlen)")}
+                 lse_shape="(batch_size, nheads, seqlen)",
+                 s_shape="(batch_size, nheads, seqlen, seqlen)")}
     """
 
 
@@ -188,7 +207,8 @@ flash_attn_kvpacked_func.__doc__ = f"""Exact attention with k and v packed in on
 {_MASKS}
 
 {_RETURNS.format(out_shape="(batch_size, seqlen_q, nheads, headdim)",
-                 lse_shape="(batch_size, nheads, seqlen_q)")}
+                 lse_shape="(batch_size, nheads, seqlen_q)",
+                 s_shape="(batch_size, nheads, seqlen_q, seqlen_k)")}
     """
 
 
@@ -225,7 +245,8 @@ flash_attn_varlen_func.__doc__ = f"""Exact attention over a ragged batch.
 
 {_MASKS}
 
-{_RETURNS.format(out_shape="(total_q, nheads, headdim_v)", lse_shape="(nheads, total_q)")}
+{_RETURNS.format(out_shape="(total_q, nheads, headdim_v)", lse_shape="(nheads, total_q)",
+                 s_shape="(batch_size, nheads, max_seqlen_q, max_seqlen_k)")}
     """
 
 
@@ -251,7 +272,8 @@ flash_attn_varlen_qkvpacked_func.__doc__ = f"""Exact attention over a ragged bat
 
 {_MASKS}
 
-{_RETURNS.format(out_shape="(total, nheads, headdim)", lse_shape="(nheads, total)")}
+{_RETURNS.format(out_shape="(total, nheads, headdim)", lse_shape="(nheads, total)",
+                 s_shape="(batch_size, nheads, max_seqlen, max_seqlen)")}
     """
 
 
@@ -281,7 +303,8 @@ flash_attn_varlen_kvpacked_func.__doc__ = f"""Exact attention over a ragged batc
 
 {_MASKS}
 
-{_RETURNS.format(out_shape="(total_q, nheads, headdim)", lse_shape="(nheads, total_q)")}
+{_RETURNS.format(out_shape="(total_q, nheads, headdim)", lse_shape="(nheads, total_q)",
+                 s_shape="(batch_size, nheads, max_seqlen_q, max_seqlen_k)")}
     """
 
 

@@ -27,6 +27,10 @@ dispatch and function modes and functorch transforms, runs the op's implementati
 bumped as the op would). That keeps the per-call cost at SDPA's; anything that needs the op
 (tracing, FakeTensor, FlopCounterMode, vmap, ...) gets the op, with the same implementation.
 
+``flashattn::attn_probs`` and ``flashattn::varlen_attn_probs`` materialise upstream's S_dmask
+for ``return_attn_probs=True`` with dropout (a testing aid: O(B H Sq Sk) memory), from the
+forward's rng_state so that their mask is the forward's.
+
 Tensors reach the library as raw descriptors (pointer, dtype, device, sizes, strides): no
 DLPack round trip and no stream synchronisation, so a call on the current CUDA stream is
 capturable. Only the last dimension needs unit stride; other strides pass through, so packed
@@ -229,9 +233,8 @@ class _EagerAttention(torch.autograd.Function):
     and the options (cu_seqlens and max_seqlen for varlen, empty for dense)."""
 
     @staticmethod
-    def forward(ctx, impls, q, k, v, extra, dropout_p, softmax_scale, causal, window_left,
-                window_right, softcap, alibi_slopes, deterministic):
-        rng_state = _draw_rng_state(dropout_p) if dropout_p > 0.0 else None
+    def forward(ctx, impls, q, k, v, extra, rng_state, dropout_p, softmax_scale, causal,
+                window_left, window_right, softcap, alibi_slopes, deterministic):
         out, lse = impls[0](q, k, v, *extra, dropout_p, softmax_scale, causal, window_left,
                             window_right, softcap, alibi_slopes, deterministic, rng_state)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
@@ -246,24 +249,25 @@ class _EagerAttention(torch.autograd.Function):
         q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
         dq, dk, dv = ctx.impls[1](dout, q, k, v, out, lse, *ctx.extra, ctx.rng_state,
                                   *ctx.args, alibi_slopes, ctx.deterministic)
-        return (None, dq, dk, dv) + (None,) * 9
+        return (None, dq, dk, dv) + (None,) * 10
 
 
 def forward(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-            alibi_slopes, deterministic) -> Tuple[Tensor, Tensor]:
-    """out, lse of flash_attn_func: the op, or its implementation when the call is plainly
-    eager (module docstring)."""
+            alibi_slopes, deterministic) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """out, lse, rng_state (None without dropout on the eager path) of flash_attn_func: the op,
+    or its implementation when the call is plainly eager (module docstring)."""
     if not _plain_eager(q, k, v, alibi_slopes):
-        out, lse, _ = fwd(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right,
-                          softcap, alibi_slopes, deterministic)
-        return out, lse
-    if _wants_grad(q, k, v):
-        return _EagerAttention.apply((_fwd_impl, _bwd_impl), q, k, v, (), dropout_p,
-                                     softmax_scale, causal, window_left, window_right,
-                                     softcap, alibi_slopes, deterministic)
+        return fwd(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right,
+                   softcap, alibi_slopes, deterministic)
     rng_state = _draw_rng_state(dropout_p) if dropout_p > 0.0 else None
-    return _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right,
-                     softcap, alibi_slopes, deterministic, rng_state)
+    if _wants_grad(q, k, v):
+        out, lse = _EagerAttention.apply((_fwd_impl, _bwd_impl), q, k, v, (), rng_state,
+                                         dropout_p, softmax_scale, causal, window_left,
+                                         window_right, softcap, alibi_slopes, deterministic)
+    else:
+        out, lse = _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left,
+                             window_right, softcap, alibi_slopes, deterministic, rng_state)
+    return out, lse, rng_state
 
 
 # ---------------------------------------------------------------------------- varlen
@@ -372,21 +376,83 @@ varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_set
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                    softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                   deterministic) -> Tuple[Tensor, Tensor]:
-    """out, lse of flash_attn_varlen_func: the op, or its implementation when plainly eager."""
+                   deterministic) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """out, lse, rng_state of flash_attn_varlen_func: the op, or its implementation when
+    plainly eager (as forward())."""
     if not _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
-        out, lse, _ = varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, dropout_p, softmax_scale, causal, window_left,
-                                 window_right, softcap, alibi_slopes, deterministic)
-        return out, lse
+        return varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+                          alibi_slopes, deterministic)
     extra = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if _wants_grad(q, k, v):
-        return _EagerAttention.apply((_varlen_fwd_impl, _varlen_bwd_impl), q, k, v, extra,
-                                     dropout_p, softmax_scale, causal, window_left,
-                                     window_right, softcap, alibi_slopes, deterministic)
     rng_state = _draw_rng_state(dropout_p) if dropout_p > 0.0 else None
-    return _varlen_fwd_impl(q, k, v, *extra, dropout_p, softmax_scale, causal, window_left,
-                            window_right, softcap, alibi_slopes, deterministic, rng_state)
+    if _wants_grad(q, k, v):
+        out, lse = _EagerAttention.apply((_varlen_fwd_impl, _varlen_bwd_impl), q, k, v, extra,
+                                         rng_state, dropout_p, softmax_scale, causal,
+                                         window_left, window_right, softcap, alibi_slopes,
+                                         deterministic)
+    else:
+        out, lse = _varlen_fwd_impl(q, k, v, *extra, dropout_p, softmax_scale, causal,
+                                    window_left, window_right, softcap, alibi_slopes,
+                                    deterministic, rng_state)
+    return out, lse, rng_state
+
+
+# ---------------------------------------------------------------------------- probabilities
+#
+# return_attn_probs with dropout: upstream's S_dmask, a testing aid (docs/SPEC.md, "Attention
+# probabilities"). Ops of their own, with fake implementations, so that torch.compile traces
+# them as single nodes; they take the rng_state the forward op drew, so their sign bits are
+# the mask that forward (and its backward) applied. No autograd: the callers pass detached
+# q and k, and the probabilities are not differentiable.
+
+@torch.library.custom_op("flashattn::attn_probs", mutates_args=())
+def attn_probs(q: Tensor, k: Tensor, rng_state: Tensor, dropout_p: float,
+               softmax_scale: Optional[float], causal: bool, window_left: int,
+               window_right: int, softcap: float, alibi_slopes: Optional[Tensor]) -> Tensor:
+    """(B, H, Sq, Sk) fp32: exp(s - row max) where visible, 0 elsewhere, negated where dropped."""
+    q, k = (_contiguous_last(t) for t in (q, k))
+    probs = _new_probs(q, q.shape[0], q.shape[1], k.shape[1])
+    _C.attention_probabilities(_desc(q, "q"), _desc(k, "k"), _desc(probs, "probs"),
+                               **_options(softmax_scale, causal, window_left, window_right,
+                                          softcap, alibi_slopes, False),
+                               **_rng_args(dropout_p, rng_state), **_execution(q))
+    return probs
+
+
+def _new_probs(q: Tensor, batch, seqlen_q, seqlen_k) -> Tensor:
+    """(batch, nheads, seqlen_q, seqlen_k) fp32 on q's device; q is (.., nheads, headdim)."""
+    return q.new_empty((batch, q.shape[-2], seqlen_q, seqlen_k), dtype=torch.float32)
+
+
+@attn_probs.register_fake
+def _(q, k, rng_state, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+      alibi_slopes):
+    return _new_probs(q, q.shape[0], q.shape[1], k.shape[1])
+
+
+@torch.library.custom_op("flashattn::varlen_attn_probs", mutates_args=())
+def varlen_attn_probs(q: Tensor, k: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                      max_seqlen_q: int, max_seqlen_k: int, rng_state: Tensor,
+                      dropout_p: float, softmax_scale: Optional[float], causal: bool,
+                      window_left: int, window_right: int, softcap: float,
+                      alibi_slopes: Optional[Tensor]) -> Tensor:
+    """(B, H, max_seqlen_q, max_seqlen_k) fp32, indexed by the position within each sequence."""
+    q, k = (_contiguous_last(t) for t in (q, k))
+    probs = _new_probs(q, cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k)
+    _C.attention_probabilities_varlen(
+        _desc(q, "q"), _desc(k, "k"), _desc(probs, "probs"),
+        _desc(cu_seqlens_q, "cu_seqlens_q"), _desc(cu_seqlens_k, "cu_seqlens_k"),
+        max_seqlen_q, max_seqlen_k,
+        **_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                   False),
+        **_rng_args(dropout_p, rng_state), **_execution(q))
+    return probs
+
+
+@varlen_attn_probs.register_fake
+def _(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state, dropout_p,
+      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes):
+    return _new_probs(q, cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k)
 
 
 # ---------------------------------------------------------------------------- kv cache

@@ -152,6 +152,12 @@ RunInfo run(Backend backend, const detail::BackwardParams& params) {
   return info;
 }
 
+RunInfo run(Backend backend, const detail::ProbabilitiesParams& params) {
+  const auto cpu = [&] { return detail::cpu::probabilities(params); };
+  const auto cuda = [&] { return detail::cuda::probabilities(params); };
+  return report(backend, on_backend(backend, "probabilities", cpu, cuda));
+}
+
 RunInfo run(Backend backend, const detail::KvCacheParams& params) {
   const auto cpu = [&] { return detail::cpu::forward_kvcache(params); };
   const auto cuda = [&] { return detail::cuda::forward_kvcache(params); };
@@ -178,7 +184,27 @@ RunInfo run_backward(const TensorView& q, const TensorView& k, const TensorView&
                                                    options, execution, call));
 }
 
+RunInfo run_probabilities(const TensorView& q, const TensorView& k, const TensorView& probs,
+                          const Varlen* varlen, const Options& options,
+                          const Execution& execution) {
+  const detail::ValidatedCall call =
+      detail::validate_probabilities(q, k, probs, varlen, options, execution);
+  return run(call.backend,
+             detail::probabilities_params(q, k, probs, varlen, options, execution, call));
+}
+
 }  // namespace
+
+RunInfo attention_probabilities(const TensorView& q, const TensorView& k, const TensorView& probs,
+                                const Options& options, const Execution& execution) {
+  return run_probabilities(q, k, probs, nullptr, options, execution);
+}
+
+RunInfo attention_probabilities_varlen(const TensorView& q, const TensorView& k,
+                                       const TensorView& probs, const Varlen& varlen,
+                                       const Options& options, const Execution& execution) {
+  return run_probabilities(q, k, probs, &varlen, options, execution);
+}
 
 RunInfo backward(const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& out, const TensorView& dout, const TensorView& lse,

@@ -245,6 +245,33 @@ fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, const 
   });
 }
 
+fa_status fa_attention_probabilities(const fa_tensor* q, const fa_tensor* k,
+                                     const fa_tensor* probs, const fa_options* options,
+                                     const fa_execution* execution, fa_run_info* info) {
+  return run_call(info, [&] {
+    return flashattn::attention_probabilities(to_view(q, "q"), to_view(k, "k"),
+                                              to_view(probs, "probs"), to_options(options),
+                                              to_execution(execution));
+  });
+}
+
+fa_status fa_attention_probabilities_varlen(const fa_tensor* q, const fa_tensor* k,
+                                            const fa_tensor* probs,
+                                            const fa_tensor* cu_seqlens_q,
+                                            const fa_tensor* cu_seqlens_k, int64_t max_seqlen_q,
+                                            int64_t max_seqlen_k, const fa_tensor* seqused_k,
+                                            const fa_options* options,
+                                            const fa_execution* execution, fa_run_info* info) {
+  const auto call = [&](const flashattn::Varlen& varlen) {
+    return flashattn::attention_probabilities_varlen(to_view(q, "q"), to_view(k, "k"),
+                                                     to_view(probs, "probs"), varlen,
+                                                     to_options(options),
+                                                     to_execution(execution));
+  };
+  return run_varlen_call(info, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                         call);
+}
+
 const char* fa_last_error(void) { return last_error.c_str(); }
 
 const char* fa_version(void) { return flashattn::version(); }

@@ -125,6 +125,23 @@ BackwardParams backward_params(const TensorView& q, const TensorView& k, const T
   return p;
 }
 
+ProbabilitiesParams probabilities_params(const TensorView& q, const TensorView& k,
+                                         const TensorView& probs, const Varlen* varlen,
+                                         const Options& options, const Execution& execution,
+                                         const ValidatedCall& call) {
+  ProbabilitiesParams pp;
+  // The forward's params with k standing in for v and q for out (their strides are never
+  // read), then v and out cleared: nothing may read or write them.
+  pp.fwd = forward_params(q, k, k, q, std::nullopt, varlen, options, execution, call);
+  pp.fwd.v = nullptr;
+  pp.fwd.out = nullptr;
+  pp.probs = static_cast<float*>(probs.data);
+  pp.probs_batch_stride = probs.strides[0];
+  pp.probs_head_stride = probs.strides[1];
+  pp.probs_row_stride = probs.strides[2];
+  return pp;
+}
+
 KvCacheParams kvcache_params(const TensorView& q, const KvCache& cache, const TensorView& out,
                              const std::optional<TensorView>& lse, const Options& options,
                              const Execution& execution, const ValidatedCall& call) {

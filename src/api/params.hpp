@@ -27,6 +27,12 @@ BackwardParams backward_params(const TensorView& q, const TensorView& k, const T
                                const TensorView& dv, const Varlen* varlen, const Options& options,
                                const Execution& execution, const ValidatedCall& call);
 
+// The forward's params of the same call without v, out and lse, plus probs' strides.
+ProbabilitiesParams probabilities_params(const TensorView& q, const TensorView& k,
+                                         const TensorView& probs, const Varlen* varlen,
+                                         const Options& options, const Execution& execution,
+                                         const ValidatedCall& call);
+
 KvCacheParams kvcache_params(const TensorView& q, const KvCache& cache, const TensorView& out,
                              const std::optional<TensorView>& lse, const Options& options,
                              const Execution& execution, const ValidatedCall& call);

@@ -515,17 +515,39 @@ ValidatedCall dimensions(const TensorView& q, const TensorView& k, int rank, int
   return call;
 }
 
-// The head dim, the batch and head counts, k's head dim like q's, then v shaped like k and
-// out like q (out's elements distinct).
-void check_attention_shapes(const ValidatedCall& call, const TensorView& q,
-                            const char* batch_name, const char* k_name, const TensorView& k,
-                            const char* v_name, const TensorView& v, const std::string& v_layout,
-                            const TensorView& out, const std::string& out_layout) {
+// The dimensions of a dense or varlen call's q and k (their ranks checked): B is q's batch
+// size, which k's must equal (dense), or the entries of cu_seqlens_q less one (varlen, whose
+// structure is checked first).
+ValidatedCall batch_dimensions(const TensorView& q, const TensorView& k, const Varlen* varlen) {
+  if (varlen != nullptr) {
+    check_view("cu_seqlens_q", varlen->cu_seqlens_q, 1);
+    if (varlen->cu_seqlens_q.sizes[0] < 1)
+      fail("cu_seqlens_q", "B + 1 >= 1 entries", "shape " + shape_string(varlen->cu_seqlens_q));
+    return dimensions(q, k, 3, varlen->cu_seqlens_q.sizes[0] - 1);
+  }
+  ValidatedCall call = dimensions(q, k, 4, q.sizes[0]);
+  if (k.sizes[0] != call.batch)
+    fail("k", "batch size B = " + std::to_string(call.batch) + " like q",
+         "shape " + shape_string(k));
+  return call;
+}
+
+// The head dim, the batch and head counts, and k's head dim like q's.
+void check_query_key_shapes(const ValidatedCall& call, const TensorView& q,
+                            const char* batch_name, const char* k_name, const TensorView& k) {
   check_head_dim(q, call.head_dim);
   check_counts(batch_name, call.batch, q, call.heads, k_name, k, call.heads_k);
   if (k.sizes[static_cast<size_t>(k.ndim - 1)] != call.head_dim)
     fail(k_name, "head dim D = " + std::to_string(call.head_dim) + " like q",
          "shape " + shape_string(k));
+}
+
+// check_query_key_shapes, then v shaped like k and out like q (out's elements distinct).
+void check_attention_shapes(const ValidatedCall& call, const TensorView& q,
+                            const char* batch_name, const char* k_name, const TensorView& k,
+                            const char* v_name, const TensorView& v, const std::string& v_layout,
+                            const TensorView& out, const std::string& out_layout) {
+  check_query_key_shapes(call, q, batch_name, k_name, k);
   check_shape(v_name, v, sizes_of(k), v_layout);
   check_shape("out", out, sizes_of(q), out_layout);
   check_no_self_overlap("out", out);
@@ -645,16 +667,7 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
   inputs.pop_back();
   const std::vector<Argument> copied_by_rows{inputs[0], inputs[1], inputs[2], out_checked};
 
-  if (is_varlen) {  // B comes from cu_seqlens_q, so check its structure first
-    check_view("cu_seqlens_q", varlen->cu_seqlens_q, 1);
-    if (varlen->cu_seqlens_q.sizes[0] < 1)
-      fail("cu_seqlens_q", "B + 1 >= 1 entries", "shape " + shape_string(varlen->cu_seqlens_q));
-  }
-  ValidatedCall call =
-      dimensions(q, k, rank, is_varlen ? varlen->cu_seqlens_q.sizes[0] - 1 : q.sizes[0]);
-  if (!is_varlen && k.sizes[0] != call.batch)
-    fail("k", "batch size B = " + std::to_string(call.batch) + " like q",
-         "shape " + shape_string(k));
+  ValidatedCall call = batch_dimensions(q, k, varlen);
   check_attention_shapes(call, q, is_varlen ? "cu_seqlens_q" : "q", "k", k, "v", v,
                          is_varlen ? "= (total_k, Hk, D) like k" : "= (B, Sk, Hk, D) like k",
                          out, is_varlen ? "= (total_q, H, D) like q" : "= (B, Sq, H, D) like q");
@@ -790,6 +803,45 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
   const bool rotary_q_per_row =
       kvcache_rotary_q_per_row(options.window_left, window_right_of(options));
   check_kvcache_values(cache, batch, call.rows_q, seqlen_new, capacity, rotary_q_per_row);
+  return call;
+}
+
+ValidatedCall validate_probabilities(const TensorView& q, const TensorView& k,
+                                     const TensorView& probs, const Varlen* varlen,
+                                     const Options& options, const Execution& execution) {
+  check_options(options);
+  check_execution(execution);
+
+  const bool is_varlen = varlen != nullptr;
+  const int rank = is_varlen ? 3 : 4;
+  std::vector<Argument> inputs =
+      expect(q, {{.name = "q", .view = &q, .rank = rank,
+                  .dtypes = {DType::Float32, DType::Float16, DType::BFloat16},
+                  .on_q_device = false},
+                 {.name = "k", .view = &k, .rank = rank, .dtypes = {q.dtype}}});
+  const Extent probs_extent =
+      expect(q, {{.name = "probs", .view = &probs, .rank = 4, .dtypes = kFloat32}})
+          .front()
+          .extent;
+  ValidatedCall call = batch_dimensions(q, k, varlen);
+  check_query_key_shapes(call, q, is_varlen ? "cu_seqlens_q" : "q", "k", k);
+  append(inputs, expect_alibi(options, q, call.batch, call.heads));
+  if (is_varlen)
+    append(inputs, expect_varlen(*varlen, q, call.batch, call.rows_q, call.rows_k));
+
+  // One row per query position and one column per key position of the longest sequence.
+  check_shape("probs", probs,
+              {call.batch, call.heads, is_varlen ? varlen->max_seqlen_q : call.rows_q,
+               is_varlen ? varlen->max_seqlen_k : call.rows_k},
+              is_varlen ? "= (B, H, max_seqlen_q, max_seqlen_k)" : "= (B, H, Sq, Sk)");
+  check_no_self_overlap("probs", probs);
+  for (const Argument& in : inputs)
+    check_disjoint("probs", probs, probs_extent, in.name, *in.view, in.extent);
+
+  // The CUDA kernel reads and writes element by element: no 16-byte rows needed.
+  call.backend = resolve_backend(execution, q);
+  for (const Argument& in : inputs) check_pointer_location(in.name, *in.view);
+  check_pointer_location("probs", probs);
   return call;
 }
 

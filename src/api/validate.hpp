@@ -34,6 +34,14 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
                                 const TensorView& dk, const TensorView& dv, const Varlen* varlen,
                                 const Options& options, const Execution& execution);
 
+// attention_probabilities' checks: q and k as the forward's (same dtype, shapes, GQA), the
+// options, ALiBi slopes and varlen tensors alike, and probs fp32 (B, H, Sq, Sk) dense or
+// (B, H, max_seqlen_q, max_seqlen_k) varlen on q's device, its elements distinct and disjoint
+// from every input.
+ValidatedCall validate_probabilities(const TensorView& q, const TensorView& k,
+                                     const TensorView& probs, const Varlen* varlen,
+                                     const Options& options, const Execution& execution);
+
 // forward_kvcache's checks: the forward's rules for q, out, lse and the options (dropout
 // rejected), the caches (dense or paged), k_new/v_new, the rotary tables and the int32
 // per-sequence tensors, and that nothing written (out, lse, the caches when k_new is given)

@@ -70,6 +70,16 @@ struct BackwardParams {
   bool deterministic = false;  // what the caller asked; the CPU engine always is
 };
 
+// The normalised description of one attention_probabilities call: the forward it describes
+// (v, out and lse null: the probabilities need only q, k and the options) and the fp32 output,
+// (B, H, fwd.seqlen_q, fwd.seqlen_k): dense Sq x Sk, varlen max_seqlen_q x max_seqlen_k, with
+// row i and column j of (b, h) the position within sequence b (last dimension contiguous).
+struct ProbabilitiesParams {
+  ForwardParams fwd;
+  float* probs = nullptr;
+  int64_t probs_batch_stride = 0, probs_head_stride = 0, probs_row_stride = 0;
+};
+
 // Where sequence b starts and how long it is, for dense and varlen alike.
 struct SequenceView {
   int64_t q_row0 = 0, k_row0 = 0;  // first row in the row dimension of q/out and k/v

@@ -11,4 +11,8 @@ namespace flashattn::detail::cuda {
 // (none: the forward writes only out and lse).
 size_t forward(const ForwardParams& params);
 
+// attention_probabilities on params.fwd.stream (cuda/probabilities.cu): a simple kernel, no
+// workspace.
+size_t probabilities(const ProbabilitiesParams& params);
+
 }  // namespace flashattn::detail::cuda

@@ -22,6 +22,11 @@ size_t forward(const ForwardParams&) {  // unreachable: validation rejects the c
               "cuda");
 }
 
+size_t probabilities(const ProbabilitiesParams&) {  // unreachable, as above
+  throw Error(ErrorCode::Unsupported, "backend", "cpu or auto (this build has no CUDA backend)",
+              "cuda");
+}
+
 size_t backward(const BackwardParams&) {  // unreachable: validation rejects the cuda backend
   throw Error(ErrorCode::Unsupported, "backend", "cpu or auto (this build has no CUDA backend)",
               "cuda");

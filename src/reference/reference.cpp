@@ -179,15 +179,15 @@ struct Problem {
   }
 };
 
-// Steps 1-6 of SPEC.md for one (b, h): the scores, the softmax P (undropped, 0 where not
-// visible), the dropout multipliers M, each row's lse, and tanh(r / cap) for the softcap's
-// derivative.
+// Steps 1-6 of SPEC.md for one (b, h): the scores S, the softmax P (undropped, 0 where not
+// visible), the dropout multipliers M, each row's max over its visible scores and its lse,
+// and tanh(r / cap) for the softcap's derivative.
 struct Head {
   int64_t Sq = 0, Sk = 0;
   std::vector<double> Q, K, V;
-  std::vector<double> P, M, tanh;
+  std::vector<double> S, P, M, tanh;
   std::vector<char> visible;
-  std::vector<double> lse;
+  std::vector<double> max, lse;
 
   Head(const Problem& pr, int64_t b, int64_t h) {
     const Problem::Sequence seq = pr.sequence(b);
@@ -203,12 +203,13 @@ struct Head {
       slope = pr.options.alibi_slopes->ndim == 2 ? s[b * pr.H + h] : s[h];
     }
     const size_t n = static_cast<size_t>(Sq * Sk);
-    std::vector<double> S(n);
+    S.assign(n, 0.0);
     P.assign(n, 0.0);
     M.assign(n, 1.0);
     tanh.assign(n, 0.0);
     visible.assign(n, 0);
     lse.assign(static_cast<size_t>(Sq), -std::numeric_limits<double>::infinity());
+    max.assign(static_cast<size_t>(Sq), -std::numeric_limits<double>::infinity());
     for (int64_t i = 0; i < Sq; ++i) {
       for (int64_t j = 0; j < Sk; ++j) {
         const size_t ij = size_t(i * Sk + j);
@@ -242,6 +243,7 @@ struct Head {
       }
       if (!any) continue;
       if (nan) mx = std::numeric_limits<double>::quiet_NaN();
+      max[size_t(i)] = mx;
       double sum = 0;
       for (int64_t j = 0; j < Sk; ++j)
         if (visible[size_t(i * Sk + j)]) sum += std::exp(S[size_t(i * Sk + j)] - mx);
@@ -384,6 +386,33 @@ std::vector<double> dropped_probabilities(const TensorView& q, const TensorView&
           probs[size_t((b * pr.H + h) * Sq * Sk + ij)] = head.dropped(pr, size_t(ij));
     }
   return probs;
+}
+
+Probabilities attention_probabilities(const TensorView& q, const TensorView& k,
+                                      const Options& options, const Varlen* varlen) {
+  // k stands in for v, which the probabilities do not involve.
+  const Problem pr(q, k, k, options, varlen, Arithmetic::Float64);
+  const int64_t rows = varlen ? varlen->max_seqlen_q : pr.rows_q;
+  const int64_t cols = varlen ? varlen->max_seqlen_k : pr.rows_k;
+  Probabilities out;
+  out.probs.assign(static_cast<size_t>(pr.B * pr.H * rows * cols), 0.0);
+  out.row_max.assign(static_cast<size_t>(pr.B * pr.H * rows),
+                     -std::numeric_limits<double>::infinity());
+  for (int64_t b = 0; b < pr.B; ++b)
+    for (int64_t h = 0; h < pr.H; ++h) {
+      const Head head(pr, b, h);
+      const int64_t bh = b * pr.H + h;
+      for (int64_t i = 0; i < head.Sq; ++i) {
+        out.row_max[size_t(bh * rows + i)] = head.max[size_t(i)];
+        for (int64_t j = 0; j < head.Sk; ++j) {
+          const size_t ij = size_t(i * head.Sk + j);
+          if (!head.visible[ij]) continue;
+          const double x = std::exp(head.S[ij] - head.max[size_t(i)]);
+          out.probs[size_t((bh * rows + i) * cols + j)] = head.M[ij] == 0.0 ? -x : x;
+        }
+      }
+    }
+  return out;
 }
 
 double max_abs_error(const std::vector<double>& actual, const std::vector<double>& exact) {

@@ -53,6 +53,17 @@ std::vector<uint8_t> dropout_mask(const Options& options, int64_t b, int64_t h, 
 std::vector<double> dropped_probabilities(const TensorView& q, const TensorView& k,
                                           const TensorView& v, const Options& options);
 
+// What attention_probabilities (flashattn.hpp) must write, computed from the definition: for
+// each (b, h) a (rows, cols) matrix, rows x cols = Sq x Sk dense and max_seqlen_q x
+// max_seqlen_k varlen, exp(s_ij - max_i) where query i sees key j (negated where dropout
+// drops it), 0 elsewhere; and max_i itself, (B, H, rows), -inf for rows that see no key or
+// lie past their sequence. Both contiguous.
+struct Probabilities {
+  std::vector<double> probs, row_max;
+};
+Probabilities attention_probabilities(const TensorView& q, const TensorView& k,
+                                      const Options& options, const Varlen* varlen = nullptr);
+
 // The elements of a host view in row-major logical order, as double.
 std::vector<double> gather(const TensorView& t);
 // The inverse, for tools that make inputs: writes `values` (one per element of the host view,

@@ -2,15 +2,14 @@
 import torch
 
 
-def attention_reference(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0,
-                        alibi=None, keep=None, dropout_p=0.0):
-    """q (B, Sq, H, D), k/v (B, Sk, Hk, D); computed in the inputs' dtype. keep (B, H, Sq, Sk)
-    bool: the dropout mask to apply (scaled by 1/(1-dropout_p)). Returns out, lse."""
+def scores_reference(q, k, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0,
+                     alibi=None):
+    """The scores (B, H, Sq, Sk) of docs/SPEC.md, steps 1-4: -inf where masked. q (B, Sq, H, D),
+    k (B, Sk, Hk, D); computed in the inputs' dtype."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else d ** -0.5
     k = k.repeat_interleave(h // hk, dim=2)
-    v = v.repeat_interleave(h // hk, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
@@ -29,7 +28,15 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, window=(-1, -
         visible &= j >= diag - left
     if right >= 0:
         visible &= j <= diag + right
-    s = s.masked_fill(~visible, float("-inf"))
+    return s.masked_fill(~visible, float("-inf"))
+
+
+def attention_reference(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0,
+                        alibi=None, keep=None, dropout_p=0.0):
+    """q (B, Sq, H, D), k/v (B, Sk, Hk, D); computed in the inputs' dtype. keep (B, H, Sq, Sk)
+    bool: the dropout mask to apply (scaled by 1/(1-dropout_p)). Returns out, lse."""
+    s = scores_reference(q, k, softmax_scale, causal, window, softcap, alibi)
+    v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     if keep is not None:
