@@ -40,7 +40,7 @@ case ${1:-} in
     [ -f "$dir/test_flash_attn.py" ] || { echo "upstream_tests: run prepare first" >&2; exit 2; }
     ids=$out/upstream_ids.txt
     (cd "$dir" && python3 -m pytest --collect-only -q -p no:cacheprovider test_flash_attn.py) |
-      grep '::' >"$ids.all"
+      grep '::' | sed "s|^$dir/||" >"$ids.all"  # ids relative to upstream/, where pytest runs
     python3 - "$ids.all" "$n" "$seed" >"$ids" <<'PY'
 import random, sys
 ids = open(sys.argv[1]).read().split()
