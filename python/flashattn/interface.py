@@ -95,7 +95,8 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
         left, right = _window(window_size)
         options = (float(dropout_p), softmax_scale, bool(causal), left, right, float(softcap),
                    alibi_slopes)
-        out, lse, rng_state = torch_ops.forward(q, k, v, *options, bool(deterministic))
+        out, lse, rng_state = torch_ops.forward(q, k, v, *options, bool(deterministic),
+                                                want_lse=bool(return_attn_probs))
         if return_attn_probs and dropout_p > 0:
             probs = torch_ops.attn_probs(q.detach(), k.detach(), rng_state, *options)
     else:
@@ -323,7 +324,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                              rotary_sin, bool(rotary_interleaved),
                                              cache_batch_idx, cache_leftpad, block_table,
                                              softmax_scale, bool(causal), left, right,
-                                             float(softcap), alibi_slopes, int(num_splits))
+                                             float(softcap), alibi_slopes, int(num_splits),
+                                             want_lse=bool(return_softmax_lse))
     else:
         out, lse = _array.forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                           cache_seqlens, cache_batch_idx, cache_leftpad,

@@ -143,13 +143,14 @@ def _wants_grad(*tensors: Tensor) -> bool:
 # ---------------------------------------------------------------------------- dense
 
 def _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-              alibi_slopes, deterministic, rng_state):
+              alibi_slopes, deterministic, rng_state, want_lse=True):
     _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     _check_dim(v, "v", 4, "(batch, seqlen_k, nheads_k, headdim_v)")
     q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]))
-    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    # Without a gradient or a caller that reads it, the library skips the lse: no allocation.
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32) if want_lse else None
     _C.forward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
                _desc(lse, "lse"),
                **_options(softmax_scale, causal, window_left, window_right, softcap,
@@ -253,9 +254,11 @@ class _EagerAttention(torch.autograd.Function):
 
 
 def forward(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-            alibi_slopes, deterministic) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+            alibi_slopes, deterministic, want_lse=True) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """out, lse, rng_state (None without dropout on the eager path) of flash_attn_func: the op,
-    or its implementation when the call is plainly eager (module docstring)."""
+    or its implementation when the call is plainly eager (module docstring). want_lse=False:
+    the caller does not read lse, which the eager path then leaves out (None) unless autograd
+    needs it."""
     if not _plain_eager(q, k, v, alibi_slopes):
         return fwd(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right,
                    softcap, alibi_slopes, deterministic)
@@ -266,7 +269,8 @@ def forward(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right
                                          window_right, softcap, alibi_slopes, deterministic)
     else:
         out, lse = _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left,
-                             window_right, softcap, alibi_slopes, deterministic, rng_state)
+                             window_right, softcap, alibi_slopes, deterministic, rng_state,
+                             want_lse)
     return out, lse, rng_state
 
 
@@ -460,7 +464,7 @@ def _(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state, d
 def _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin,
                       rotary_interleaved, cache_batch_idx, cache_leftpad, block_table,
                       softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                      num_splits):
+                      num_splits, want_lse=True):
     _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     _check_dim(v_cache, "v_cache", 4, "(batch_cache, seqlen_cache, nheads_k, headdim_v) or "
                "(num_blocks, page_block_size, nheads_k, headdim_v)")
@@ -472,7 +476,7 @@ def _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rota
                                                      cache_leftpad, block_table))
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v_cache.shape[-1]))
-    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32) if want_lse else None
     _C.forward_kvcache(
         _desc(q, "q"), _desc(k_cache, "k_cache"), _desc(v_cache, "v_cache"),
         _desc(cache_seqlens, "cache_seqlens"), _desc(out, "out"), _desc(lse, "lse"),
@@ -512,15 +516,18 @@ def _(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin, rotary_i
     return out, lse
 
 
-def forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, *rest) -> Tuple[Tensor, Tensor]:
+def forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, *rest,
+                    want_lse=True) -> Tuple[Tensor, Optional[Tensor]]:
     """out, lse of flash_attn_with_kvcache: the op, or its implementation when plainly eager
-    (rest: fwd_kvcache's arguments after v). The op has no autograd formula: a call that
-    wants a gradient takes the op, so that it refuses the backward as the op does."""
+    (rest: fwd_kvcache's arguments after v; want_lse as forward()'s). The op has no autograd
+    formula: a call that wants a gradient takes the op, so that it refuses the backward as the
+    op does."""
     tensors = (q, k_cache, v_cache, cache_seqlens, k, v) + tuple(
         t for t in rest if isinstance(t, Tensor))
     if not _plain_eager(*tensors) or _wants_grad(q, k_cache, v_cache, *(t for t in (k, v) if t is not None)):
         return fwd_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, *rest)
-    out, lse = _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, *rest)
+    out, lse = _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, *rest,
+                                 want_lse=want_lse)
     if k is not None:
         # What the op does for its mutated arguments: autograd sees the caches change.
         torch.autograd.graph.increment_version((k_cache, v_cache))
