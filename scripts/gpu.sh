@@ -18,7 +18,8 @@
 # Environment: OUT (results, default ./gpu-results), FLASHATTN_CUDA_ARCHS (CUDA code to build on
 # a first configure, e.g. sm_90a on an H200: half the build time), BENCH_ARGS (extra arguments
 # of both benchmarks, e.g. --quick), PYTHON (default python3), GPU_SERIAL=1 (sanitizers after
-# the test stage, not beside it), SANITIZE_TIMEOUT (seconds per run, default 520).
+# the test stage, not beside it), SANITIZE_TIMEOUT (seconds per run, default 520),
+# SANITIZE_ONLY (an extended regex over "TOOL TEST", e.g. 'memcheck.*kvcache': only those runs).
 # Results: $OUT/summary.txt (the machine, then a table of every step: status, seconds, outcome;
 # printed last), the benchmarks' tables and JSON, and every log in $OUT/logs.tar.gz. The exit
 # status is nonzero when any step failed. Build dependencies the machine lacks (it has no
@@ -208,6 +209,8 @@ run_sanitize() {
     label="$tool ${test%_cuda}"
     [ "$family" = default ] || label+=" ($family forward)"
     [ "$filter" = "$SM90_BWD_FILTER" ] && label+=" (sm90 calls)"
+    # SANITIZE_ONLY: an extended regex over "TOOL TEST": the runs a change concerns.
+    if [ -n "${SANITIZE_ONLY:-}" ] && ! [[ "$tool $test" =~ $SANITIZE_ONLY ]]; then continue; fi
     step "$label" "sanitizer_$i.log" sanitize_one "$tool" "$test" "$family" "$filter" &
     pids+=($!)
   done
