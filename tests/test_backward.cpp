@@ -1,7 +1,8 @@
 // A backend's backward against the float64 reference backward (docs/SPEC.md's 3x rule for
 // gradients), over the forward suite's grid kinds: masks x softcap x ALiBi x dtype on odd
-// geometries, dropout, head dims, Sq != Sk both ways, Sk = 0, fully masked rows, GQA 1/2/8,
-// ragged batches with empty sequences; plus (CPU) determinism across runs and thread counts.
+// geometries, dropout, head dims (multiples of 8 and not), Sq != Sk both ways, Sk = 0, fully
+// masked rows, GQA 1/2/8, ragged batches with empty sequences; plus (CPU) determinism across
+// runs and thread counts.
 // Compiled once per backend: test_backward_cpu, and test_backward_cuda (FLASHATTN_TEST_CUDA,
 // label gpu), where the inputs' forward still runs on the CPU engine (reference-checked) and
 // its out and lse are mirrored to the GPU with every other tensor (backward_on_backend); the
@@ -106,6 +107,31 @@ TEST_P(BackwardHeadDims, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Some, BackwardHeadDims,
                          ::testing::Values(8, 16, 24, 56, 72, 88, 120, 128, 152, 184, 232, 256));
+
+// Head dims that are not multiples of 8 (on CUDA: zero-padded copies of q, k, v, out and
+// dout in, of dq, dk and dv back, cuda/head_dim_padding.hpp): every dtype and memory layout,
+// masks, GQA, softcap, ALiBi, dropout and both modes; the plain calls among them take the
+// Hopper kernels of the padded head dim's bucket.
+class BackwardOddHeadDims : public ::testing::TestWithParam<int> {};
+
+TEST_P(BackwardOddHeadDims, MatchesReference) {
+  const int d = GetParam();
+  int n = 0;
+  for (DType dt : kDtypes)
+    for (Layout layout : {Layout::Contiguous, Layout::HeadMajor, Layout::Padded, Layout::Packed}) {
+      const bool packed = layout == Layout::Packed;
+      Case c{.batch = 1 + n % 2, .seqlen_q = packed ? 70 : 67, .seqlen_k = packed ? 70 : 93,
+             .heads = 4, .heads_k = packed ? 4 : 2 - n % 2, .head_dim = d, .dtype = dt,
+             .causal = n % 2 == 0, .window_left = n % 6 == 4 ? 19 : -1,
+             .softcap = n % 3 == 1 ? 2.5f : 0.0f,
+             .alibi = n % 4 == 3 ? Case::Alibi::PerHead : Case::Alibi::Off, .layout = layout};
+      run_backward_case(c, n % 5 == 2 ? 0.2f : 0.0f, n % 4 == 1);
+      ++n;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(NotMultiplesOf8, BackwardOddHeadDims,
+                         ::testing::Values(1, 5, 59, 111, 250));
 
 // Plain calls (no softcap, ALiBi or dropout; the default mode) at head dims in each bucket
 // that the Hopper backward kernels take (64, 128 and 256, padded or whole), every mask, both
@@ -323,6 +349,7 @@ TEST_P(BackwardVarlen, EmptySequencesSequsedAndEveryFeature) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, BackwardVarlen, ::testing::Values(32, 64, 128, 256));
+INSTANTIATE_TEST_SUITE_P(HeadDimsNotMultiplesOf8, BackwardVarlen, ::testing::Values(5, 111, 250));
 
 }  // namespace
 }  // namespace flashattn::testing

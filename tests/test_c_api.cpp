@@ -640,11 +640,11 @@ std::vector<CErrorCase> c_error_cases() {
        "lse: expected", {"dtype fp32", "dtype fp16"}, true},
       {"q_null_data", kDense, [](CCall& c) { c.tq().data = nullptr; }, kInvalid, "q: expected",
        {"non-null"}, true},
-      {"head_dim_12", kDense,
+      {"head_dim_257", kDense,
        [](CCall& c) {
-         for (fa_tensor* t : {&c.tq(), &c.tk(), &c.tv(), &c.tout()}) t->sizes[3] = 12;
+         for (fa_tensor* t : {&c.tq(), &c.tk(), &c.tv(), &c.tout()}) t->sizes[3] = 257;
        },
-       kInvalid, "q: expected", {"D = 12"}, true},
+       kInvalid, "q: expected", {"D = 257"}, true},
       {"dropout_1", kDense, [](CCall& c) { c.options.dropout_p = 1.0f; }, kInvalid,
        "dropout_p: expected", {"[0, 1)"}, true},
       {"softmax_scale_nan", kDense,

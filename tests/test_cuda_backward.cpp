@@ -344,6 +344,34 @@ TEST(CudaBackward, RunsOnTheGivenStreamAndReportsItsWorkspace) {
   cuda_check(cudaStreamDestroy(stream), "destroy");
 }
 
+// A head dim that is not a multiple of 8 (37: rows of 40, bucket 64) adds the padded copies
+// of q, k, v, out and dout (in) and dq, dk, dv (back) to the workspace, each on a 256-byte
+// boundary (cuda/head_dim_padding.hpp).
+TEST(CudaBackward, OddHeadDimReportsItsPaddedCopies) {
+  Case c;
+  c.batch = 2;
+  c.seqlen_q = 100;
+  c.seqlen_k = 90;
+  c.heads = 4;
+  c.heads_k = 1;
+  c.head_dim = 37;
+  c.dtype = DType::BFloat16;
+  Options o;
+  o.causal = true;
+  GpuProblem p(c, o);
+  DeviceTensors d(p);
+  const auto copy = [](size_t rows) { return (rows * 40 * 2 + 255) / 256 * 256; };
+  const size_t query_rows = 2 * 100 * 4, key_rows = 2 * 90 * 1;
+  const size_t copies = 4 * copy(query_rows) + 4 * copy(key_rows);  // q out dout dq, k v dk dv
+  for (bool deterministic : {false, true}) {
+    p.o.deterministic = deterministic;
+    const RunInfo info = d.backward(p.o);
+    EXPECT_EQ(info.workspace_bytes,
+              copies + (deterministic ? query_rows * 4 : query_rows * 4 * (64 + 1)));
+    expect_gradients_match_reference(p, deterministic ? "deterministic" : "default");
+  }
+}
+
 // --- Validation of the CUDA path: each rule names the argument and writes nothing ----------
 
 struct ErrorProblem : GpuProblem {

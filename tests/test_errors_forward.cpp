@@ -129,13 +129,11 @@ std::vector<DenseCase> dense_cases() {
        kInvalid, "v", {"fit in 64 bits"}, {"4611686018427387904"}},
 
       // ---- Head dims and head counts.
-      {"head_dim_12", [](Dense& c) { c.set_head_dim(12); }, kInvalid, "q",
-       {"multiple of 8", "[8, 256]"}, {"D = 12"}},
-      {"head_dim_4", [](Dense& c) { c.set_head_dim(4); }, kInvalid, "q", {"[8, 256]"},
-       {"D = 4"}},
-      {"head_dim_0", [](Dense& c) { c.set_head_dim(0); }, kInvalid, "q", {"[8, 256]"},
+      {"head_dim_0", [](Dense& c) { c.set_head_dim(0); }, kInvalid, "q", {"[1, 256]"},
        {"D = 0"}},
-      {"head_dim_264", [](Dense& c) { c.set_head_dim(264); }, kInvalid, "q", {"[8, 256]"},
+      {"head_dim_257", [](Dense& c) { c.set_head_dim(257); }, kInvalid, "q", {"[1, 256]"},
+       {"D = 257", "(2, 3, 6, 257)"}},
+      {"head_dim_264", [](Dense& c) { c.set_head_dim(264); }, kInvalid, "q", {"[1, 256]"},
        {"D = 264", "(2, 3, 6, 264)"}},
       {"no_query_heads",
        [](Dense& c) {
@@ -406,6 +404,10 @@ std::vector<ValidCase> valid_cases() {
       {"head_dim_8", [](Dense& c) { c.set_head_dim(8); }},
       {"head_dim_256", [](Dense& c) { c.set_head_dim(256); }},
       {"head_dim_136", [](Dense& c) { c.set_head_dim(136); }},
+      // Any head dim in [1, 256]: those that are not multiples of 8 as well.
+      {"head_dim_1", [](Dense& c) { c.set_head_dim(1); }},
+      {"head_dim_12", [](Dense& c) { c.set_head_dim(12); }},
+      {"head_dim_251", [](Dense& c) { c.set_head_dim(251); }},
       {"mqa_Hk_1",
        [](Dense& c) {
          c.k = reshaped(c.k, {B, Sk, 1, D});

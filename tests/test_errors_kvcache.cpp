@@ -157,9 +157,9 @@ std::vector<KvErrorCase> kvcache_cases() {
        {"non-null"}, {"null"}},
 
       // ---- Head dims, head counts, shapes.
-      {"head_dim_12", [](Kv& c) { c.set_head_dim(12); }, kInvalid, "q", {"multiple of 8"},
-       {"D = 12"}},
-      {"head_dim_264", [](Kv& c) { c.set_head_dim(264); }, kInvalid, "q", {"[8, 256]"},
+      {"head_dim_0", [](Kv& c) { c.set_head_dim(0); }, kInvalid, "q", {"[1, 256]"},
+       {"D = 0"}},
+      {"head_dim_264", [](Kv& c) { c.set_head_dim(264); }, kInvalid, "q", {"[1, 256]"},
        {"D = 264"}},
       {"H6_not_a_multiple_of_Hk4",
        [=](Kv& c) {

@@ -52,6 +52,31 @@ TEST_P(HeadDims, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(MultiplesOf8, HeadDims, ::testing::Range(8, 257, 8));
 
+// Head dims that are not multiples of 8, which the CUDA backend runs on zero-padded copies
+// (cuda/head_dim_padding.hpp): every dtype and memory layout (packed and padded views have
+// rows that are not 16-byte aligned), masks, GQA, softcap, ALiBi, with and without lse. The
+// default scale must be 1/sqrt(D) of the caller's D, not of the padded one.
+class OddHeadDims : public ::testing::TestWithParam<int> {};
+
+TEST_P(OddHeadDims, MatchesReference) {
+  const int d = GetParam();
+  int n = 0;
+  for (DType dt : kDtypes)
+    for (Layout layout : {Layout::Contiguous, Layout::HeadMajor, Layout::Padded, Layout::Packed}) {
+      const bool packed = layout == Layout::Packed;
+      Case c{.batch = 1 + n % 2, .seqlen_q = packed ? 77 : 67, .seqlen_k = packed ? 77 : 129,
+             .heads = 4, .heads_k = packed ? 4 : 2 - n % 2, .head_dim = d, .dtype = dt,
+             .causal = n % 2 == 0, .window_left = n % 6 == 4 ? 19 : -1,
+             .softcap = n % 3 == 1 ? 2.5f : 0.0f,
+             .alibi = n % 4 == 3 ? Case::Alibi::PerHead : Case::Alibi::Off, .layout = layout,
+             .with_lse = n % 5 != 4};
+      run_dense_case(c);
+      ++n;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(NotMultiplesOf8, OddHeadDims, ::testing::Values(1, 5, 59, 111, 250));
+
 // The long lengths of the sweep: 1023 and 1025 straddle the 64-row/64-key tiles.
 struct LongCase {
   const char* name;
@@ -221,15 +246,16 @@ TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
 
 // Every mask x dtype with dropout on odd geometries (windows make the first visible key of a
 // block arbitrary, so a lane's two columns can straddle two Philox groups), some with softcap
-// and ALiBi, head dims from 8 to 256: the keep bits must be the reference's (docs/SPEC.md,
+// and ALiBi, head dims from 8 to 256 (59 among them): the keep bits must be the reference's (docs/SPEC.md,
 // "Dropout"), so a wrong bit shows as an output error far beyond the tolerance.
 TEST(Dropout, EveryMaskAndDtypeMatchesTheReference) {
   const Geometry geometries[] = {{2, 97, 113, 4, 2, 40}, {1, 130, 61, 6, 3, 64},
-                                 {1, 33, 150, 2, 1, 256}, {3, 17, 17, 2, 2, 8}};
+                                 {1, 33, 150, 2, 1, 256}, {3, 17, 17, 2, 2, 8},
+                                 {2, 45, 70, 4, 1, 59}};
   int n = 0;
   for (const Mask& m : kMasks)
     for (DType dt : kDtypes) {
-      const Geometry g = geometries[n % 4];
+      const Geometry g = geometries[size_t(n) % std::size(geometries)];
       Case c{.batch = g.batch, .seqlen_q = g.seqlen_q, .seqlen_k = g.seqlen_k, .heads = g.heads,
              .heads_k = g.heads_k, .head_dim = g.head_dim, .dtype = dt, .causal = m.causal,
              .window_left = m.left, .window_right = m.right, .softcap = n % 5 == 2 ? 2.5f : 0.0f,
@@ -252,6 +278,7 @@ struct VarlenCase {
   bool seqused = false;
   int64_t extra_max = 0;  // max_seqlen beyond the longest sequence (allowed)
   float dropout_p = 0;
+  int64_t extra_rows = 0;  // rows past cu_seqlens[B] in every tensor: never read nor written
 };
 
 void run_varlen_case(const VarlenCase& vc) {
@@ -260,11 +287,12 @@ void run_varlen_case(const VarlenCase& vc) {
   for (int32_t n : vc.lens_q) cu_q.push_back(cu_q.back() + n);
   for (int32_t n : vc.lens_k) cu_k.push_back(cu_k.back() + n);
   const int64_t total_q = cu_q.back(), total_k = cu_k.back();
-  Buffer q(vc.dtype, total_q * H * D), k(vc.dtype, total_k * Hk * D), v(vc.dtype, total_k * Hk * D);
+  const int64_t rows_q = total_q + vc.extra_rows, rows_k = total_k + vc.extra_rows;
+  Buffer q(vc.dtype, rows_q * H * D), k(vc.dtype, rows_k * Hk * D), v(vc.dtype, rows_k * Hk * D);
   q.fill_random();
   k.fill_random();
   v.fill_random();
-  Buffer out(vc.dtype, total_q * H * D), lse(DType::Float32, H * total_q);
+  Buffer out(vc.dtype, rows_q * H * D), lse(DType::Float32, H * rows_q);
   out.poison();
   lse.poison();
   Buffer cuq = int32_buffer(cu_q), cuk = int32_buffer(cu_k);
@@ -291,14 +319,26 @@ void run_varlen_case(const VarlenCase& vc) {
   shape.dropout_p = vc.dropout_p;
   Buffer slopes;
   const Options o = options_of(shape, slopes);
+  forward_on_backend(q.view({rows_q, H, D}), k.view({rows_k, Hk, D}), v.view({rows_k, Hk, D}),
+                     out.view({rows_q, H, D}), lse.view({H, rows_q}), o, &varlen);
+  std::string what = std::string("varlen ") + dtype_name(vc.dtype) + " mask=" + vc.mask.name +
+                     " D=" + std::to_string(D) + (vc.seqused ? " seqused_k" : "") +
+                     (vc.dropout_p > 0 ? " dropout" : "") + " seed=" + std::to_string(test_seed());
+  // The rows of the sequences against the reference; the extra rows still poisoned.
   const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}),
                    vv = v.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
-                   lv = lse.view({H, total_q});
-  forward_on_backend(qv, kv, vv, ov, lv, o, &varlen);
-  std::string what = std::string("varlen ") + dtype_name(vc.dtype) + " mask=" + vc.mask.name +
-                     (vc.seqused ? " seqused_k" : "") +
-                     (vc.dropout_p > 0 ? " dropout" : "") + " seed=" + std::to_string(test_seed());
+                   lv = lse.view({H, total_q}, {rows_q, 1});
   expect_matches_reference(qv, kv, vv, o, &varlen, ov, &lv, what);
+  if (vc.extra_rows == 0) return;
+  const std::vector<double> out_all = reference::gather(out.view({rows_q, H, D}));
+  const std::vector<double> lse_all = reference::gather(lse.view({H, rows_q}));
+  int64_t written = 0;
+  for (int64_t r = total_q; r < rows_q; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      written += !std::isnan(lse_all[size_t(h * rows_q + r)]);
+      for (int64_t d = 0; d < D; ++d) written += !std::isnan(out_all[size_t((r * H + h) * D + d)]);
+    }
+  EXPECT_EQ(written, 0) << what << ": elements of out or lse past cu_seqlens_q[B] were written";
 }
 
 TEST(Varlen, EmptySequencesAndEveryFeature) {
@@ -318,6 +358,31 @@ TEST(Varlen, EmptySequencesAndEveryFeature) {
       vc.extra_max = n % 4 == 0 ? 17 : 0;
       vc.heads_k = n % 2 ? 1 : 4;
       vc.dropout_p = n % 4 == 1 ? 0.23f : 0.0f;
+      run_varlen_case(vc);
+      ++n;
+    }
+}
+
+// Ragged batches at head dims that are not multiples of 8, some with tensors longer than
+// cu_seqlens[B]: the rows past it must stay unwritten by the CUDA backend's padded copies as
+// by the kernels.
+TEST(Varlen, HeadDimsNotMultiplesOf8) {
+  int n = 0;
+  for (int64_t d : {1, 5, 111, 250})
+    for (DType dt : kDtypes) {
+      VarlenCase vc;
+      vc.lens_q = {0, 37, 1, 64, 5};
+      vc.lens_k = {3, 0, 77, 64, 2};
+      vc.head_dim = d;
+      vc.dtype = dt;
+      vc.mask = kMasks[size_t(n) % std::size(kMasks)];
+      vc.softcap = n % 3 == 1 ? 2.5f : 0.0f;
+      vc.alibi = static_cast<Case::Alibi>(n % 3);
+      vc.seqused = n % 2 == 1;
+      vc.extra_max = n % 4 == 0 ? 9 : 0;
+      vc.heads_k = n % 2 ? 1 : 4;
+      vc.dropout_p = n % 4 == 1 ? 0.23f : 0.0f;
+      vc.extra_rows = n % 3 == 0 ? 0 : 3;
       run_varlen_case(vc);
       ++n;
     }

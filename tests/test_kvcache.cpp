@@ -619,6 +619,40 @@ TEST(KvCache, OddHeadDims) {
   }
 }
 
+// Head dims that are not multiples of 8. On CUDA the call runs on padded copies
+// (cuda/head_dim_padding.hpp): q, k_new and v_new in, the positions each sequence holds
+// copied from the caller's cache (dense, picked by cache_batch_idx, or paged) into a dense
+// padded one, out and only the appended positions back, so every other cache byte must stay
+// as it was (expect_cache_appended). Every dtype, with and without an append, rotary of an
+// even rotary_dim below D (interleaved and not), masks, splits, leftpad, softcap, ALiBi.
+TEST(KvCache, HeadDimsNotMultiplesOf8) {
+  int n = 0;
+  for (int64_t d : {1, 5, 59, 111, 250})
+    for (DType dt : kDtypes) {
+      const int64_t page_sizes[] = {0, 16, 3, 0};
+      const int32_t splits[] = {0, 1, 3};
+      const bool rotary = d >= 2 && n % 4 != 3;
+      run_and_check({.name = "head dim " + std::to_string(d),
+                     .seqlens = {65, 20, 0},
+                     .seqlen_q = 1 + 2 * (n % 3),
+                     .seqlen_new = n % 3 == 2 ? 0 : 1 + 4 * (n % 2),
+                     .heads = 4,
+                     .heads_k = n % 2 ? 1 : 2,
+                     .head_dim = d,
+                     .dtype = dt,
+                     .page_size = page_sizes[n % 4],
+                     .batch_idx = n % 4 == 3,
+                     .leftpad = n % 5 == 1,
+                     .rotary = !rotary ? Rotary::Off : n % 2 ? Rotary::Interleaved : Rotary::NeoX,
+                     .rotary_dim = !rotary ? 0 : n % 2 ? d / 2 * 2 : d / 4 * 2 + 2,
+                     .mask = kMasks[size_t(n) % std::size(kMasks)],
+                     .softcap = n % 5 == 2 ? 2.5f : 0.0f,
+                     .alibi = n % 7 == 3 ? Case::Alibi::PerHead : Case::Alibi::Off,
+                     .num_splits = splits[n % 3]});
+      ++n;
+    }
+}
+
 // A plain decoding step (no append, rotary, softcap or ALiBi: the CUDA kernel's plain
 // variant) over sequences of many key blocks, so that every shared-memory stage is reused
 // several times, in each row addressing: dense with left padding, pages of 16

@@ -4,7 +4,10 @@
  * argument, what was expected and what was given. Nothing is written when a call fails.
  *
  * Structs that may grow carry `struct_size`: fill them with the matching *_init function,
- * which sets it. It tells struct versions apart; this version accepts exactly its own size. */
+ * which sets it. It tells struct versions apart; this version accepts exactly its own size.
+ *
+ * Head dims: any D in [1, 256] (k, v and out have q's). On the CUDA backend a D that is not a
+ * multiple of 8 runs on zero-padded copies of the tensors, reported in workspace_bytes. */
 #ifndef FLASHATTN_H
 #define FLASHATTN_H
 
@@ -72,7 +75,7 @@ typedef struct fa_execution {
 typedef struct fa_run_info {
   size_t struct_size;
   int32_t backend; /* the backend that ran */
-  size_t workspace_bytes;
+  size_t workspace_bytes; /* peak memory the call allocated beyond the caller's tensors */
   int32_t deterministic; /* 1: the result is bitwise reproducible */
   int32_t num_splits;    /* fa_forward_kvcache: the key chunks it merged */
 } fa_run_info;

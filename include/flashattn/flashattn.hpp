@@ -11,6 +11,8 @@
 //           lse (B, H, Sq) fp32, contiguous
 //   varlen  q (total_q, H, D) k/v (total_k, Hk, D) out (total_q, H, Dv)
 //           lse (H, total_q) fp32, contiguous
+// Head dims: any D in [1, 256], Dv = D. On the CUDA backend a D that is not a multiple of 8
+// runs on zero-padded copies of the tensors (exact; their memory in RunInfo::workspace_bytes).
 #pragma once
 
 #include <array>
@@ -137,6 +139,8 @@ struct Varlen {
 struct RunInfo {
   Backend backend = Backend::CPU;  // the backend that ran
   size_t workspace_bytes = 0;      // peak memory the engine allocated beyond the caller's tensors
+                                   // (on CUDA, with the padded copies of a head dim that is
+                                   // not a multiple of 8)
   bool deterministic = true;       // the result is bitwise reproducible (always, on the CPU;
                                    // on CUDA, the backward's Options::deterministic)
   int32_t num_splits = 1;          // forward_kvcache: the key chunks it merged (after choosing)

@@ -152,7 +152,7 @@ flash_attn_func.__doc__ = f"""Exact attention, dense batch.
         k: (batch_size, seqlen_k, nheads_k, headdim)
         v: (batch_size, seqlen_k, nheads_k, headdim_v)
             Only the last dimension needs unit stride; any other strides are used as given.
-            fp16/bf16 on CUDA; fp32/fp16/bf16 on the CPU. headdim: a multiple of 8 up to 256.
+            fp16/bf16 on CUDA; fp32/fp16/bf16 on the CPU. headdim: any from 1 to 256.
 {_COMMON_ARGS}
 
 {_MASKS}

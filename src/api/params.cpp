@@ -97,6 +97,8 @@ ForwardParams forward_params(const TensorView& q, const TensorView& k, const Ten
   if (varlen != nullptr) {
     p.seqlen_q = varlen->max_seqlen_q;
     p.seqlen_k = varlen->max_seqlen_k;
+    p.total_q = call.rows_q;
+    p.total_k = call.rows_k;
     p.lse_batch_stride = 0;  // lse is contiguous (H, total_q)
     p.cu_seqlens_q = int32_data(varlen->cu_seqlens_q);
     p.cu_seqlens_k = int32_data(varlen->cu_seqlens_k);

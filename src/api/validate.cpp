@@ -12,6 +12,7 @@
 
 #include "api/params.hpp"
 #include "cuda/devices.hpp"
+#include "cuda/head_dim_padding.hpp"
 
 namespace flashattn::detail {
 namespace {
@@ -169,10 +170,24 @@ void check_disjoint(const std::string& out_name, const TensorView& out, const Ex
          "a view overlapping " + in_name + "'s memory");
 }
 
-// 16-byte rows: the base pointer and every stride but the last a multiple of 16 bytes.
-void check_rows_aligned(const std::string& name, const TensorView& t) {
+// The rows the CUDA backend needs. A call whose head dim is a multiple of 8 runs on the
+// caller's tensors, which the kernels copy in 16-byte chunks: 16-byte rows, the base pointer
+// and every stride but the last a multiple of 16 bytes. Any other head dim runs on padded
+// copies whose rows are read and written one element at a time
+// (cuda/head_dim_padding.hpp): then only an element-aligned pointer.
+void check_rows_aligned(const std::string& name, const TensorView& t, int64_t head_dim) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(t.data);
+  if (cuda::pads_head_dim(head_dim)) {
+    const size_t elem = dtype_size(t.dtype);
+    if (address % elem != 0)
+      fail(name,
+           "an element-aligned pointer (a multiple of " + std::to_string(elem) +
+               " bytes) for the cuda backend",
+           "a pointer misaligned by " + std::to_string(address % elem) + " bytes");
+    return;
+  }
   const int64_t elems_per_16_bytes = 16 / static_cast<int64_t>(dtype_size(t.dtype));
-  bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  bool aligned = address % 16 == 0;
   for (int d = 0; d + 1 < t.ndim; ++d)
     aligned = aligned && (t.sizes[static_cast<size_t>(d)] <= 1 ||
                           t.strides[static_cast<size_t>(d)] % elems_per_16_bytes == 0);
@@ -180,11 +195,10 @@ void check_rows_aligned(const std::string& name, const TensorView& t) {
     fail(name,
          "16-byte aligned rows for the cuda backend (a 16-byte aligned pointer and strides that "
          "are multiples of " + std::to_string(elems_per_16_bytes) + " elements)",
-         "strides " + strides_string(t) + (reinterpret_cast<uintptr_t>(t.data) % 16
-                                                ? " with a pointer misaligned by " +
-                                                      std::to_string(reinterpret_cast<uintptr_t>(t.data) % 16) +
-                                                      " bytes"
-                                                : std::string()));
+         "strides " + strides_string(t) +
+             (address % 16 ? " with a pointer misaligned by " + std::to_string(address % 16) +
+                                 " bytes"
+                           : std::string()));
 }
 
 void check_pointer_location(const std::string& name, const TensorView& t) {
@@ -297,8 +311,8 @@ void check_execution(const Execution& execution) {
 }
 
 void check_head_dim(const TensorView& q, int64_t head_dim) {
-  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0)
-    fail("q", "a head dim D that is a multiple of 8 in [8, 256]",
+  if (head_dim < 1 || head_dim > 256)
+    fail("q", "a head dim D in [1, 256]",
          "D = " + std::to_string(head_dim) + " in shape " + shape_string(q));
 }
 
@@ -589,16 +603,16 @@ void check_outputs_disjoint(const std::vector<Argument>& inputs, const Argument&
   if (lse) check_disjoint("lse", *lse, lse_extent, "out", *out.view, out.extent);
 }
 
-// The backend, then the memory it needs: 16-byte rows for the CUDA kernels (which copy rows
-// in 16-byte chunks), and each pointer where its view says (when the CUDA runtime can tell):
-// a host pointer handed to a kernel, or a GPU pointer to the CPU engine, would fault.
-Backend check_backend_memory(const Execution& execution, const TensorView& q,
+// The backend, then the memory it needs: the rows the CUDA backend copies (check_rows_aligned),
+// and each pointer where its view says (when the CUDA runtime can tell): a host pointer
+// handed to a kernel, or a GPU pointer to the CPU engine, would fault.
+Backend check_backend_memory(const Execution& execution, const TensorView& q, int64_t head_dim,
                              const std::vector<Argument>& copied_by_rows,
                              const std::vector<Argument>& inputs, const Argument& out,
                              const std::optional<TensorView>& lse) {
   const Backend backend = resolve_backend(execution, q);
   if (backend == Backend::CUDA)
-    for (const Argument& t : copied_by_rows) check_rows_aligned(t.name, *t.view);
+    for (const Argument& t : copied_by_rows) check_rows_aligned(t.name, *t.view, head_dim);
   for (const Argument& in : inputs) check_pointer_location(in.name, *in.view);
   check_pointer_location("out", *out.view);
   if (lse) check_pointer_location("lse", *lse);
@@ -680,7 +694,8 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
     append(inputs, expect_varlen(*varlen, q, call.batch, call.rows_q, call.rows_k));
 
   check_outputs_disjoint(inputs, out_checked, lse, lse_extent);
-  call.backend = check_backend_memory(execution, q, copied_by_rows, inputs, out_checked, lse);
+  call.backend = check_backend_memory(execution, q, call.head_dim, copied_by_rows, inputs,
+                                      out_checked, lse);
   return call;
 }
 
@@ -796,7 +811,8 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
       check_disjoint("v_cache", vc, vc_checked.extent, in.name, *in.view, in.extent);
     }
   }
-  call.backend = check_backend_memory(execution, q, copied_by_rows, inputs, out_checked, lse);
+  call.backend = check_backend_memory(execution, q, call.head_dim, copied_by_rows, inputs,
+                                      out_checked, lse);
 
   // Last, so that a call with a bad value fails after every structural check; host values
   // only (the CPU backend), and only now that every pointer is known to be readable.
@@ -896,7 +912,7 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
   }
   if (call.backend == Backend::CUDA) {
     // The kernels read dout and write the gradients in 16-byte (dq) and 4-byte chunks.
-    for (const Argument& t : checked) check_rows_aligned(t.name, *t.view);
+    for (const Argument& t : checked) check_rows_aligned(t.name, *t.view, call.head_dim);
   }
   for (const Argument& t : checked) check_pointer_location(t.name, *t.view);
   return call;

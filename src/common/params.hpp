@@ -21,6 +21,9 @@ struct ForwardParams {
   int32_t batch = 0, heads = 0, heads_k = 0, head_dim = 0, head_dim_v = 0;
   // Dense: the sequence lengths. Varlen: the caller's max_seqlen_q/k (an upper bound).
   int64_t seqlen_q = 0, seqlen_k = 0;
+  // Varlen only: the rows of q/out (total_q) and of k/v (total_k), which cu_seqlens[B] may
+  // not reach; what a backend that copies whole tensors (cuda/head_dim_padding.hpp) sizes by.
+  int64_t total_q = 0, total_k = 0;
 
   // Element strides. Row r of sequence b, head h of q lives at
   //   q + b * q_batch_stride + (row0_q(b) + r) * q_row_stride + h * q_head_stride

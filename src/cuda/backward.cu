@@ -21,6 +21,7 @@
 #include "cuda/common/grid.hpp"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/stream_allocation.hpp"
+#include "cuda/head_dim_padding.hpp"
 #include "cuda/sm80/backward_configs.cuh"
 #include "cuda/sm90/backward_kernel.cuh"
 
@@ -154,18 +155,9 @@ void run_all(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
     backward_convert_dq_kernel<Element><<<rows_grid, kThreads, 0, stream>>>(kp);
 }
 
-}  // namespace
-
-size_t backward(const BackwardParams& bp) {
+// The backward of a call whose head dim is a multiple of 8 (backward() pads the others).
+size_t run_backward(const BackwardParams& bp, knobs::KernelFamily forced) {
   const ForwardParams& p = bp.fwd;
-  // The grids hold the heads (H, or Hk <= H) and the batch: the attention kernels' as
-  // cuda/common/tile_order.cuh lays them out, the preprocess and conversion (row blocks, H, B).
-  check_heads_and_batch(p.heads, p.batch);
-  const knobs::KernelFamily forced = knobs::backward_family();
-  if (p.batch == 0) return 0;
-  // Before the workspace: it is freed on the same GPU, before the caller's is current again.
-  const CurrentDevice on_the_tensors_gpu(p.device);
-
   sm80::BackwardKernelParams kp;
   kp.bp = bp;
   kp.accum_dim = head_dim_bucket(p.head_dim);
@@ -191,6 +183,21 @@ size_t backward(const BackwardParams& bp) {
     run_all<__nv_bfloat16>(kp, forced);
   throw_if_failed(cudaGetLastError(), "successful kernel launches");
   return accum_bytes + delta_bytes;
+}
+
+}  // namespace
+
+size_t backward(const BackwardParams& bp) {
+  const ForwardParams& p = bp.fwd;
+  // The grids hold the heads (H, or Hk <= H) and the batch: the attention kernels' as
+  // cuda/common/tile_order.cuh lays them out, the preprocess and conversion (row blocks, H, B).
+  check_heads_and_batch(p.heads, p.batch);
+  const knobs::KernelFamily forced = knobs::backward_family();
+  if (p.batch == 0) return 0;
+  // Before the workspace: it is freed on the same GPU, before the caller's is current again.
+  const CurrentDevice on_the_tensors_gpu(p.device);
+  return run_with_padded_head_dim(
+      bp, [forced](const BackwardParams& padded) { return run_backward(padded, forced); });
 }
 
 }  // namespace flashattn::detail::cuda

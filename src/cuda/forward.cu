@@ -1,6 +1,7 @@
 // Chooses the forward kernel for a validated call: on Hopper, the sm90 (wgmma) kernel where it
 // covers the call; otherwise the sm80 (mma.sync) kernel instantiated for the call's dtype and
-// head-dim bucket (head dims rounded up to a multiple of 32).
+// head-dim bucket (head dims rounded up to a multiple of 32); a head dim that is not a
+// multiple of 8 runs on padded copies (cuda/head_dim_padding.hpp).
 #include <cuda_runtime.h>
 
 #include <string>
@@ -9,7 +10,9 @@
 #include "cuda/common/buckets.hpp"
 #include "cuda/common/grid.hpp"
 #include "cuda/common/per_device.hpp"
+#include "cuda/common/stream_allocation.hpp"
 #include "cuda/forward.hpp"
+#include "cuda/head_dim_padding.hpp"
 #include "cuda/sm80/forward_configs.cuh"
 #include "cuda/sm90/forward_configs.cuh"
 
@@ -54,20 +57,20 @@ size_t forward(const ForwardParams& p) {
   const knobs::KernelFamily forced = knobs::forward_family();
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
   const CurrentDevice on_the_tensors_gpu(p.device);
+  // The forward allocates nothing itself: its workspace is the padded copies, if any.
+  return run_with_padded_head_dim(p, [forced](const ForwardParams& padded) -> size_t {
 #ifdef FLASHATTN_SM80_TUNING
-  if (!sm80::run_tuning_candidate(p))
+    if (!sm80::run_tuning_candidate(padded))
 #endif
-  {
-    if (p.dtype == DType::Float16)
-      run_bucket<__half>(p, forced);
-    else
-      run_bucket<__nv_bfloat16>(p, forced);
-  }
-  const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess)
-    throw Error(ErrorCode::Backend, "cuda", "a successful kernel launch",
-                std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status));
-  return 0;
+    {
+      if (padded.dtype == DType::Float16)
+        run_bucket<__half>(padded, forced);
+      else
+        run_bucket<__nv_bfloat16>(padded, forced);
+    }
+    throw_if_failed(cudaGetLastError(), "a successful kernel launch");
+    return 0;
+  });
 }
 
 }  // namespace flashattn::detail::cuda

@@ -7,8 +7,9 @@
 
 namespace flashattn::detail::cuda {
 
-// Runs the validated call on params.stream; returns the bytes of device memory it allocated
-// (none: the forward writes only out and lse).
+// Runs the validated call on params.stream; returns the bytes of device memory it allocated:
+// none, the forward writes only out and lse, unless the head dim is not a multiple of 8 (then
+// the padded copies of q, k, v and out, cuda/head_dim_padding.hpp).
 size_t forward(const ForwardParams& params);
 
 // attention_probabilities on params.fwd.stream (cuda/probabilities.cu): a simple kernel, no

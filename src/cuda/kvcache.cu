@@ -11,6 +11,7 @@
 #include "cuda/common/buckets.hpp"
 #include "cuda/common/grid.hpp"
 #include "cuda/common/per_device.hpp"
+#include "cuda/head_dim_padding.hpp"
 #include "cuda/kvcache.hpp"
 #include "cuda/sm80/kvcache_configs.cuh"
 
@@ -77,7 +78,10 @@ KvCacheRun forward_kvcache(const KvCacheParams& kv) {
   check_grid_extent(p.batch, "a batch of at most 65535", "B = " + std::to_string(p.batch));
   if (p.batch == 0) return {};
   const CurrentDevice on_the_tensors_gpu(p.device);
-  return p.dtype == DType::Float16 ? run_dtype<__half>(kv) : run_dtype<__nv_bfloat16>(kv);
+  return run_with_padded_head_dim(kv, [](const KvCacheParams& padded) {
+    return padded.attn.dtype == DType::Float16 ? run_dtype<__half>(padded)
+                                               : run_dtype<__nv_bfloat16>(padded);
+  });
 }
 
 }  // namespace flashattn::detail::cuda

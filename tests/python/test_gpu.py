@@ -120,6 +120,9 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim)
     (1, 1023, 257, 4, 4, 96),   # Sq > Sk: causal rows that see no key
     (3, 65, 31, 6, 1, 256),     # MQA, the largest head dim
     (2, 1, 77, 4, 2, 32),       # one query (decoding-like)
+    (2, 77, 129, 4, 2, 59),     # head dims that are not multiples of 8: padded copies
+    (1, 65, 33, 4, 4, 5),
+    (1, 45, 90, 2, 1, 250),
 ]
 
 
@@ -345,8 +348,9 @@ def test_runs_on_the_current_stream():
     torch.testing.assert_close(grads[0], expected_grads[0], rtol=0, atol=0)
 
 
-def test_cuda_graph_capture_and_replay_forward():
-    q, k, v = (make((2, 256, 8, 64), torch.float16) for _ in range(3))
+@pytest.mark.parametrize("d", [64, 59])
+def test_cuda_graph_capture_and_replay_forward(d):
+    q, k, v = (make((2, 256, 8, d), torch.float16) for _ in range(3))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up outside the capture, as torch recommends
@@ -362,14 +366,16 @@ def test_cuda_graph_capture_and_replay_forward():
         torch.testing.assert_close(out, flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("d", [64, 59])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
-def test_cuda_graph_capture_and_replay_forward_and_backward(deterministic):
+def test_cuda_graph_capture_and_replay_forward_and_backward(deterministic, d):
     """The backward's workspace comes from cudaMallocAsync on the capturing stream (a graph
-    memory node), so forward + backward capture as one graph."""
+    memory node), so forward + backward capture as one graph; at d = 59 the padded copies
+    (allocated and copied on that stream) too."""
     dtype = torch.bfloat16
-    q = make((2, 190, 8, 64), dtype, True)
-    k, v = make((2, 190, 2, 64), dtype, True), make((2, 190, 2, 64), dtype, True)
-    dout = torch.randn(2, 190, 8, 64, dtype=dtype, device="cuda")
+    q = make((2, 190, 8, d), dtype, True)
+    k, v = make((2, 190, 2, d), dtype, True), make((2, 190, 2, d), dtype, True)
+    dout = torch.randn(2, 190, 8, d, dtype=dtype, device="cuda")
 
     def step():
         out = flash_attn_func(q, k, v, causal=True, deterministic=deterministic)

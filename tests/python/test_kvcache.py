@@ -304,6 +304,17 @@ def test_paged_cache_vs_reference(rng, framework, page_size, feature):
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("d", [1, 5, 59, 111, 250])
+@pytest.mark.parametrize("layout", [dict(leftpad=True), dict(batch_idx=True), dict(page_size=7)],
+                         ids=["dense-leftpad", "batch-idx", "page7"])
+def test_head_dims_not_multiples_of_8(rng, framework, d, layout):
+    """Any head dim in [1, 256]: appended, rotated (an even rotary_dim below d), causal."""
+    rotary = dict(rotary="neox", rotary_dim=d // 2 * 2) if d >= 2 else {}
+    run_and_check(make_case(rng, sq=3, d=d, causal=True, cache_len=45, **rotary, **layout),
+                  framework)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
 def test_num_splits_give_the_same_result(rng, framework, num_splits, paged):
@@ -710,6 +721,15 @@ GPU_CASES = {
                               leftpad=True, causal=True),
     "hdim256-mqa": dict(b=2, sq=1, h=8, hk=1, d=256, cache_len=777),
     "no-append": dict(b=2, sq=1, h=8, hk=2, d=128, cache_len=1025, append=False),
+    # Head dims that are not multiples of 8: the call runs on padded copies of its tensors
+    # (only the positions the sequences hold, and only the appended rows written back).
+    "hdim59-rotary-leftpad": dict(b=3, sq=2, h=8, hk=2, d=59, cache_len=300, causal=True,
+                                  rotary="neox", rotary_dim=58, leftpad=True),
+    "hdim5-rotary-interleaved": dict(b=2, sq=1, h=4, hk=1, d=5, cache_len=129,
+                                     rotary="interleaved", rotary_dim=4),
+    "hdim250-batch-idx": dict(b=2, sq=3, h=4, hk=2, d=250, cache_len=200, batch_idx=True,
+                              causal=True),
+    "hdim111-no-append": dict(b=2, sq=1, h=8, hk=2, d=111, cache_len=333, append=False),
 }
 
 
@@ -777,10 +797,12 @@ def test_cuda_decoding_loop_matches_one_attention():
 
 
 @cuda
-def test_cuda_current_stream_and_graph_capture():
+@pytest.mark.parametrize("d", [128, 59])
+def test_cuda_current_stream_and_graph_capture(d):
     """A decoding step captured in a CUDA graph: replays append at the positions the
-    cache_seqlens tensor holds at replay time, on the capturing stream."""
-    b, h, hk, d = 2, 8, 2, 128
+    cache_seqlens tensor holds at replay time, on the capturing stream (d = 59: with the
+    padded copies, stream-ordered too)."""
+    b, h, hk = 2, 8, 2
     dt = torch.float16
     k_cache, v_cache = cuda_decoder(b, h, hk, d, 64, dt)
     q = torch.randn(b, 1, h, d, device="cuda", dtype=dt)

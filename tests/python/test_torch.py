@@ -48,7 +48,28 @@ def split_kw(features, h):
 @pytest.mark.parametrize("sq,sk", [(33, 33), (17, 45)])
 @pytest.mark.parametrize("h,hk,d", [(4, 4, 32), (6, 2, 24)])
 def test_forward_backward_fp32_vs_float64(features, sq, sk, h, hk, d):
-    b = 2
+    check_forward_backward_vs_float64(features, 2, sq, sk, h, hk, d)
+
+
+@pytest.mark.parametrize("features", [FEATURES[0], FEATURES[-1]],
+                         ids=lambda f: "-".join(f) or "plain")
+@pytest.mark.parametrize("d", [1, 5, 59, 111, 250])
+def test_head_dims_not_multiples_of_8(features, d):
+    """Any head dim in [1, 256], through flash_attn_func and autograd (the default scale is
+    1/sqrt(d)), and through the packed function."""
+    check_forward_backward_vs_float64(features, 2, 19, 37, 4, 2, d)
+    qkv = make((2, 23, 3, 2, d))
+    out = flash_attn_qkvpacked_func(qkv, causal=True)
+    dout = torch.randn_like(out)
+    (dqkv,) = torch.autograd.grad(out, qkv, dout)
+    q64, k64, v64 = (qkv.detach()[:, :, i].double().requires_grad_() for i in range(3))
+    ref, _ = attention_reference(q64, k64, v64, causal=True)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    rel_close(out, ref, name="packed out")
+    rel_close(dqkv, torch.stack(ref_grads, dim=2), name="dqkv")
+
+
+def check_forward_backward_vs_float64(features, b, sq, sk, h, hk, d):
     q, k, v = make((b, sq, h, d)), make((b, sk, hk, d)), make((b, sk, hk, d))
     kw, alibi, ref_kw = split_kw(features, h)
     out, lse, probs = flash_attn_func(q, k, v, alibi_slopes=alibi, return_attn_probs=True, **kw)

@@ -25,7 +25,8 @@ void with_head_dim_bucket(int head_dim, F&& f) {
     case 224: return f(std::integral_constant<int, 224>{});
     case 256: return f(std::integral_constant<int, 256>{});
   }
-  throw Error(ErrorCode::Internal, "head_dim", "a multiple of 8 in [8, 256] after validation",
+  throw Error(ErrorCode::Internal, "head_dim",
+              "a multiple of 8 in [8, 256] after validation and padding (cuda/head_dim_padding.hpp)",
               std::to_string(head_dim));
 }
 
