@@ -91,12 +91,14 @@ std::vector<ErrorCase<Dense>> dense_cases() {
        {"batch size B = 2"}, {"(3, 5, 2, 16)"}},
       {"H6_not_a_multiple_of_Hk4", [](Dense& c) { c.k = reshaped(c.k, {B, Sk, 4, D}); },
        kInvalid, "k", {"H = 6"}, {}, "Hk = 4"},
-      {"head_dim_12",
+      // Past the largest head dim (any D in [1, 256] is valid); refused before any memory
+      // of the larger shape is touched.
+      {"head_dim_257",
        [](Dense& c) {
-         c.q = reshaped(c.q, {B, Sq, H, 12});
-         c.k = reshaped(c.k, {B, Sk, Hk, 12});
+         c.q = reshaped(c.q, {B, Sq, H, 257});
+         c.k = reshaped(c.k, {B, Sk, Hk, 257});
        },
-       kInvalid, "q", {"multiple of 8"}, {"D = 12"}},
+       kInvalid, "q", {"[1, 256]"}, {"D = 257"}},
       {"k_head_dim_24", [](Dense& c) { c.k = reshaped(c.k, {B, Sk, Hk, 24}); }, kInvalid, "k",
        {"D = 16"}, {"(2, 5, 2, 24)"}},
       {"alibi_H3", [](Dense& c) { c.options.alibi_slopes = c.alibi_buf.view({3}); }, kInvalid,
