@@ -93,7 +93,7 @@ struct Options {
   // Dropout (training): each probability is kept with probability 1 - dropout_p and scaled by
   // 1 / (1 - dropout_p); the keep bit is a pure function of (seed, offset, b, h, i, j)
   // (src/common/philox.hpp), so a backward with the same options sees the forward's mask.
-  // CPU forward and backward, CUDA backward (the CUDA forward does not take it yet); lse
+  // Forward and backward on both backends (the same keep bits on the CPU and on CUDA); lse
   // stays that of the undropped softmax.
   float dropout_p = 0.0f;              // in [0, 1); 0: off
   uint64_t dropout_seed = 0;
