@@ -12,7 +12,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
+
+#include <omp.h>
 
 #include "common/kvcache.hpp"
 #include "common/mask.hpp"
@@ -92,6 +95,33 @@ class TileArena {
   int64_t per_thread_ = 0;
   int head_dim_ = 0, head_dim_v_ = 0;
 };
+
+// Runs block(dropout, b, h, query_block, tiles) for every (batch, head, query block) of
+// kBlockQ rows, on p.num_threads threads (0: all) with one TileArena slice each; returns the
+// arena's bytes. Dynamic scheduling: with causal or window masks, blocks differ a lot in cost.
+template <typename Block>
+size_t over_query_blocks(const ForwardParams& p, int64_t query_blocks, int head_dim_v,
+                         const Block& block) {
+  const int64_t work_items = int64_t{p.batch} * p.heads * query_blocks;
+  if (work_items == 0) return 0;
+  const int64_t threads =
+      std::min<int64_t>(p.num_threads > 0 ? p.num_threads : omp_get_max_threads(), work_items);
+  std::optional<DropoutRng> dropout;
+  if (p.dropout_p > 0.0f)
+    dropout = make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p);
+  const TileArena arena(threads, p.head_dim, head_dim_v);
+
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  {
+    Tiles tiles = arena.tiles(omp_get_thread_num());
+#pragma omp for collapse(3) schedule(dynamic, 1)
+    for (int32_t b = 0; b < p.batch; ++b)
+      for (int32_t h = 0; h < p.heads; ++h)
+        for (int64_t q_block = 0; q_block < query_blocks; ++q_block)
+          block(dropout ? &*dropout : nullptr, b, h, q_block, tiles);
+  }
+  return arena.bytes();
+}
 
 // The query rows of one work item. Packed index x = first + r (row r of the item) is query
 // position x / group of head head0 + x % group: with group 1, consecutive positions of one

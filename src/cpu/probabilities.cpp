@@ -101,25 +101,9 @@ template <typename T>
 size_t probabilities_typed(const ProbabilitiesParams& pp) {
   const ForwardParams& p = pp.fwd;
   const int64_t query_blocks = (p.seqlen_q + kBlockQ - 1) / kBlockQ;
-  const int64_t work_items = int64_t{p.batch} * p.heads * query_blocks;
-  if (work_items == 0) return 0;
-  const int64_t threads =
-      std::min<int64_t>(p.num_threads > 0 ? p.num_threads : omp_get_max_threads(), work_items);
-  std::optional<DropoutRng> dropout;
-  if (p.dropout_p > 0.0f)
-    dropout = make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p);
-  const TileArena arena(threads, p.head_dim, p.head_dim);
-
-#pragma omp parallel num_threads(static_cast<int>(threads))
-  {
-    Tiles tiles = arena.tiles(omp_get_thread_num());
-#pragma omp for collapse(3) schedule(dynamic, 1)
-    for (int32_t b = 0; b < p.batch; ++b)
-      for (int32_t h = 0; h < p.heads; ++h)
-        for (int64_t block = 0; block < query_blocks; ++block)
-          probabilities_of_block<T>(pp, dropout ? &*dropout : nullptr, b, h, block, tiles);
-  }
-  return arena.bytes();
+  return over_query_blocks(p, query_blocks, p.head_dim,
+                           [&](const DropoutRng* dropout, int32_t b, int32_t h, int64_t block,
+                               Tiles& tiles) { probabilities_of_block<T>(pp, dropout, b, h, block, tiles); });
 }
 
 }  // namespace
