@@ -157,11 +157,14 @@ run_test() {
 # features (dropout and the deterministic mode among them), edge cases, the smallest and largest
 # head-dim buckets, varlen with empty sequences, the stream test and the CUDA validation rules;
 # the sm90 backward's plain calls at each bucket (64, 128, 256), ragged batches, long sequences;
-# the kv-cache's plain decoding, every split count and a NaN kept in its row.
+# the kv-cache's plain decoding, every split count and a NaN kept in its row; the kv-cache's
+# guards (bad values of each int32 tensor, directly and from a CUDA graph: memcheck shows
+# whether any reaches outside the tensors).
 FWD_FILTER='*FeatureGrid*sliding_softcap*:*FeatureGrid*band_alibi*:EdgeCases.*:Varlen.EmptySequencesAndEveryFeature:CudaBackend.*:*HeadDims*/40:*HeadDims*/256'
 BWD_FILTER='*BackwardGrid*causal_softcap*:*BackwardGrid*band_alibiH_*:BackwardEdgeCases.*:*BackwardHeadDims*/0:*BackwardHeadDims*/11:BackwardVarlen.*:CudaBackward.RunsOnTheGivenStream*:CudaBackwardErrors.*'
 SM90_BWD_FILTER='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
 KV_FILTER='KvCachePlain.*:KvCache.EverySplitCountMatchesTheReference:KvCache.NanInOneQueryRowStaysInThatRow:KvCache.AppendStraddlesPagesAndQueriesOutnumberKeys'
+KV_GUARD_FILTER='KvCacheGuard.*'
 # tool, test binary, forward kernel family (default: the dispatch's choice; sm80: what GPUs
 # before Hopper run), filter.
 SANITIZER_RUNS=(
@@ -177,6 +180,7 @@ SANITIZER_RUNS=(
   "memcheck test_kvcache_cuda default $KV_FILTER"
   "racecheck test_kvcache_cuda default $KV_FILTER"
   "synccheck test_kvcache_cuda default $KV_FILTER"
+  "memcheck test_kvcache_cuda default $KV_GUARD_FILTER"
 )
 sanitize_one() {  # TOOL TEST FAMILY FILTER
   local forced=()
@@ -198,6 +202,7 @@ run_sanitize() {
     label="$tool ${test%_cuda}"
     [ "$family" = default ] || label+=" ($family forward)"
     [ "$filter" = "$SM90_BWD_FILTER" ] && label+=" (sm90 calls)"
+    [ "$filter" = "$KV_GUARD_FILTER" ] && label+=" (guards)"
     step "$label" "sanitizer_$i.log" sanitize_one "$tool" "$test" "$family" "$filter" &
     pids+=($!)
   done
