@@ -164,7 +164,9 @@ run_test() {
 # head-dim buckets, varlen with empty sequences, the stream test and the CUDA validation rules;
 # the sm90 backward's plain calls at each bucket (64, 128, 256), ragged batches, long sequences;
 # the kv-cache's plain decoding, every split count and a NaN kept in its row; and the padded
-# copies of head dims that are not multiples of 8 (forward, ragged, backward, kv-cache).
+# copies of head dims that are not multiples of 8 (forward, ragged, backward, kv-cache); the
+# kv-cache's guards (bad values of each int32 tensor, directly and from a CUDA graph: memcheck
+# shows whether any reaches outside the tensors).
 FWD_FILTER='*FeatureGrid*sliding_softcap*:*FeatureGrid*band_alibi*:EdgeCases.*:Varlen.EmptySequencesAndEveryFeature:Varlen.HeadDimsNotMultiplesOf8:CudaBackend.*:*HeadDims*/40:*HeadDims*/256:*OddHeadDims*/1'
 BWD_FILTER='*BackwardGrid*causal_softcap*:*BackwardGrid*band_alibiH_*:BackwardEdgeCases.*:*BackwardHeadDims*/0:*BackwardHeadDims*/11:*BackwardOddHeadDims*/1:BackwardVarlen.*:CudaBackward.RunsOnTheGivenStream*:CudaBackward.OddHeadDim*:CudaBackwardErrors.*'
 SM90_BWD_FILTER='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
@@ -172,6 +174,7 @@ KV_FILTER='KvCachePlain.*:KvCache.EverySplitCountMatchesTheReference:KvCache.Nan
 # attention_probabilities: ragged batches (device cu_seqlens, padding rows and columns) and a
 # packed, causal call.
 PROBS_FILTER='Probabilities.VarlenMatchTheReferenceTheForwardAndTheBackward:Probabilities.PackedQkvAndNegativeScale'
+KV_GUARD_FILTER='KvCacheGuard.*'
 # tool, test binary, forward kernel family (default: the dispatch's choice; sm80: what GPUs
 # before Hopper run), filter.
 SANITIZER_RUNS=(
@@ -189,6 +192,7 @@ SANITIZER_RUNS=(
   "synccheck test_kvcache_cuda default $KV_FILTER"
   "memcheck test_probabilities_cuda default $PROBS_FILTER"
   "racecheck test_probabilities_cuda default $PROBS_FILTER"
+  "memcheck test_kvcache_cuda default $KV_GUARD_FILTER"
 )
 sanitize_one() {  # TOOL TEST FAMILY FILTER
   local forced=()
@@ -210,6 +214,7 @@ run_sanitize() {
     label="$tool ${test%_cuda}"
     [ "$family" = default ] || label+=" ($family forward)"
     [ "$filter" = "$SM90_BWD_FILTER" ] && label+=" (sm90 calls)"
+    [ "$filter" = "$KV_GUARD_FILTER" ] && label+=" (guards)"
     # SANITIZE_ONLY: an extended regex over "TOOL TEST": the runs a change concerns.
     if [ -n "${SANITIZE_ONLY:-}" ] && ! [[ "$tool $test" =~ $SANITIZE_ONLY ]]; then continue; fi
     step "$label" "sanitizer_$i.log" sanitize_one "$tool" "$test" "$family" "$filter" &

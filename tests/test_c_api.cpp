@@ -969,10 +969,12 @@ TEST(CKvCache, ErrorsNameTheArgumentAndWriteNothing) {
          o.dropout_p = 0.5f;
        },
        "dropout_p: expected 0"},
+      // A paged cache: the block table is what is too small (upstream names it too).
       {"append past capacity (value rule)", [](KvProblem& p, const fa_kvcache*&, fa_options&) {
          reinterpret_cast<int32_t*>(p.seqlens_buf.data())[1] = 46;
        },
-       "cache_seqlens: expected cache_seqlens[b] + S_new <= the cache capacity 48"},
+       "block_table: expected pages for every position: cache_seqlens[b] + S_new <= max_pages 3 x "
+       "page_size 16 = 48"},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);

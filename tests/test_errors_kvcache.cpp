@@ -380,8 +380,18 @@ std::vector<KvErrorCase> kvcache_cases() {
          c.make_paged();
          c.set_seqlens({11, 6});
        },
-       kInvalid, "cache_seqlens", {"capacity 12", "max_pages 3 x page_size 4"}, {},
+       kInvalid, "block_table",
+       {"cache_seqlens[b] + S_new <= max_pages 3 x page_size 4 = 12"}, {},
        "cache_seqlens[0] = 11 with S_new = 2"},
+      {"paged_filled_past_capacity_without_append",  // the refusal does not need k_new
+       [](Kv& c) {
+         c.make_paged();
+         c.set_seqlens({4, 13});
+         c.cache.k_new.reset();
+         c.cache.v_new.reset();
+       },
+       kInvalid, "block_table", {"max_pages 3 x page_size 4 = 12"}, {},
+       "cache_seqlens[1] = 13 with S_new = 0"},
       {"cache_leftpad_negative", [](Kv& c) { c.set_leftpad({-1, 0}); }, kInvalid,
        "cache_leftpad", {"0 <= cache_leftpad[b] <= cache_seqlens[b] (= 4 for b = 0)"}, {},
        "cache_leftpad[0] = -1"},

@@ -15,10 +15,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sweep.hpp"
@@ -266,16 +269,30 @@ std::vector<double> rotate(const std::vector<double>& x, const KvProblem& p,
   return y;
 }
 
-// The float64 expectation of a call, from the cache as it was before it.
-void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before) {
+std::vector<int64_t> every_sequence(const KvProblem& p) {
+  std::vector<int64_t> all(static_cast<size_t>(p.B));
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
+// The float64 expectation of a call, from the cache as it was before it, for the given
+// sequences' out and lse rows.
+void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before,
+                              const std::vector<int64_t>& sequences) {
   const std::vector<double> q = values_of(p.q);
   const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
   const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
   const std::vector<double> k_new = p.Sn ? values_of(p.k_new) : std::vector<double>{};
   const size_t elem = dtype_size(p.c.dtype);
   const int64_t D = p.D, row = p.Hk * D;
-  std::vector<double> exact_out, exact_lse, low_out, low_lse;
-  for (int64_t b = 0; b < p.B; ++b) {
+  std::vector<double> exact_out, exact_lse, low_out, low_lse, got_out, got_lse;
+  const std::vector<double> all_out = reference::gather(p.out_view);
+  const std::vector<double> all_lse = p.c.with_lse ? reference::gather(p.lse_view) : std::vector<double>{};
+  const int64_t out_rows = p.Sq * p.H * D, lse_rows = p.H * p.Sq;  // per sequence
+  for (const int64_t b : sequences) {
+    got_out.insert(got_out.end(), all_out.begin() + b * out_rows, all_out.begin() + (b + 1) * out_rows);
+    if (p.c.with_lse)
+      got_lse.insert(got_lse.end(), all_lse.begin() + b * lse_rows, all_lse.begin() + (b + 1) * lse_rows);
     const int64_t filled = p.c.seqlens[size_t(b)], begin = p.leftpad[size_t(b)];
     const int64_t Sk = filled + p.Sn - begin;
     Buffer kb(p.c.dtype, Sk * row), vb(p.c.dtype, Sk * row), qb(p.c.dtype, p.Sq * p.H * D);
@@ -325,16 +342,19 @@ void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before) 
       low_lse.insert(low_lse.end(), low.lse.begin(), low.lse.end());
     }
   }
-  const reference::Check out_check =
-      reference::check_forward(p.c.dtype, reference::gather(p.out_view), exact_out, low_out);
+  const reference::Check out_check = reference::check_forward(p.c.dtype, got_out, exact_out, low_out);
   EXPECT_TRUE(out_check.passed()) << "out: max abs error " << out_check.max_abs_error
                                   << " > tolerance " << out_check.tolerance;
   if (p.c.with_lse) {
     const reference::Check lse_check =
-        reference::check_forward(p.c.dtype, reference::gather(p.lse_view), exact_lse, low_lse);
+        reference::check_forward(p.c.dtype, got_lse, exact_lse, low_lse);
     EXPECT_TRUE(lse_check.passed()) << "lse: max abs error " << lse_check.max_abs_error
                                     << " > tolerance " << lse_check.tolerance;
   }
+}
+
+void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before) {
+  expect_attention_matches(p, k_before, v_before, every_sequence(p));
 }
 
 // The unit roundoff of a dtype: half the distance from 1 to the next number.
@@ -342,15 +362,16 @@ double unit_roundoff(DType d) {
   return d == DType::Float32 ? 0x1p-24 : d == DType::Float16 ? 0x1p-11 : 0x1p-8;
 }
 
-// The caches after the call: appended rows where they belong, every other byte unchanged.
-// A rotated element y = x0 c - x1 s (or x0 s + x1 c) must be the float64 value rounded to
+// The caches after the call: the given sequences' appended rows where they belong, every
+// other byte unchanged. A rotated element y = x0 c - x1 s (or x0 s + x1 c) must be the float64 value rounded to
 // the dtype, allowing for fp32 arithmetic before that single rounding (fused or not):
 //   |y - exact| <= (u_dtype + 4 u_fp32) (|x0 c| + |x1 s|)   (+ 2^-24 for fp16 subnormals).
-void expect_cache_appended(KvProblem& p, Buffer& k_before, Buffer& v_before) {
+void expect_cache_appended(KvProblem& p, Buffer& k_before, Buffer& v_before,
+                           const std::vector<int64_t>& sequences) {
   const size_t elem = dtype_size(p.c.dtype);
   const int64_t D = p.D, row = p.Hk * D;
   std::vector<int64_t> writer(size_t(p.cache_rows * p.cache_dim1), -1);  // b * Sn + t
-  for (int64_t b = 0; b < p.B; ++b)
+  for (const int64_t b : sequences)
     for (int64_t t = 0; t < p.Sn; ++t)
       writer[size_t(p.storage_row(b, p.c.seqlens[size_t(b)] + t))] = b * p.Sn + t;
   const std::vector<double> k_after = values_of(p.k_cache);
@@ -407,6 +428,10 @@ void expect_cache_appended(KvProblem& p, Buffer& k_before, Buffer& v_before) {
   EXPECT_EQ(untouched_changed, 0) << "cache rows outside the appended positions changed; first: " << first;
   EXPECT_EQ(copies_wrong, 0) << "appended rows are not bit copies of k_new/v_new; first: " << first;
   EXPECT_EQ(rotations_wrong, 0) << "rotated keys off by more than a rounding; first: " << first;
+}
+
+void expect_cache_appended(KvProblem& p, Buffer& k_before, Buffer& v_before) {
+  expect_cache_appended(p, k_before, v_before, every_sequence(p));
 }
 
 RunInfo run_and_check(const KvCase& c) {
@@ -826,6 +851,379 @@ TEST(KvCache, NanInOneQueryRowStaysInThatRow) {
     EXPECT_FALSE(std::isnan(lse[(1 * p.H + 2) * p.Sq + 2]));
   }
 }
+
+#ifdef FLASHATTN_TEST_CUDA
+// ---- CUDA: int32 values out of range ------------------------------------------------------
+// On CUDA the int32 tensors live in device memory, where the kernels read them; they guard
+// every index taken from them (docs/SPEC.md, "What each backend supports and checks"). Each
+// case corrupts one value of sequence 0 on the device (the host copy the reference reads stays
+// valid) and runs the call directly and replayed from a CUDA graph (no host check there),
+// checking: no CUDA error; no byte changed in the canaries around either cache; a sequence
+// out of range has NaN out and lse rows (written: the outputs start as a finite sentinel) and
+// appends nothing; a page out of range that is only read holds keys of NaN (the reference with
+// NaN keys there is matched, NaN for NaN); sequence 1 matches the reference and appends where
+// it should; every other cache byte is unchanged. Directly, with a paged cache, cache_seqlens
+// is checked on the host: those cases must be refused with an Error naming the argument,
+// nothing written. scripts/gpu.sh runs KvCacheGuard.* under compute-sanitizer memcheck, where
+// an access outside the tensors fails the run.
+
+// The device values of the int32 tensors: the problem's own, then corrupted.
+struct IndexValues {
+  std::vector<int32_t> seqlens, leftpad, batch_idx, table;
+};
+
+// A contiguous cache copied to the middle of a device allocation, with kCanaryBytes of
+// kCanary either side.
+class CanaryMirror {
+ public:
+  static constexpr size_t kCanaryBytes = size_t{1} << 16;
+  static constexpr unsigned char kCanary = 0xA5;
+  explicit CanaryMirror(const TensorView& host) : host_(host), view_(host) {
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    view_.device = {DeviceType::CUDA, device};
+    bytes_ = static_cast<size_t>(host.numel()) * dtype_size(host.dtype);
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&base_), bytes_ + 2 * kCanaryBytes), "cudaMalloc");
+    cuda_check(cudaMemset(base_, kCanary, bytes_ + 2 * kCanaryBytes), "canaries");
+    cuda_check(cudaMemcpy(base_ + kCanaryBytes, host.data, bytes_, cudaMemcpyHostToDevice), "upload");
+    view_.data = base_ + kCanaryBytes;
+  }
+  CanaryMirror(const CanaryMirror&) = delete;
+  CanaryMirror& operator=(const CanaryMirror&) = delete;
+  ~CanaryMirror() { cudaFree(base_); }
+  const TensorView& view() const { return view_; }
+  // The cache back into the host view; returns the canary bytes that changed.
+  int64_t download() {
+    std::vector<unsigned char> all(bytes_ + 2 * kCanaryBytes);
+    cuda_check(cudaMemcpy(all.data(), base_, all.size(), cudaMemcpyDeviceToHost), "download");
+    std::memcpy(host_.data, all.data() + kCanaryBytes, bytes_);
+    int64_t changed = 0;
+    for (size_t i = 0; i < kCanaryBytes; ++i)
+      changed += (all[i] != kCanary) + (all[kCanaryBytes + bytes_ + i] != kCanary);
+    return changed;
+  }
+
+ private:
+  TensorView host_, view_;
+  unsigned char* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The finite byte pattern the outputs start with (0x5555: 85.3 in fp16, about 1.5e13 in bf16
+// and fp32 lse): an output the kernels did not write is neither NaN nor near the reference.
+constexpr unsigned char kUnwritten = 0x55;
+
+struct GuardedRun {
+  std::optional<Error> refused;
+  int64_t canary_bytes_changed = 0;
+};
+
+// p's call on the GPU with `values` in its int32 tensors, directly or captured into a CUDA
+// graph and replayed; the outputs and both caches are copied back either way (also after a
+// refusal, to show that nothing was written).
+GuardedRun run_guarded(KvProblem& p, const IndexValues& values, bool graph) {
+  const KvCache& h = p.cache;
+  Buffer seqlens = int32_buffer(values.seqlens);
+  DeviceMirror mq(p.q_view), mseq(seqlens.view({p.B})), mout(p.out_view), mlse(p.lse_view);
+  CanaryMirror mk(h.k_cache), mv(h.v_cache);
+  std::optional<DeviceMirror> mkn, mvn, mcos, msin, mslopes, mpad, midx, mtable;
+  KvCache d = h;
+  d.k_cache = mk.view();
+  d.v_cache = mv.view();
+  d.cache_seqlens = mseq.view();
+  const auto mirror = [](std::optional<DeviceMirror>& m, const std::optional<TensorView>& host,
+                         std::optional<TensorView>& device) {
+    if (host) device = m.emplace(*host).view();
+  };
+  mirror(mkn, h.k_new, d.k_new);
+  mirror(mvn, h.v_new, d.v_new);
+  mirror(mcos, h.rotary_cos, d.rotary_cos);
+  mirror(msin, h.rotary_sin, d.rotary_sin);
+  Options options = p.options;
+  mirror(mslopes, p.options.alibi_slopes, options.alibi_slopes);
+  Buffer leftpad = int32_buffer(values.leftpad), batch_idx = int32_buffer(values.batch_idx),
+         table = int32_buffer(values.table);
+  if (h.cache_leftpad) d.cache_leftpad = mpad.emplace(leftpad.view({p.B})).view();
+  if (h.cache_batch_idx) d.cache_batch_idx = midx.emplace(batch_idx.view({p.B})).view();
+  if (h.block_table) d.block_table = mtable.emplace(table.view({p.B, p.max_pages})).view();
+  cuda_check(cudaMemset(mout.view().data, kUnwritten, p.out.bytes.size()), "out sentinel");
+  cuda_check(cudaMemset(mlse.view().data, kUnwritten, p.lse.bytes.size()), "lse sentinel");
+  cuda_check(cudaDeviceSynchronize(), "uploads");
+
+  cudaStream_t stream;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  Execution e;
+  e.backend = Backend::CUDA;
+  e.stream = stream;
+  std::optional<TensorView> lse;
+  if (p.c.with_lse) lse = mlse.view();
+  GuardedRun run;
+  cudaGraph_t captured = nullptr;
+  if (graph) cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "capture");
+  try {
+    forward_kvcache(mq.view(), d, mout.view(), lse, options, e);
+  } catch (const Error& error) {
+    run.refused = error;
+  }
+  if (graph) {
+    cuda_check(cudaStreamEndCapture(stream, &captured), "the end of the capture");
+    if (!run.refused) {
+      cudaGraphExec_t replay = nullptr;
+      cuda_check(cudaGraphInstantiate(&replay, captured, 0), "cudaGraphInstantiate");
+      cuda_check(cudaGraphLaunch(replay, stream), "cudaGraphLaunch");
+      cuda_check(cudaStreamSynchronize(stream), "the replay");
+      cuda_check(cudaGraphExecDestroy(replay), "cudaGraphExecDestroy");
+    }
+    if (captured != nullptr) cuda_check(cudaGraphDestroy(captured), "cudaGraphDestroy");
+  }
+  cuda_check(cudaStreamSynchronize(stream), "the call's kernels");
+  cuda_check(cudaGetLastError(), "no CUDA error");
+  cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  mout.download();
+  mlse.download();
+  run.canary_bytes_changed = mk.download() + mv.download();
+  return run;
+}
+
+bool all_bytes_are(const Buffer& b, unsigned char byte) {
+  return std::all_of(b.bytes.begin(), b.bytes.end(), [&](unsigned char x) { return x == byte; });
+}
+
+// Sequence b's out and lse rows are all NaN.
+void expect_nan_rows(KvProblem& p, int64_t b) {
+  const std::vector<double> out = reference::gather(p.out_view), lse = reference::gather(p.lse_view);
+  const int64_t out_rows = p.Sq * p.H * p.D, lse_rows = p.H * p.Sq;
+  int64_t not_nan = 0;
+  for (int64_t i = b * out_rows; i < (b + 1) * out_rows; ++i) not_nan += !std::isnan(out[size_t(i)]);
+  for (int64_t i = b * lse_rows; i < (b + 1) * lse_rows; ++i) not_nan += !std::isnan(lse[size_t(i)]);
+  EXPECT_EQ(not_nan, 0) << "elements of sequence " << b << "'s out and lse that are not NaN";
+}
+
+// The cache layouts the guards are tried on: dense rows picked by cache_batch_idx with left
+// padding (dense addressing, in the plain kernel and the general one), rotary tables (causal:
+// q rotated per row), pages of 16 with left padding (a block-table lookup per row), pages of
+// 64 (a lookup per 64-key block; the append in the third page) and one page of 256 (the
+// append in the page the sequence reads).
+enum class GuardBase { Dense, DenseRotary, Paged16, Paged64, Paged256 };
+
+KvCase guard_case(GuardBase base, int64_t seqlen_new, int32_t splits) {
+  KvCase c{.name = "guard", .seqlens = {37, 20}, .seqlen_q = 2, .seqlen_new = seqlen_new,
+           .heads = 4, .heads_k = 2, .head_dim = 64, .dtype = DType::Float16,
+           .num_splits = splits};
+  switch (base) {
+    case GuardBase::Dense:
+      c.batch_idx = c.leftpad = true;
+      break;
+    case GuardBase::DenseRotary:
+      c.rotary = Rotary::NeoX;
+      c.mask = kMasks[1];
+      break;
+    case GuardBase::Paged16:
+      c.page_size = 16;
+      c.leftpad = true;
+      break;
+    case GuardBase::Paged64:
+    case GuardBase::Paged256:
+      c.page_size = base == GuardBase::Paged64 ? 64 : 256;
+      c.seqlens = {150, 20};
+      break;
+  }
+  return c;
+}
+
+// What a corruption did, and what it must give.
+struct GuardExpectation {
+  std::string what;                    // "cache_seqlens[0] = -1"
+  bool sequence_out_of_range = false;  // sequence 0: NaN rows, nothing appended
+  int64_t hole_slot = -1;              // >= 0: this slot of sequence 0's pages reads as NaN keys
+  std::string refused_directly;        // the argument a direct call's host check names, if any
+};
+
+GuardExpectation out_of_range(std::string what) {
+  GuardExpectation e;
+  e.what = std::move(what);
+  e.sequence_out_of_range = true;
+  return e;
+}
+
+// Corruption number `which` (0 .. count - 1) of p's values (or its rotary tables).
+using Corrupt = std::function<GuardExpectation(IndexValues& values, KvProblem& p, int which)>;
+using MakeCase = std::function<KvCase(int64_t seqlen_new, int32_t splits)>;
+
+// Every corruption on the cases make_case gives, with and without an append (or only the
+// given S_new), one split and three; each run directly and from a graph, the first of each
+// shape after the valid call (the control, and the kernels' one-time set-up outside a capture).
+void check_guard(const MakeCase& make_case, int count, const Corrupt& corrupt,
+                 const std::vector<int64_t>& seqlens_new = {0, 2}) {
+  for (const int64_t sn : seqlens_new)
+    for (const int32_t splits : {1, 3})
+      for (int which = 0; which < count; ++which) {
+        const KvCase c = make_case(sn, splits);
+        KvProblem p(c);
+        SCOPED_TRACE(c.describe());
+        const Buffer k_initial = p.k_cache, v_initial = p.v_cache;
+        IndexValues values{p.c.seqlens, p.leftpad, p.batch_idx, p.table};
+        if (which == 0) {
+          SCOPED_TRACE("the valid call");
+          const GuardedRun run = run_guarded(p, values, false);
+          ASSERT_FALSE(run.refused) << run.refused->what();
+          EXPECT_EQ(run.canary_bytes_changed, 0) << "bytes written outside the caches";
+          Buffer k_before = k_initial, v_before = v_initial;
+          expect_attention_matches(p, k_before, v_before);
+          expect_cache_appended(p, k_before, v_before);
+        }
+        const GuardExpectation expect = corrupt(values, p, which);
+        SCOPED_TRACE(expect.what);
+        for (const bool graph : {false, true}) {
+          SCOPED_TRACE(graph ? "replayed from a CUDA graph" : "called directly");
+          std::memcpy(p.k_cache.data(), k_initial.bytes.data(), k_initial.bytes.size());
+          std::memcpy(p.v_cache.data(), v_initial.bytes.data(), v_initial.bytes.size());
+          Buffer k_before = k_initial, v_before = v_initial;
+          const GuardedRun run = run_guarded(p, values, graph);
+          EXPECT_EQ(run.canary_bytes_changed, 0) << "bytes written outside the caches";
+          if (!graph && !expect.refused_directly.empty()) {
+            if (!run.refused) {
+              ADD_FAILURE() << "accepted; expected a refusal naming " << expect.refused_directly;
+              continue;
+            }
+            EXPECT_EQ(run.refused->argument(), expect.refused_directly) << run.refused->what();
+            EXPECT_TRUE(all_bytes_are(p.out, kUnwritten) && all_bytes_are(p.lse, kUnwritten))
+                << "out or lse written by a refused call";
+            EXPECT_EQ(p.k_cache.bytes, k_before.bytes) << "k_cache written by a refused call";
+            EXPECT_EQ(p.v_cache.bytes, v_before.bytes) << "v_cache written by a refused call";
+            continue;
+          }
+          ASSERT_FALSE(run.refused) << run.refused->what();
+          if (expect.sequence_out_of_range) {
+            expect_nan_rows(p, 0);
+            expect_attention_matches(p, k_before, v_before, {1});
+            expect_cache_appended(p, k_before, v_before, {1});
+            continue;
+          }
+          // A hole (or nothing): the reference reads NaN keys and zero values there.
+          Buffer k_seen = k_before, v_seen = v_before;
+          if (expect.hole_slot >= 0) {
+            const int64_t page = p.table[size_t(expect.hole_slot)], row = p.Hk * p.D;
+            for (int64_t i = page * p.c.page_size * row; i < (page + 1) * p.c.page_size * row; ++i) {
+              k_seen.set(i, std::nanf(""));
+              v_seen.set(i, 0.0f);
+            }
+          }
+          expect_attention_matches(p, k_seen, v_seen);
+          expect_cache_appended(p, k_before, v_before);
+        }
+      }
+}
+
+MakeCase on(GuardBase base) {
+  return [base](int64_t sn, int32_t splits) { return guard_case(base, sn, splits); };
+}
+
+constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
+constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+std::string set_to(const char* name, int64_t at, int32_t value) {
+  return std::string(name) + "[" + std::to_string(at) + "] = " + std::to_string(value);
+}
+
+// cache_seqlens[0] far out, negative, at the int32 limits, and one position past the capacity
+// (S_cache, or max_pages * page_size) after the append. A direct call with a paged cache
+// copies cache_seqlens to the host and refuses it (negative: cache_seqlens; past the block
+// table: block_table).
+TEST(KvCacheGuard, CacheSeqlens) {
+  const Corrupt corrupt = [](IndexValues& v, KvProblem& p, int which) {
+    const int32_t values[] = {100000, -1, -100000, kInt32Max, kInt32Min,
+                              static_cast<int32_t>(p.capacity - p.Sn + 1)};
+    v.seqlens[0] = values[which];
+    GuardExpectation e = out_of_range(set_to("cache_seqlens", 0, values[which]));
+    if (p.c.page_size) e.refused_directly = values[which] < 0 ? "cache_seqlens" : "block_table";
+    return e;
+  };
+  for (GuardBase base : {GuardBase::Dense, GuardBase::Paged16, GuardBase::Paged256})
+    check_guard(on(base), 6, corrupt);
+}
+
+TEST(KvCacheGuard, CacheLeftpad) {
+  const Corrupt corrupt = [](IndexValues& v, KvProblem& p, int which) {
+    const int32_t values[] = {-1, p.c.seqlens[0] + 1, 1000000, kInt32Min};
+    v.leftpad[0] = values[which];
+    return out_of_range(set_to("cache_leftpad", 0, values[which]));
+  };
+  for (GuardBase base : {GuardBase::Dense, GuardBase::Paged16}) check_guard(on(base), 4, corrupt);
+}
+
+TEST(KvCacheGuard, CacheBatchIdx) {
+  check_guard(on(GuardBase::Dense), 4, [](IndexValues& v, KvProblem& p, int which) {
+    const int32_t values[] = {static_cast<int32_t>(p.cache_rows), -1, 1000000, kInt32Min};
+    v.batch_idx[0] = values[which];
+    return out_of_range(set_to("cache_batch_idx", 0, values[which]));
+  });
+}
+
+// A page out of range in slot `slot` of sequence 0's block-table row: a hole (its keys NaN)
+// where the sequence only reads, the whole sequence out of range where its append writes.
+GuardExpectation bad_page(IndexValues& v, const KvProblem& p, int64_t slot, int32_t value) {
+  v.table[size_t(slot)] = value;
+  const int64_t filled = p.c.seqlens[0], ps = p.c.page_size;
+  const bool appended_into = p.Sn > 0 && filled / ps <= slot && slot <= (filled + p.Sn - 1) / ps;
+  GuardExpectation e = out_of_range(set_to("block_table[0]", slot, value));
+  if (!appended_into) {
+    e.sequence_out_of_range = false;
+    e.hole_slot = slot;
+  }
+  return e;
+}
+
+TEST(KvCacheGuard, BlockTable) {
+  const Corrupt first_page_read = [](IndexValues& v, KvProblem& p, int which) {
+    const int32_t values[] = {static_cast<int32_t>(p.cache_rows), -1, 1000000, kInt32Min};
+    return bad_page(v, p, p.leftpad[0] / p.c.page_size, values[which]);
+  };
+  const Corrupt page_appended_to = [](IndexValues& v, KvProblem& p, int which) {
+    return bad_page(v, p, p.c.seqlens[0] / p.c.page_size, which == 0 ? 1000000 : -1);
+  };
+  for (GuardBase base : {GuardBase::Paged16, GuardBase::Paged64, GuardBase::Paged256}) {
+    check_guard(on(base), 4, first_page_read);
+    check_guard(on(base), 2, page_appended_to, {2});
+  }
+  // Slots past a sequence's positions are never read: any value, and a valid call. Sequence 1
+  // (20 + S_new <= 22 positions) uses 2 of its 3 slots.
+  check_guard(on(GuardBase::Paged16), 2, [](IndexValues& v, KvProblem& p, int which) {
+    const int32_t value = which == 0 ? -7 : 99999;
+    v.table[size_t(2 * p.max_pages - 1)] = value;
+    GuardExpectation e;
+    e.what = set_to("block_table[1]", p.max_pages - 1, value);
+    return e;
+  });
+}
+
+// Rotary tables one row short of sequence 0's positions (cache_seqlens + S_new for k_new,
+// cache_seqlens + Sq for the causal queries) that still cover sequence 1's: on CUDA with a
+// dense cache no host check reads cache_seqlens, so the kernels' guard applies.
+TEST(KvCacheGuard, RotaryTablesShorterThanThePositions) {
+  check_guard(on(GuardBase::DenseRotary), 1, [](IndexValues&, KvProblem& p, int) {
+    const int64_t rows = p.c.seqlens[0] + std::max(p.Sn, p.Sq) - 1;
+    p.cache.rotary_cos->sizes[0] = p.cache.rotary_sin->sizes[0] = rows;
+    return out_of_range("rotary tables of " + std::to_string(rows) + " rows");
+  });
+}
+
+// A hole reaches exactly the rows that attend to it: pages of one position, a causal window
+// of 20 keys and three query rows (with S_new = 0, row t sees positions 58 + t .. 77 + t of
+// 80), so that a hole at position 58 (59 with one appended: the plain kernel, then the general
+// one) is seen by row 0 only, one at 70 by every row, one at 10 by none.
+TEST(KvCacheGuard, PageHoleReachesTheRowsThatSeeIt) {
+  const MakeCase hole_case = [](int64_t sn, int32_t splits) {
+    return KvCase{.name = "hole", .seqlens = {80, 33}, .seqlen_q = 3, .seqlen_new = sn,
+                  .heads = 4, .heads_k = 2, .head_dim = 64, .dtype = DType::BFloat16,
+                  .page_size = 1, .mask = kMasks[2], .num_splits = splits};
+  };
+  check_guard(hole_case, 3, [](IndexValues& v, KvProblem& p, int which) {
+    const int64_t slots[] = {58 + p.Sn, 70, 10};
+    return bad_page(v, p, slots[which], 1000000);
+  }, {0, 1});
+}
+#endif
 
 #ifndef FLASHATTN_TEST_CUDA
 // Automatic splitting on the CPU: one pass when there is a work item per thread, else chunks

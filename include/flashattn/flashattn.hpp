@@ -160,9 +160,13 @@ RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorVie
 // from row 0 of a sequence's cache; sequence b's keys are the cache positions
 //   cache_leftpad[b] .. cache_seqlens[b] + S_new - 1
 // (S_new = 0 without k_new), and q's rows are the last Sq of them (the usual bottom-right
-// alignment of causal and window masks). Every tensor lives on q's device. On the CUDA backend
-// the integer tensors are read by the kernels only: their values are trusted (the CPU backend
-// checks them), so a position past the cache is the caller's bug there.
+// alignment of causal and window masks). Every tensor lives on q's device. The CPU backend
+// checks the integer tensors' values (an Error names the bad one). On CUDA they live in device
+// memory: with a paged cache cache_seqlens is copied to the host and checked (one stream
+// synchronisation, skipped during CUDA-graph capture); every other value is guarded by the
+// kernels, which never touch memory outside the given tensors: a sequence with an out-of-range
+// value appends nothing and gets NaN out and lse rows, a page index out of range reads as NaN
+// keys (docs/SPEC.md, "What each backend supports and checks").
 struct KvCache {
   // Dense: (B_cache, S_cache, Hk, D), sequence b in row cache_batch_idx[b] (default b).
   // Paged (block_table given): (num_pages, page_size, Hk, D), any page_size >= 1.

@@ -10,7 +10,10 @@
 //
 // Errors: the C ABI status and fa_last_error() become ValueError (invalid argument),
 // TypeError (a dtype that is wrong for the argument), NotImplementedError (valid but not
-// available in this build or backend) and RuntimeError (backend or internal failure).
+// available in this build or backend) and RuntimeError (backend or internal failure). An
+// invalid block_table (a paged cache too small for cache_seqlens + S_new among them) raises
+// BlockTableError, both a ValueError and a RuntimeError: upstream FlashAttention raises
+// RuntimeError there, and code written for it catches that.
 #include <flashattn/flashattn.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -37,6 +40,9 @@ struct Arg {
 };
 
 [[noreturn]] void type_error(const std::string& message) { throw nb::type_error(message.c_str()); }
+
+// flashattn._C.BlockTableError(ValueError, RuntimeError), created with the module.
+PyObject* block_table_error = nullptr;
 [[noreturn]] void value_error(const std::string& message) { throw nb::value_error(message.c_str()); }
 
 int32_t dtype_from_dlpack(const nb::dlpack::dtype& d, const char* name) {
@@ -142,6 +148,10 @@ void check(fa_status status, const std::string& message) {
       if (message.find(": expected dtype") != std::string::npos ||
           message.find(": expected a dtype") != std::string::npos)
         type_error(message);
+      if (message.rfind("block_table: ", 0) == 0) {
+        PyErr_SetString(block_table_error, message.c_str());
+        throw nb::python_error();
+      }
       value_error(message);
     case FA_ERROR_UNSUPPORTED:
       PyErr_SetString(PyExc_NotImplementedError, message.c_str());
@@ -230,6 +240,19 @@ NB_MODULE(_C, m) {
   // DLPack's device codes as from_array reads them (for _array.py's choice of array module).
   m.attr("DLPACK_DEVICE_CPU") = static_cast<int>(nb::device::cpu::value);
   m.attr("DLPACK_DEVICE_CUDA") = static_cast<int>(nb::device::cuda::value);
+
+  {
+    PyObject* bases = PyTuple_Pack(2, PyExc_ValueError, PyExc_RuntimeError);
+    block_table_error = PyErr_NewExceptionWithDoc(
+        "flashattn._C.BlockTableError",
+        "An invalid block_table, such as a paged cache too small for cache_seqlens + S_new: a "
+        "ValueError like every argument error, and a RuntimeError as upstream FlashAttention "
+        "raises.",
+        bases, nullptr);
+    Py_XDECREF(bases);
+    if (block_table_error == nullptr) throw nb::python_error();
+    m.attr("BlockTableError") = nb::handle(block_table_error);
+  }
 
   m.def("version", [] { return std::string(fa_version()); });
   m.def("cuda_compiled", [] { return fa_cuda_compiled() != 0; });

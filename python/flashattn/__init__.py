@@ -11,6 +11,7 @@ inputs, as CuPy arrays for CUDA inputs when CuPy is installed).
 import sys
 
 from . import _C
+from ._C import BlockTableError
 from .interface import (
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -37,6 +38,7 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "BlockTableError",
     "cuda_compiled",
 ]
 

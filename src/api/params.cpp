@@ -154,6 +154,7 @@ KvCacheParams kvcache_params(const TensorView& q, const KvCache& cache, const Te
   kp.cache_batch_idx = int32_data(cache.cache_batch_idx);
   kp.cache_leftpad = int32_data(cache.cache_leftpad);
   kp.block_table = int32_data(cache.block_table);
+  kp.cache_rows = cache.k_cache.sizes[0];
   if (cache.block_table) {
     kp.block_table_batch_stride = cache.block_table->strides[0];
     kp.page_size = static_cast<int32_t>(cache.k_cache.sizes[1]);

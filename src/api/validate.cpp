@@ -362,23 +362,51 @@ std::string at(const std::string& name, int64_t b, int64_t value) {
   return name + "[" + std::to_string(b) + "] = " + std::to_string(value);
 }
 
-// The integer arguments of a KV-cache call, when they are in host memory (the CPU backend
-// reads them; CUDA kernels trust them): every position a sequence reads or writes must exist,
-// no two sequences may write one cache row, and rotary tables must reach every rotated position.
-void check_kvcache_values(const KvCache& cache, int64_t batch, int64_t rows_q, int64_t seqlen_new,
-                          int64_t capacity, bool rotary_per_row) {
-  const int32_t* seqlens = host_int32(cache.cache_seqlens);
+// The values of a KV-cache call's int32 tensors that the validator can read (null where it
+// cannot): every tensor in host memory (the CPU backend); on CUDA, for a paged cache,
+// cache_seqlens copied to the host on the call's stream, as upstream FlashAttention does there
+// (one synchronisation; the dense case is left to the kernels' guards, as a synchronisation
+// per decoding step would cost more than the check gives), except while the stream is
+// captured into a CUDA graph, where the kernels' guards apply (common/kvcache.hpp).
+struct KvCacheValues {
+  const int32_t* seqlens = nullptr;
+  const int32_t* leftpad = nullptr;
+  const int32_t* batch_idx = nullptr;
+  const int32_t* table = nullptr;
+  std::vector<int32_t> copied_seqlens;
+};
+
+KvCacheValues readable_kvcache_values(const KvCache& cache, Backend backend,
+                                      const Execution& execution) {
+  KvCacheValues values;
+  values.seqlens = host_int32(cache.cache_seqlens);
+  if (cache.cache_leftpad) values.leftpad = host_int32(*cache.cache_leftpad);
+  if (cache.cache_batch_idx) values.batch_idx = host_int32(*cache.cache_batch_idx);
+  if (cache.block_table) values.table = host_int32(*cache.block_table);
+  if (values.seqlens == nullptr && cache.block_table && backend == Backend::CUDA) {
+    const TensorView& t = cache.cache_seqlens;
+    values.copied_seqlens.resize(static_cast<size_t>(t.numel()));
+    if (cuda::copy_int32_to_host("cache_seqlens", static_cast<const int32_t*>(t.data), t.numel(),
+                                 t.device.index, execution.stream, values.copied_seqlens.data()))
+      values.seqlens = values.copied_seqlens.data();
+  }
+  return values;
+}
+
+// The integer arguments' values, where they can be read (KvCacheValues): every position a
+// sequence reads or writes must exist, no two sequences may write one cache row, and rotary
+// tables must reach every rotated position. The kernels' guard (kv_sequence_in_range,
+// kv_page_in_range) is the same rule for the values no one checked.
+void check_kvcache_values(const KvCache& cache, const KvCacheValues& values, int64_t batch,
+                          int64_t rows_q, int64_t seqlen_new, int64_t capacity,
+                          bool rotary_per_row) {
+  const int32_t* seqlens = values.seqlens;
   if (seqlens == nullptr || batch == 0) return;
-  const int32_t* leftpad = cache.cache_leftpad ? host_int32(*cache.cache_leftpad) : nullptr;
-  const int32_t* batch_idx = cache.cache_batch_idx ? host_int32(*cache.cache_batch_idx) : nullptr;
-  const int32_t* table = cache.block_table ? host_int32(*cache.block_table) : nullptr;
+  const int32_t* leftpad = values.leftpad;
+  const int32_t* batch_idx = values.batch_idx;
+  const int32_t* table = values.table;
   const int64_t cache_rows = cache.k_cache.sizes[0];  // sequence rows, or pages when paged
   const int64_t page_size = cache.k_cache.sizes[1];
-  const std::string capacity_text =
-      std::to_string(capacity) +
-      (table ? " (max_pages " + std::to_string(cache.block_table->sizes[1]) + " x page_size " +
-                   std::to_string(page_size) + ")"
-             : " (S_cache)");
   // (cache row written, sequence): two equal rows are two appended positions in one place.
   std::vector<std::pair<int64_t, int64_t>> written;
   int64_t rotary_rows = 0;
@@ -392,9 +420,17 @@ void check_kvcache_values(const KvCache& cache, int64_t batch, int64_t rows_q, i
                " for b = " + std::to_string(b) + ")",
            at("cache_leftpad", b, begin));
     const int64_t end = filled + seqlen_new;
+    // Paged, the block table is what is too small (upstream's wording: it names block_table).
+    if (end > capacity && cache.block_table)
+      fail("block_table",
+           "pages for every position: cache_seqlens[b] + S_new <= max_pages " +
+               std::to_string(cache.block_table->sizes[1]) + " x page_size " +
+               std::to_string(page_size) + " = " + std::to_string(capacity),
+           at("cache_seqlens", b, filled) + " with S_new = " + std::to_string(seqlen_new));
     if (end > capacity)
       fail("cache_seqlens",
-           "cache_seqlens[b] + S_new <= the cache capacity " + capacity_text,
+           "cache_seqlens[b] + S_new <= the cache capacity " + std::to_string(capacity) +
+               " (S_cache)",
            at("cache_seqlens", b, filled) + " with S_new = " + std::to_string(seqlen_new));
     if (batch_idx != nullptr) {
       const int64_t row = batch_idx[b];
@@ -814,11 +850,12 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
   call.backend = check_backend_memory(execution, q, call.head_dim, copied_by_rows, inputs,
                                       out_checked, lse);
 
-  // Last, so that a call with a bad value fails after every structural check; host values
-  // only (the CPU backend), and only now that every pointer is known to be readable.
+  // Last, so that a call with a bad value fails after every structural check, and only now
+  // that every pointer is known to be readable (KvCacheValues: which values can be read).
   const bool rotary_q_per_row =
       kvcache_rotary_q_per_row(options.window_left, window_right_of(options));
-  check_kvcache_values(cache, batch, call.rows_q, seqlen_new, capacity, rotary_q_per_row);
+  check_kvcache_values(cache, readable_kvcache_values(cache, call.backend, execution), batch,
+                       call.rows_q, seqlen_new, capacity, rotary_q_per_row);
   return call;
 }
 

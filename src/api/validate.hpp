@@ -45,9 +45,12 @@ ValidatedCall validate_probabilities(const TensorView& q, const TensorView& k,
 // forward_kvcache's checks: the forward's rules for q, out, lse and the options (dropout
 // rejected), the caches (dense or paged), k_new/v_new, the rotary tables and the int32
 // per-sequence tensors, and that nothing written (out, lse, the caches when k_new is given)
-// overlaps anything read. Integer values are checked when they are in host memory (the CPU
-// backend): every position read or written exists, no two sequences write one cache row,
-// the rotary tables cover every rotated position. CUDA kernels trust them.
+// overlaps anything read. Integer values are checked where they can be read: in host memory
+// (the CPU backend), every position read or written exists, no two sequences write one cache
+// row, the rotary tables cover every rotated position; on CUDA, a paged cache's cache_seqlens
+// is copied to the host for the checks that need only it (the block table's capacity among
+// them), except while the stream is captured. The CUDA kernels guard every value no one
+// checked (common/kvcache.hpp).
 ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
                                const std::optional<TensorView>& lse, const Options& options,
                                const Execution& execution);

@@ -38,6 +38,7 @@ struct KvCacheParams {
   const int32_t* block_table = nullptr;      // (B, max_pages); null: dense cache
   int64_t block_table_batch_stride = 0;
   int32_t page_size = 0;                     // paged only
+  int64_t cache_rows = 0;  // the caches' dim 0: B_cache sequence rows, or num_pages pages
 
   // Appended keys and values (null: none), (B, seqlen_new, Hk, D), attn's dtype.
   const void* k_new = nullptr;
@@ -65,8 +66,10 @@ struct KvCacheParams {
 
 // Sequence b's keys: the cache positions [begin, end) after the append, and the dense cache
 // row it lives in (ignored when paged). seqlen_k = end - begin is what the mask aligns to.
+// filled = cache_seqlens[b]: positions from there on are the appended ones.
 struct KvSequence {
   int64_t begin = 0, end = 0;
+  int64_t filled = 0;
   int64_t cache_row = 0;
   FA_HOST_DEVICE int64_t seqlen_k() const { return end - begin; }
 };
@@ -74,9 +77,37 @@ struct KvSequence {
 FA_HOST_DEVICE KvSequence kv_sequence(const KvCacheParams& p, int32_t b) {
   KvSequence s;
   s.begin = p.cache_leftpad != nullptr ? p.cache_leftpad[b] : 0;
-  s.end = int64_t{p.cache_seqlens[b]} + (p.k_new != nullptr ? p.seqlen_new : 0);
+  s.filled = p.cache_seqlens[b];
+  s.end = s.filled + (p.k_new != nullptr ? p.seqlen_new : 0);
   s.cache_row = p.cache_batch_idx != nullptr ? p.cache_batch_idx[b] : b;
   return s;
+}
+
+// Whether sequence s's per-sequence values address only what the call was given: 0 <=
+// cache_leftpad <= cache_seqlens, cache_seqlens + S_new within the capacity (S_cache, or
+// max_pages * page_size), a dense cache row in [0, B_cache), rotary tables that reach every
+// position rotated (k_new's, and q's: rotary_q_position). The validator's rules for host
+// values (validate.cpp, check_kvcache_values), as one predicate: on CUDA, where the values are
+// read by the kernels, a sequence that fails it reads and writes nothing and its out and lse
+// rows are NaN (docs/SPEC.md). A large value in range counts the same as a wrong one.
+FA_HOST_DEVICE bool kv_sequence_in_range(const KvCacheParams& p, const KvSequence& s) {
+  bool ok = s.begin >= 0 && s.begin <= s.filled && s.end <= p.attn.seqlen_k;
+  if (p.cache_batch_idx != nullptr) ok = ok && s.cache_row >= 0 && s.cache_row < p.cache_rows;
+  if (p.rotary_cos != nullptr) {
+    const bool appends = p.k_new != nullptr && p.seqlen_new > 0;
+    const int64_t q_end =
+        p.attn.seqlen_q > 0 ? s.filled + (p.rotary_q_per_row() ? p.attn.seqlen_q : 1) : 0;
+    ok = ok && (!appends || s.end <= p.rotary_seqlen) && q_end <= p.rotary_seqlen;
+  }
+  return ok;
+}
+
+// Whether a block_table entry names one of the cache's pages. On CUDA a page out of range is
+// never read or written: a sequence whose append would write into one is treated as out of
+// range (nothing appended, NaN rows, as above); otherwise the page's positions read as keys of
+// NaN (values of 0), so exactly the query rows that attend to one of them have NaN out and lse.
+FA_HOST_DEVICE bool kv_page_in_range(const KvCacheParams& p, int64_t page) {
+  return page >= 0 && page < p.cache_rows;
 }
 
 // The element offset of cache position `pos` of sequence b (head 0) in a cache with the given

@@ -5,8 +5,10 @@
 #include <array>
 #include <atomic>
 #include <sstream>
+#include <string>
 
 #include "common/knobs.hpp"
+#include "cuda/common/per_device.hpp"
 #include "cuda/devices.hpp"
 
 namespace flashattn::detail::cuda {
@@ -81,6 +83,31 @@ PointerLocation locate(const void* pointer) {
       break;
   }
   return where;
+}
+
+bool copy_int32_to_host(const char* name, const int32_t* values, int64_t count, int device,
+                        void* stream, int32_t* host) {
+  if (count <= 0) return true;
+  const CurrentDevice on_the_tensors_gpu(device);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  // An error here (the legacy stream while another stream captures in global mode) means the
+  // stream cannot be synchronised now either: skip, as for a captured stream.
+  if (cudaStreamIsCapturing(s, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return false;
+  // The copy and the wait are allowed on this (uncaptured) stream while another thread
+  // captures in global mode only in relaxed mode (what PyTorch's capture guard does too).
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  throw_if_failed(cudaThreadExchangeStreamCaptureMode(&mode), "the capture mode set to relaxed");
+  const cudaError_t copied = cudaMemcpyAsync(host, values, static_cast<size_t>(count) * sizeof(int32_t),
+                                             cudaMemcpyDeviceToHost, s);
+  const cudaError_t waited = copied == cudaSuccess ? cudaStreamSynchronize(s) : copied;
+  cudaThreadExchangeStreamCaptureMode(&mode);  // back to the caller's
+  throw_if_failed(waited, std::string("a successful copy of ") + name + " to the host");
+  return true;
 }
 
 namespace {

@@ -22,6 +22,14 @@ struct PointerLocation {
 };
 PointerLocation locate(const void* pointer);
 
+// Copies `count` int32 values (the tensor `name`) from device memory on `device` to `host`, ordered on `stream`
+// (after the work queued there before, so that they are the values the call's kernels would
+// read), and waits for them: one device synchronisation. Returns false, copying nothing, while
+// the stream is being captured into a CUDA graph, where a copy would be recorded rather than
+// run (the kernels' guards apply there). A CUDA error is thrown as ErrorCode::Backend.
+bool copy_int32_to_host(const char* name, const int32_t* values, int64_t count, int device,
+                        void* stream, int32_t* host);
+
 // The most dynamic shared memory one block may use on the current device (the opt-in limit:
 // 227 KiB on Hopper, 163 KiB on A100, 99 KiB on sm_86/sm_89), which decides the tile shapes
 // a kernel can launch with. FLASHATTN_CUDA_SMEM_LIMIT=<bytes> lowers it (never raises it),

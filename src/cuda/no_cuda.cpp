@@ -17,6 +17,10 @@ std::vector<CudaDevice> devices(std::string* why) {
 
 PointerLocation locate(const void*) { return {}; }
 
+bool copy_int32_to_host(const char*, const int32_t*, int64_t, int, void*, int32_t*) {
+  return false;  // unreachable: validation rejects the cuda backend
+}
+
 size_t forward(const ForwardParams&) {  // unreachable: validation rejects the cuda backend
   throw Error(ErrorCode::Unsupported, "backend", "cpu or auto (this build has no CUDA backend)",
               "cuda");

@@ -621,6 +621,25 @@ def test_paged_errors(rng):
         assert np.array_equal(c["k_cache"], before)
 
 
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_paged_cache_too_small_raises_runtime_error(rng, framework):
+    """Upstream FlashAttention's refusal, as its tests expect it: a block table of max_pages x
+    page_size positions that cannot take cache_seqlens + S_new is a RuntimeError naming
+    block_table (flashattn.BlockTableError: a ValueError too, like every argument error), and
+    nothing is written."""
+    c = make_case(rng, b=2, sq=1, cache_len=16, page_size=4, seqlens=[3, 6])
+    c["cache_seqlens"] = np.array([3, 16], np.int32)  # 16 + 1 appended > 4 pages of 4
+    args = as_framework(c, framework)
+    before = [to64(args["k_cache"]).copy(), to64(args["v_cache"]).copy()]
+    with pytest.raises(RuntimeError, match="^block_table: .*cache_seqlens\\[1\\] = 16") as error:
+        call(args)
+    assert isinstance(error.value, ValueError) and isinstance(error.value, flashattn.BlockTableError)
+    assert np.array_equal(to64(args["k_cache"]), before[0]), "k_cache written"
+    assert np.array_equal(to64(args["v_cache"]), before[1]), "v_cache written"
+    # Filled to exactly the block table's capacity, without an append: accepted.
+    call(dict(args, k=None, v=None))
+
+
 def test_read_only_cache_refused(rng):
     c = make_case(rng, b=1, sq=1, cache_len=8, seqlens=[2])
     c["k_cache"].flags.writeable = False
@@ -837,6 +856,53 @@ def test_cuda_current_stream_and_graph_capture(d):
         flash_attn_with_kvcache(q, k_cache, v_cache, pending, v, cache_seqlens=10)
     side.synchronize()
     assert torch.equal(k_cache[:, 10], k[:, 0])
+
+
+@cuda
+def test_cuda_paged_capacity_refused_directly_and_guarded_in_a_graph():
+    """Directly, a paged cache too small for cache_seqlens + S_new is refused (cache_seqlens is
+    copied to the host for the check, as upstream does). Captured in a CUDA graph no host check
+    can run: replayed with such a value, the kernels' guard applies (docs/SPEC.md): that
+    sequence appends nothing and its out and lse rows are NaN; the other one is unaffected
+    (bit for bit what a call of its own gives, with the same single split)."""
+    b, h, hk, d, page = 2, 8, 2, 128, 256
+    dt = torch.float16
+    k_cache = torch.randn(3, page, hk, d, device="cuda", dtype=dt)
+    v_cache = torch.randn_like(k_cache)
+    block_table = torch.tensor([[0], [1]], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=dt)
+    k, v = (torch.randn(b, 1, hk, d, device="cuda", dtype=dt) for _ in range(2))
+    seqlens = torch.tensor([page, 10], dtype=torch.int32, device="cuda")  # 256 + 1 > one page
+    before = k_cache.clone(), v_cache.clone()
+    with pytest.raises(RuntimeError, match="^block_table"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                block_table=block_table, num_splits=1)
+    torch.cuda.synchronize()
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+    seqlens.fill_(7)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the capture, on copies of the caches
+        flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, cache_seqlens=seqlens,
+                                block_table=block_table, num_splits=1)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                           block_table=block_table, return_softmax_lse=True,
+                                           num_splits=1)
+    seqlens.copy_(torch.tensor([page, 10], dtype=torch.int32))
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(out[0]).all() and torch.isnan(lse[0]).all()
+    assert torch.equal(k_cache[0], ref_k[0]) and torch.equal(v_cache[0], ref_v[0]), "appended"
+    want = flash_attn_with_kvcache(q[1:], ref_k, ref_v, k[1:], v[1:], cache_seqlens=seqlens[1:],
+                                   block_table=block_table[1:], num_splits=1)
+    torch.testing.assert_close(out[1:], want, rtol=0, atol=0)
+    # Both appended sequence 1 at row 10 of page 1; neither touched anything else.
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
 
 
 @cuda

@@ -82,6 +82,12 @@ KvCacheRun launch_kvcache(const KvCacheParams& kv) {
   const auto kernel = general ? kvcache_kernel<Cfg, true> : kvcache_kernel<Cfg, false>;
   KvCacheKernelParams kp;
   kp.kv = kv;
+  static PerDevice<const void*> nan_keys;
+  kp.nan_keys = nan_keys.get([] {
+    void* address = nullptr;
+    throw_if_failed(cudaGetSymbolAddress(&address, nan_key_chunk), "the address of the NaN key chunk");
+    return static_cast<const void*>(address);
+  });
   const int64_t rows = p.seqlen_q * p.group_size();
   kp.row_blocks = static_cast<int32_t>(std::max<int64_t>(1, (rows + Cfg::kBlockM - 1) / Cfg::kBlockM));
   check_grid_extent(int64_t{p.heads_k} * kp.row_blocks,

@@ -21,9 +21,16 @@
 //   of kBlockN, sequences starting on a block boundary).
 // - Append: positions cache_seqlens[b] .. + S_new - 1 are read from k_new/v_new (k_new
 //   rotated and rounded to the cache dtype, exactly what is stored) instead of the cache, and
-//   written into the cache by the CTAs of row block 0 whose split covers them, so every new
-//   position is written once and no CTA reads a position another one writes.
+//   written into the cache, at the end, by the CTAs of row block 0 whose split covers them, so
+//   every new position is written once and no CTA reads a position another one writes.
 // - Rotary on q is applied while loading Q (each CTA rotates its own rows).
+// - Guards (docs/SPEC.md, "What each backend supports and checks"): the int32 tensors are read
+//   here, in device memory, so no value of theirs may make the kernel touch memory outside the
+//   tensors it was given, host checks or not (a CUDA graph replays whatever they hold). A
+//   sequence whose values fail kv_sequence_in_range, or whose append would write into a page
+//   that fails kv_page_in_range, takes no keys, appends nothing and writes NaN rows (a few
+//   compares per CTA); any other page that fails is not read, its keys read as NaN (a compare
+//   per block-table lookup). Every other index is derived from those values and the grid.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -78,6 +85,10 @@ struct KvCacheConfig {
   static_assert(kHeadDim % 32 == 0 && kStages >= 2, "shapes");
 };
 
+// Eight fp16 or bf16 NaNs (all-ones bits) in global memory: what the general kernel's K tile
+// copies in place of a key chunk on a page out of range.
+static __device__ uint4 nan_key_chunk = {~0u, ~0u, ~0u, ~0u};
+
 // What the kernels need beyond the validated call.
 struct KvCacheKernelParams {
   KvCacheParams kv;
@@ -85,6 +96,8 @@ struct KvCacheKernelParams {
   int32_t row_blocks = 1;          // ceil(Sq * G / 16), at least 1 (the append needs a CTA)
   float* partial_out = nullptr;    // num_splits > 1: (num_splits, B, H, Sq, head_dim)
   float* partial_lse = nullptr;    // num_splits > 1: (num_splits, B, H, Sq), natural log
+  // nan_key_chunk's device address (a parameter: the kernel reads it from the constant bank).
+  const void* nan_keys = nullptr;
 };
 
 // Element e of a row of head_dim values after the rotary embedding at position `pos`
@@ -150,23 +163,33 @@ __device__ __forceinline__ uint4 rotated_chunk(const Element* row, int e0,
   return *reinterpret_cast<const uint4*>(y);
 }
 
-// Element offsets of cache position `pos` of sequence b in the K and the V cache (head 0).
+// Element offsets of cache position `pos` of sequence b in the K and the V cache (head 0);
+// valid is false where the position's page is out of range (the offsets are then meaningless).
+// pos must be a position of a sequence that passed kv_sequence_in_range, so that its
+// block-table slot exists.
 struct CacheOffsets {
   int64_t k, v;
+  bool valid = true;
 };
+// The page of position `pos` of sequence b: positions are below cache_seqlens + S_new < 2^32,
+// so a 32-bit division (a 64-bit one is a ~70-instruction subroutine, once per row of every
+// block).
+__device__ __forceinline__ int64_t page_of(const KvCacheParams& kv, int32_t b, uint32_t pos,
+                                           uint32_t& page_index) {
+  page_index = pos / static_cast<uint32_t>(kv.page_size);
+  return kv.block_table[b * kv.block_table_batch_stride + page_index];
+}
 __device__ __forceinline__ CacheOffsets cache_offsets(const KvCacheParams& kv, int32_t b,
                                                       const KvSequence& seq, int64_t pos) {
   const ForwardParams& p = kv.attn;
   if (!kv.is_paged())
     return {seq.cache_row * p.k_batch_stride + pos * p.k_row_stride,
             seq.cache_row * p.v_batch_stride + pos * p.v_row_stride};
-  // Positions are below cache_seqlens + S_new < 2^32: a 32-bit division (a 64-bit one is a
-  // ~70-instruction subroutine, once per row of every block).
-  const uint32_t page_index = static_cast<uint32_t>(pos) / static_cast<uint32_t>(kv.page_size);
+  uint32_t page_index;
+  const int64_t page = page_of(kv, b, static_cast<uint32_t>(pos), page_index);
   const int64_t in_page = static_cast<uint32_t>(pos) - page_index * static_cast<uint32_t>(kv.page_size);
-  const int64_t page = kv.block_table[b * kv.block_table_batch_stride + page_index];
   return {page * p.k_batch_stride + in_page * p.k_row_stride,
-          page * p.v_batch_stride + in_page * p.v_row_stride};
+          page * p.v_batch_stride + in_page * p.v_row_stride, kv_page_in_range(kv, page)};
 }
 
 // kGeneral: an append (k_new/v_new), rotary, ALiBi or softcap may occur. Without them (a
@@ -205,8 +228,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // divisions by G are 32-bit (a 64-bit division is a ~70-instruction subroutine).
   const uint32_t ugroup = static_cast<uint32_t>(group);
   const KvSequence seq = kv_sequence(kv, b);
-  const int64_t seqlen_k = seq.seqlen_k() > 0 ? seq.seqlen_k() : 0;
-  const int64_t cached_end = kv.cache_seqlens[b];  // positions below come from the cache
+  // A sequence whose values are out of range is given no keys (nothing read or appended) and
+  // NaN rows at the end; in range, seqlen_k >= 0 (leftpad <= cache_seqlens <= the end).
+  const bool seq_ok = kv_sequence_in_range(kv, seq);
+  const int64_t seqlen_k = seq_ok ? seq.seqlen_k() : 0;
+  const int64_t cached_end = seq.filled;  // positions below come from the cache
   const int64_t seqlen_q = p.seqlen_q;
 
   // This split's keys (indices relative to seq.begin): equal runs of whole key blocks.
@@ -219,24 +245,23 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       (split + 1) * blocks_per_split * kBlockN < seqlen_k ? (split + 1) * blocks_per_split * kBlockN
                                                           : seqlen_k;
 
-  // The append: new positions of this split, once per (b, kv head).
-  if (kGeneral && kv.k_new != nullptr && row_block == 0) {
-    const int64_t first = seq.begin + split_begin > cached_end ? seq.begin + split_begin : cached_end;
-    const int64_t last = seq.begin + split_end;
-    const Element* k_new = static_cast<const Element*>(kv.k_new) + b * kv.k_new_batch_stride +
-                           hk * kv.k_new_head_stride;
-    const Element* v_new = static_cast<const Element*>(kv.v_new) + b * kv.v_new_batch_stride +
-                           hk * kv.v_new_head_stride;
-    for (int64_t idx = threadIdx.x; idx < (last - first) * p.head_dim; idx += kThreads) {
-      const int64_t pos = first + idx / p.head_dim;
-      const int e = static_cast<int>(idx % p.head_dim);
-      const int64_t t = pos - cached_end;  // row of k_new / v_new
-      const CacheOffsets at = cache_offsets(kv, b, seq, pos);
-      static_cast<Element*>(const_cast<void*>(p.k))[at.k + hk * p.k_head_stride + e] =
-          Element(rotated(k_new + t * kv.k_new_row_stride, e, kv, pos));
-      static_cast<Element*>(const_cast<void*>(p.v))[at.v + hk * p.v_head_stride + e] =
-          v_new[t * kv.v_new_row_stride + e];
-    }
+  // The pages the append writes into: one out of range makes the whole sequence bad (nothing
+  // appended, NaN rows), which every CTA of the sequence decides alike before its main loop.
+  // This thread's share of their block-table entries is loaded first and tested after the
+  // K/V prologue and the Q loads have been issued, so that its latency overlaps theirs.
+  // (Threads past the pages hold page 0: in range unless num_pages is 0, and then the pages
+  // that do exist in the table are out of range as well.)
+  const bool appends_to_pages = kGeneral && kv.k_new != nullptr && kv.seqlen_new > 0 && kv.is_paged() && seq_ok;
+  const auto append_slot_range = [&](uint32_t& first, uint32_t& count) {
+    first = static_cast<uint32_t>(cached_end) / static_cast<uint32_t>(kv.page_size);
+    count = static_cast<uint32_t>(seq.end - 1) / static_cast<uint32_t>(kv.page_size) - first + 1;
+  };
+  int32_t append_page = 0;
+  if (appends_to_pages) {
+    uint32_t first_slot, slots;
+    append_slot_range(first_slot, slots);
+    if (threadIdx.x < slots)
+      append_page = kv.block_table[b * kv.block_table_batch_stride + first_slot + threadIdx.x];
   }
 
   // This CTA's packed rows and the keys they can see within the split.
@@ -340,11 +365,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       // The block's first position is a key of the sequence (j0 < hi), so its page exists;
       // rows past the keys get offsets past it, never used (their copies are zero-fills).
       const uint32_t pos0 = static_cast<uint32_t>(seq.begin + j0);
-      const uint32_t page_index = pos0 / static_cast<uint32_t>(kv.page_size);
-      const int64_t page = kv.block_table[b * kv.block_table_batch_stride + page_index];
+      uint32_t page_index;
+      const int64_t page = page_of(kv, b, pos0, page_index);
       const int64_t in_page = pos0 - page_index * static_cast<uint32_t>(kv.page_size) + load_row;
       CacheOffsets at{page * p.k_batch_stride + in_page * p.k_row_stride,
-                      page * p.v_batch_stride + in_page * p.v_row_stride};
+                      page * p.v_batch_stride + in_page * p.v_row_stride, kv_page_in_range(kv, page)};
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
         row_at[pass] = at;
@@ -366,6 +391,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         at.v += v_pass_stride;
       }
     }
+    // A key on a page out of range is NaN (its padding columns stay 0), its value 0. Two ways
+    // to the same tile, each the one that costs its variant no spills (ptxas 13.0, sm_80 and
+    // sm_90a, every bucket): the general kernel copies the key chunk from guard NaNs (a
+    // select of the source); the plain one skips that copy and stores NaN into the rows it
+    // marked in `holes`, in a branch of its own after the copies.
+    uint32_t holes = 0;  // plain kernel: bit `pass` set where that row's page is out of range
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int row = load_row + pass * kRowsPerPass;
@@ -373,14 +404,34 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const bool in_range = j < hi;
       if (kGeneral && in_range && pos >= cached_end) continue;  // appended: written below
       const CacheOffsets at = row_at[pass];
+      if (!kGeneral && in_range && !at.valid) holes |= 1u << pass;
 #pragma unroll
       for (int c = 0; c < kColumnPasses; ++c) {
         const int chunk = load_chunk + c * kThreadsPerRow;
         if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
-        const bool valid = in_range && chunk * 8 < p.head_dim;
+        const bool inside = in_range && chunk * 8 < p.head_dim;
+        const bool valid = inside && at.valid;
         const uint32_t offset = Cfg::KvTile::offset(row, chunk * 8);
-        ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
+        if constexpr (kGeneral) {
+          const void* k_src = valid ? k_cache + at.k + chunk * 8 : inside ? kp.nan_keys : k_cache;
+          ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, k_src, inside);
+        } else if (valid || !inside) {
+          ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
+        }
         ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
+      }
+    }
+    if (!kGeneral && holes != 0) {
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        if (((holes >> pass) & 1u) == 0) continue;
+#pragma unroll
+        for (int c = 0; c < kColumnPasses; ++c) {
+          const int chunk = load_chunk + c * kThreadsPerRow;
+          if (chunk < Cfg::kChunksPerRow && chunk * 8 < p.head_dim)
+            ptx::st_shared_128(k_tile + Cfg::KvTile::offset(load_row + pass * kRowsPerPass, chunk * 8),
+                               make_uint4(~0u, ~0u, ~0u, ~0u));
+        }
       }
     }
     if (kGeneral && kv.k_new != nullptr && seq.begin + j0 + kBlockN > cached_end) {
@@ -429,7 +480,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const int idx = threadIdx.x + i * kThreads;
       const int r = idx / Cfg::kChunksPerRow, e0 = (idx % Cfg::kChunksPerRow) * 8;
       chunk_value[i] = make_uint4(0u, 0u, 0u, 0u);
-      if (idx < kQChunks && r < rows_here && e0 < p.head_dim) {
+      if (idx < kQChunks && r < rows_here && e0 < p.head_dim && seq_ok) {
         const uint32_t row = r0 + r, t = row / ugroup;
         const int h = hk * group + static_cast<int>(row - t * ugroup);
         const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride +
@@ -446,6 +497,20 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                                  (idx % Cfg::kChunksPerRow) * 8) * kElementBytes,
                            chunk_value[i]);
     }
+  }
+
+  // The sequence's range, final (the pages the append writes; CTA-uniform, so the barrier is
+  // reached by every thread or none).
+  bool sequence_in_range = seq_ok;
+  if (appends_to_pages) {
+    bool append_page_bad = !kv_page_in_range(kv, append_page);
+    uint32_t first_slot, slots;
+    append_slot_range(first_slot, slots);
+    // More pages than threads (a long append to small pages): the rest now.
+    for (uint32_t slot = threadIdx.x + kThreads; slot < slots; slot += kThreads)
+      append_page_bad = append_page_bad ||
+                        !kv_page_in_range(kv, kv.block_table[b * kv.block_table_batch_stride + first_slot + slot]);
+    sequence_in_range = __syncthreads_or(append_page_bad) == 0;
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -657,8 +722,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       weight[w] = ptx::exp2_approx(partial_max[w * kBlockM + merge_row] - base);
       l += weight[w] * partial_sum[w * kBlockM + merge_row];
     }
-    const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
-    const float lse = l == 0.0f ? -INFINITY : (base + log2f(l)) * 0.6931471805599453f;
+    // A sequence out of range: NaN rows (its l is 0: no keys), through the combine too.
+    const float nan = __int_as_float(0x7fffffff);
+    const float inv_l = !sequence_in_range ? nan : l == 0.0f ? 0.0f : 1.0f / l;
+    const float lse = !sequence_in_range ? nan : l == 0.0f ? -INFINITY : (base + log2f(l)) * 0.6931471805599453f;
     const uint32_t row = r0 + merge_row, t = row / ugroup;
     const int h = hk * group + static_cast<int>(row - t * ugroup);
     const int64_t split_row = ((int64_t{split} * p.batch + b) * p.heads + h) * seqlen_q + t;
@@ -693,6 +760,29 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         kp.partial_lse[split_row] = lse;
       else if (p.lse != nullptr)
         p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + t] = lse;
+    }
+  }
+
+  // The append, last (the attention above read the new positions from k_new/v_new, and no
+  // CTA reads what another writes): this split's new positions, once per (b, kv head), for a
+  // sequence in range only.
+  if (kGeneral && kv.k_new != nullptr && row_block == 0 && sequence_in_range) {
+    const int64_t first = seq.begin + split_begin > cached_end ? seq.begin + split_begin : cached_end;
+    const int64_t last = seq.begin + split_end;
+    const Element* k_new = static_cast<const Element*>(kv.k_new) + b * kv.k_new_batch_stride +
+                           hk * kv.k_new_head_stride;
+    const Element* v_new = static_cast<const Element*>(kv.v_new) + b * kv.v_new_batch_stride +
+                           hk * kv.v_new_head_stride;
+    for (int64_t idx = threadIdx.x; idx < (last - first) * p.head_dim; idx += kThreads) {
+      const int64_t pos = first + idx / p.head_dim;
+      const int e = static_cast<int>(idx % p.head_dim);
+      const int64_t t = pos - cached_end;  // row of k_new / v_new
+      const CacheOffsets at = cache_offsets(kv, b, seq, pos);
+      if (!at.valid) continue;  // never: sequence_in_range covers these pages (a guard at the store)
+      static_cast<Element*>(const_cast<void*>(p.k))[at.k + hk * p.k_head_stride + e] =
+          Element(rotated(k_new + t * kv.k_new_row_stride, e, kv, pos));
+      static_cast<Element*>(const_cast<void*>(p.v))[at.v + hk * p.v_head_stride + e] =
+          v_new[t * kv.v_new_row_stride + e];
     }
   }
 }
