@@ -1,6 +1,7 @@
 // Chooses the forward kernel for a validated call: on Hopper, the sm90 (wgmma) kernel where it
 // covers the call; otherwise the sm80 (mma.sync) kernel instantiated for the call's dtype and
-// head-dim bucket (head dims rounded up to a multiple of 32).
+// head-dim bucket (head dims rounded up to a multiple of 32). Paged keys and values always
+// take the sm80 kernel's paged variant: the sm90 kernel has no page indirection.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -41,9 +42,12 @@ bool run_sm90(const ForwardParams& p, knobs::KernelFamily forced) {
 
 template <typename Element>
 void run_bucket(const ForwardParams& p, knobs::KernelFamily forced) {
-  if (run_sm90<Element>(p, forced)) return;
+  if (!p.is_paged() && run_sm90<Element>(p, forced)) return;
   with_head_dim_bucket(p.head_dim, [&](auto bucket) {
-    sm80::run_forward<Element, decltype(bucket)::value>(p);
+    if (p.is_paged())
+      sm80::run_forward<Element, decltype(bucket)::value, true>(p);
+    else
+      sm80::run_forward<Element, decltype(bucket)::value, false>(p);
   });
 }
 
@@ -55,7 +59,8 @@ size_t forward(const ForwardParams& p) {
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
   const CurrentDevice on_the_tensors_gpu(p.device);
 #ifdef FLASHATTN_SM80_TUNING
-  if (!sm80::run_tuning_candidate(p))
+  // A tuning candidate serves unpaged calls (its paged variant is not compiled).
+  if (p.is_paged() || !sm80::run_tuning_candidate(p))
 #endif
   {
     if (p.dtype == DType::Float16)
