@@ -202,6 +202,40 @@ struct VarlenCall {
   }
 };
 
+// A valid paged varlen call: VarlenCall's sequences with k/v paged, 6 pages of 2 rows
+// ((num_pages, page_size, Hk, D) = (6, 2, 2, 16)) and block_table ((5, 0, 99), (2, 4, 1)):
+// sequence 0's 4 keys in pages 5 and 0 (its slot 2 holds none, so 99 is never read),
+// sequence 1's 5 in pages 2, 4 and 1.
+struct PagedVarlenCall : VarlenCall {
+  static constexpr int64_t kPages = 6, kPageSize = 2, kMaxPages = 3;
+  Buffer table_buf{DType::Int32, 16};
+
+  PagedVarlenCall() {
+    k = k_buf.view({kPages, kPageSize, Hk, D});
+    v = v_buf.view({kPages, kPageSize, Hk, D});
+    set_table({5, 0, 99, 2, 4, 1}, kMaxPages);
+  }
+  void set_table(const std::vector<int32_t>& values, int64_t max_pages) {
+    write_int32(table_buf, values);
+    varlen.block_table = TensorView::contiguous(
+        table_buf.data(), DType::Int32, {static_cast<int64_t>(values.size()) / max_pages, max_pages});
+  }
+
+  std::vector<NamedBuffer> buffers() {
+    std::vector<NamedBuffer> all = VarlenCall::buffers();
+    all.push_back({"block_table", &table_buf});
+    return all;
+  }
+  void all_on(Device device) {
+    VarlenCall::all_on(device);
+    varlen.block_table->device = device;
+  }
+  const char* describe() const {
+    return "paged varlen B=2 q lengths (3,4) k lengths (4,5) in 6 pages of 2, block_table "
+           "((5,0,99),(2,4,1)), H=6 Hk=2 D=16 fp32";
+  }
+};
+
 // One rejected input: a mutation of a valid call and what the Error must say about it.
 template <typename Call>
 struct ErrorCase {

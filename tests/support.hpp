@@ -5,14 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/numeric.hpp"
@@ -239,6 +242,82 @@ inline Options options_of(const Case& c, Buffer& slopes) {
   return o;
 }
 
+// Paged copies of a varlen call's keys and values (Varlen::block_table): key j of sequence b
+// (row cu_k[b] + j of the dense k/v) goes to row j % page_size of the sequence's page j /
+// page_size, the pages in a random order among a few spare ones. Every page row that holds
+// no key is NaN, and every block-table slot past a sequence's keys (seqused_k's, when given)
+// holds an index outside [0, num_pages): a backend that reads either fails the comparison.
+// `packed`: k and v interleaved in one (num_pages, page_size, 2, Hk, D) buffer (strided views);
+// else two contiguous (num_pages, page_size, Hk, D) buffers.
+struct PagedKeys {
+  Buffer k_buf, v_buf, table_buf;
+  TensorView k, v, block_table;
+  int64_t num_pages = 0, max_pages = 0;
+};
+
+inline PagedKeys page_keys(const TensorView& k, const TensorView& v,
+                           const std::vector<int32_t>& cu_k, const std::vector<int32_t>* used,
+                           int64_t page_size, bool packed) {
+  PagedKeys pk;
+  const int64_t B = static_cast<int64_t>(cu_k.size()) - 1, Hk = k.size(1), D = k.size(2);
+  const auto pages_for = [&](int64_t keys) { return (keys + page_size - 1) / page_size; };
+  int64_t needed = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = pages_for(cu_k[size_t(b + 1)] - cu_k[size_t(b)]);
+    needed += n;
+    pk.max_pages = std::max(pk.max_pages, n + 1);  // one slot more than any sequence uses
+  }
+  pk.num_pages = needed + 3;
+  std::vector<int32_t> order(static_cast<size_t>(pk.num_pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng());
+  const int64_t page_elems = page_size * Hk * D;
+  if (packed) {
+    pk.k_buf = Buffer(k.dtype, pk.num_pages * 2 * page_elems);
+    pk.k_buf.poison();
+    const std::initializer_list<int64_t> strides{2 * page_elems, 2 * Hk * D, D, 1};
+    pk.k = pk.k_buf.view({pk.num_pages, page_size, Hk, D}, strides);
+    pk.v = pk.k_buf.view({pk.num_pages, page_size, Hk, D}, strides, Hk * D);
+  } else {
+    pk.k_buf = Buffer(k.dtype, pk.num_pages * page_elems);
+    pk.v_buf = Buffer(k.dtype, pk.num_pages * page_elems);
+    pk.k_buf.poison();
+    pk.v_buf.poison();
+    pk.k = pk.k_buf.view({pk.num_pages, page_size, Hk, D});
+    pk.v = pk.v_buf.view({pk.num_pages, page_size, Hk, D});
+  }
+  std::vector<int32_t> table(static_cast<size_t>(B * pk.max_pages));
+  const size_t elem = dtype_size(k.dtype);
+  size_t next = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t keys = cu_k[size_t(b + 1)] - cu_k[size_t(b)];
+    const int64_t read = used != nullptr ? (*used)[size_t(b)] : keys;
+    for (int64_t slot = 0; slot < pk.max_pages; ++slot) {
+      int32_t& entry = table[size_t(b * pk.max_pages + slot)];
+      if (slot >= pages_for(keys)) {
+        entry = slot % 2 ? static_cast<int32_t>(pk.num_pages + slot) : -1 - static_cast<int32_t>(slot);
+        continue;
+      }
+      entry = order[next++];
+      for (int64_t r = 0; r < page_size && slot * page_size + r < keys; ++r)
+        for (int64_t h = 0; h < Hk; ++h)
+          for (const auto& [dense, paged] : {std::pair{&k, &pk.k}, std::pair{&v, &pk.v}}) {
+            const int64_t src = (cu_k[size_t(b)] + slot * page_size + r) * dense->stride(0) +
+                                h * dense->stride(1);
+            const int64_t dst = entry * paged->stride(0) + r * paged->stride(1) + h * paged->stride(2);
+            std::memcpy(static_cast<char*>(paged->data) + dst * int64_t(elem),
+                        static_cast<const char*>(dense->data) + src * int64_t(elem), size_t(D) * elem);
+          }
+      // Slots wholly past the keys that take part are never read: out of range too.
+      if (slot * page_size >= read)
+        entry = slot % 2 ? -1 - static_cast<int32_t>(slot) : static_cast<int32_t>(pk.num_pages + slot);
+    }
+  }
+  pk.table_buf = int32_buffer(table);
+  pk.block_table = pk.table_buf.view({B, pk.max_pages});
+  return pk;
+}
+
 #ifdef FLASHATTN_TEST_CUDA
 inline void cuda_check(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
@@ -326,7 +405,7 @@ inline RunInfo forward_on_backend(const TensorView& q, const TensorView& k, cons
                 : forward(q, k, v, out, lse, options, execution);
 #else
   DeviceMirror dq(q), dk(k), dv(v), dout(out);
-  std::optional<DeviceMirror> dlse, dslopes, dcuq, dcuk, dused;
+  std::optional<DeviceMirror> dlse, dslopes, dcuq, dcuk, dused, dtable;
   Options device_options = options;
   if (options.alibi_slopes) device_options.alibi_slopes = dslopes.emplace(*options.alibi_slopes).view();
   std::optional<TensorView> lse_view;
@@ -339,6 +418,7 @@ inline RunInfo forward_on_backend(const TensorView& q, const TensorView& k, cons
     dvarlen.cu_seqlens_q = dcuq.emplace(varlen->cu_seqlens_q).view();
     dvarlen.cu_seqlens_k = dcuk.emplace(varlen->cu_seqlens_k).view();
     if (varlen->seqused_k) dvarlen.seqused_k = dused.emplace(*varlen->seqused_k).view();
+    if (varlen->block_table) dvarlen.block_table = dtable.emplace(*varlen->block_table).view();
     info = forward_varlen(dq.view(), dk.view(), dv.view(), dout.view(), lse_view, dvarlen,
                           device_options, execution);
   } else {

@@ -475,6 +475,74 @@ TEST(CForwardVarlen, NullOptionalArgumentsAccepted) {
       << last_error();
 }
 
+// fa_forward_varlen_paged: the keys of VarlenProblem in pages of 3 rows (random order, NaN
+// where no key is) give the C++ call's bytes and, on the CPU engine, which loads the same key
+// tiles either way, the dense call's bytes; with block_table NULL it is fa_forward_varlen.
+TEST(CForwardVarlenPaged, BitIdenticalToCppAndToTheDenseCall) {
+  for (const bool with_seqused : {false, true}) {
+    SCOPED_TRACE(with_seqused ? "seqused_k = (4, 2, 0)" : "no seqused_k");
+    VarlenProblem p;
+    const Varlen dense = p.varlen(with_seqused);
+    const std::vector<int32_t> cu_k{0, 5, 7, 11}, used{4, 2, 0};
+    const PagedKeys pages = page_keys(to_cpp(p.ck), to_cpp(p.cv), cu_k,
+                                      with_seqused ? &used : nullptr, 3, with_seqused);
+    const fa_tensor ck = to_c(pages.k), cv = to_c(pages.v), ctable = to_c(pages.block_table);
+    fa_run_info info;
+    fa_run_info_init(&info);
+    ASSERT_EQ(fa_forward_varlen_paged(&p.cq, &ck, &cv, &p.cout, &p.clse, &p.ccu_q, &p.ccu_k,
+                                      p.max_q, p.max_k, with_seqused ? &p.cseqused : nullptr,
+                                      &ctable, nullptr, nullptr, &info),
+              FA_OK)
+        << last_error();
+    EXPECT_EQ(info.backend, FA_BACKEND_CPU);
+
+    Varlen paged = dense;
+    paged.block_table = pages.block_table;
+    const TensorView q = to_cpp(p.cq);
+    const RunInfo cpp = forward_varlen(q, pages.k, pages.v, p.out_cpp.view({p.total_q, p.H, p.D}),
+                                       p.lse_cpp.view({p.H, p.total_q}), paged);
+    EXPECT_EQ(info.workspace_bytes, cpp.workspace_bytes);
+    EXPECT_TRUE(p.out_c.bytes == p.out_cpp.bytes) << "out differs between C and C++";
+    EXPECT_TRUE(p.lse_c.bytes == p.lse_cpp.bytes) << "lse differs between C and C++";
+
+    ASSERT_EQ(fa_forward_varlen_paged(&p.cq, &p.ck, &p.cv, &p.cout, &p.clse, &p.ccu_q, &p.ccu_k,
+                                      p.max_q, p.max_k, with_seqused ? &p.cseqused : nullptr,
+                                      nullptr, nullptr, nullptr, nullptr),
+              FA_OK)
+        << last_error();
+    EXPECT_TRUE(p.out_c.bytes == p.out_cpp.bytes) << "out differs between paged and dense";
+    EXPECT_TRUE(p.lse_c.bytes == p.lse_cpp.bytes) << "lse differs between paged and dense";
+    const TensorView lse = to_cpp(p.clse);
+    expect_matches_reference(q, to_cpp(p.ck), to_cpp(p.cv), {}, &dense, to_cpp(p.cout), &lse,
+                             "C ABI paged varlen");
+  }
+}
+
+// A bad block table comes back as the C++ message; the backward has no block table to take.
+TEST(CForwardVarlenPaged, BadBlockTableIsTheCppMessage) {
+  VarlenProblem p;
+  const std::vector<int32_t> cu_k{0, 5, 7, 11};
+  PagedKeys pages = page_keys(to_cpp(p.ck), to_cpp(p.cv), cu_k, nullptr, 2, false);
+  static_cast<int32_t*>(pages.block_table.data)[1] = static_cast<int32_t>(pages.num_pages);
+  const fa_tensor ck = to_c(pages.k), cv = to_c(pages.v), ctable = to_c(pages.block_table);
+  std::memset(p.out_c.data(), kSentinel, p.out_c.bytes.size());
+  const std::vector<unsigned char> before = p.out_c.bytes;
+  ASSERT_EQ(fa_forward_varlen_paged(&p.cq, &ck, &cv, &p.cout, &p.clse, &p.ccu_q, &p.ccu_k,
+                                    p.max_q, p.max_k, nullptr, &ctable, nullptr, nullptr,
+                                    nullptr),
+            FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(starts_with(last_error(), "block_table: expected page indices in [0, num_pages = "))
+      << last_error();
+  EXPECT_TRUE(before == p.out_c.bytes);
+  fa_tensor bad_rank = ctable;
+  bad_rank.ndim = 9;
+  EXPECT_EQ(fa_forward_varlen_paged(&p.cq, &ck, &cv, &p.cout, &p.clse, &p.ccu_q, &p.ccu_k,
+                                    p.max_q, p.max_k, nullptr, &bad_rank, nullptr, nullptr,
+                                    nullptr),
+            FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "block_table: expected 0 to 6 dimensions, given 9 dimensions");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rejected calls: one table of mutations of a valid C call.
 

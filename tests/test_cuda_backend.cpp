@@ -1,7 +1,9 @@
 // What only the CUDA path has: device-side checks, stream handling, and the padded copies of
 // head dims that are not multiples of 8 (their workspace, alignment rule and graph capture).
 #include <cmath>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "support.hpp"
 
@@ -222,6 +224,129 @@ TEST(CudaBackend, OddHeadDimCapturesInACudaGraph) {
   cuda_check(cudaGraphExecDestroy(exec), "destroy exec");
   cuda_check(cudaGraphDestroy(graph), "destroy graph");
   cuda_check(cudaStreamDestroy(stream), "destroy stream");
+}
+
+// --- Device-resident varlen values (docs/SPEC.md: "On CUDA these tensors live on the GPU")
+
+// A ragged batch of three sequences on the GPU, dense or paged, whose integer tensors a test
+// may corrupt: q lengths (40, 70, 25), k lengths (90, 130, 60), H=4, Hk=2, D=64, bf16.
+struct DeviceVarlen {
+  static constexpr int64_t B = 3, H = 4, Hk = 2, D = 64, total_q = 135, total_k = 280;
+  static constexpr int64_t kGuard = 4096;  // elements after out and lse that must stay intact
+  std::vector<int32_t> cu_q{0, 40, 110, 135}, cu_k{0, 90, 220, 280};
+  Buffer q{DType::BFloat16, total_q * H * D}, k{DType::BFloat16, total_k * Hk * D},
+      v{DType::BFloat16, total_k * Hk * D};
+  Buffer out{DType::BFloat16, total_q * H * D + kGuard},
+      lse{DType::Float32, H * total_q + kGuard};
+  DeviceVarlen() {
+    q.fill_random();
+    k.fill_random();
+    v.fill_random();
+  }
+  TensorView qv() { return q.view({total_q, H, D}); }
+  TensorView kv() { return k.view({total_k, Hk, D}); }
+  TensorView vv() { return v.view({total_k, Hk, D}); }
+
+  // Runs the call with out and lse inside larger device buffers filled with a byte pattern,
+  // and returns whether the pattern past them survived; out and lse come back to the host.
+  bool run(const TensorView& keys, const TensorView& values, const std::vector<int32_t>& cq,
+           const std::vector<int32_t>& ck, const std::optional<TensorView>& table,
+           const Options& options = {}) {
+    Buffer cq_buf = int32_buffer(cq), ck_buf = int32_buffer(ck);
+    DeviceMirror dq(qv()), dk(keys), dv(values), dcq(cq_buf.view({B + 1})),
+        dck(ck_buf.view({B + 1})), dout(out.view({out.count()})), dlse(lse.view({lse.count()}));
+    std::optional<DeviceMirror> dtable;
+    cuda_check(cudaMemset(const_cast<void*>(dout.view().data), 0x5a, out.bytes.size()), "fill");
+    cuda_check(cudaMemset(const_cast<void*>(dlse.view().data), 0x5a, lse.bytes.size()), "fill");
+    Varlen varlen;
+    varlen.cu_seqlens_q = dcq.view();
+    varlen.cu_seqlens_k = dck.view();
+    varlen.max_seqlen_q = 70;
+    varlen.max_seqlen_k = 130;
+    if (table) varlen.block_table = dtable.emplace(*table).view();
+    TensorView o = dout.view(), l = dlse.view();
+    o = TensorView::contiguous(o.data, o.dtype, {total_q, H, D}, o.device);
+    l = TensorView::contiguous(l.data, l.dtype, {H, total_q}, l.device);
+    forward_varlen(dq.view(), dk.view(), dv.view(), o, l, varlen, options, cuda_execution());
+    cuda_check(cudaDeviceSynchronize(), "kernel");
+    dout.download();
+    dlse.download();
+    bool intact = true;
+    for (size_t i = size_t(total_q * H * D) * 2; i < out.bytes.size(); ++i)
+      intact &= out.bytes[i] == 0x5a;
+    for (size_t i = size_t(H * total_q) * 4; i < lse.bytes.size(); ++i)
+      intact &= lse.bytes[i] == 0x5a;
+    return intact;
+  }
+
+  // The rows [row0, row1) of out against the reference of the dense batch (same rows).
+  void expect_rows_match(int64_t row0, int64_t row1, const Options& options, const char* what) {
+    Buffer cq_buf = int32_buffer(cu_q), ck_buf = int32_buffer(cu_k);
+    Varlen varlen;
+    varlen.cu_seqlens_q = cq_buf.view({B + 1});
+    varlen.cu_seqlens_k = ck_buf.view({B + 1});
+    varlen.max_seqlen_q = 70;
+    varlen.max_seqlen_k = 130;
+    const reference::Result exact = reference::forward(qv(), kv(), vv(), options, &varlen);
+    const reference::Result low = reference::forward(qv(), kv(), vv(), options, &varlen,
+                                                     reference::Arithmetic::InputDType);
+    const std::vector<double> got = reference::gather(out.view({total_q, H, D}));
+    const auto rows = [&](const std::vector<double>& all) {
+      return std::vector<double>(all.begin() + row0 * H * D, all.begin() + row1 * H * D);
+    };
+    const reference::Check c =
+        reference::check_forward(DType::BFloat16, rows(got), rows(exact.out), rows(low.out));
+    EXPECT_TRUE(c.passed()) << what << ": rows " << row0 << ".." << row1 - 1 << " error "
+                            << c.max_abs_error << " > " << c.tolerance;
+  }
+};
+
+// A page index outside [0, num_pages) in device memory is never dereferenced: the rows of
+// the query blocks that would read it come out NaN (out and lse), the other sequences are
+// exact, and nothing past out or lse is written. (Under compute-sanitizer the call also reads
+// nothing outside the pages and the table.)
+TEST(CudaVarlenGuards, PageIndexOutOfRangeGivesNaNRows) {
+  for (const int32_t bad : {-5, 1 << 30}) {
+    SCOPED_TRACE("block_table[1][2] = " + std::to_string(bad));
+    DeviceVarlen p;
+    PagedKeys pages = page_keys(p.kv(), p.vv(), p.cu_k, nullptr, 16, false);
+    static_cast<int32_t*>(pages.block_table.data)[1 * pages.max_pages + 2] = bad;  // keys 32..47
+    EXPECT_TRUE(p.run(pages.k, pages.v, p.cu_q, p.cu_k, pages.block_table));
+    const auto* out = reinterpret_cast<const detail::bfloat16_t*>(p.out.data());
+    const auto* lse = static_cast<const float*>(p.lse.data());
+    for (int64_t i = 40 * p.H * p.D; i < 110 * p.H * p.D; ++i)
+      ASSERT_TRUE(std::isnan(detail::to_float(out[i]))) << "out element " << i;
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t r = 40; r < 110; ++r) ASSERT_TRUE(std::isnan(lse[h * p.total_q + r]));
+    p.expect_rows_match(0, 40, {}, "sequence 0");
+    p.expect_rows_match(110, 135, {}, "sequence 2");
+  }
+}
+
+// cu_seqlens past the tensors' rows (or negative, or lengths past the pages): every range is
+// held inside q/out and k/v (common/params.hpp, sequence_view), so the call completes and
+// writes nothing past out and lse, and sequences whose values, held in range, are their own
+// are exact.
+TEST(CudaVarlenGuards, CuSeqlensPastTheTensorsStayInside) {
+  DeviceVarlen p;
+  Options causal;
+  causal.causal = true;
+  // Held at total_q = 135 and total_k = 280: exactly the batch.
+  EXPECT_TRUE(
+      p.run(p.kv(), p.vv(), {0, 40, 110, 5000}, {0, 90, 220, 100000}, std::nullopt, causal));
+  p.expect_rows_match(0, p.total_q, causal, "dense, ends past the rows");
+  // Negative entries: sequence 2 then spans rows 0 .. 134 (what it writes is not checked).
+  EXPECT_TRUE(p.run(p.kv(), p.vv(), {0, 40, -7, 135}, {0, 90, -3, 280}, std::nullopt, causal));
+  PagedKeys pages = page_keys(p.kv(), p.vv(), p.cu_k, nullptr, 7, true);
+  // Sequence 2 of negative length: no keys.
+  EXPECT_TRUE(p.run(pages.k, pages.v, p.cu_q, {0, 90, 220, -3}, pages.block_table, causal));
+  p.expect_rows_match(0, 110, causal, "paged, sequences 0 and 1");
+  // Sequence 1 of about 2^31 keys: held at its pages' width, whose slots past its keys hold
+  // indices out of range (page_keys), so its rows are NaN; sequence 2 keeps its 60 keys.
+  EXPECT_TRUE(p.run(pages.k, pages.v, p.cu_q, {0, 90, 2147483000, 2147483060},
+                    pages.block_table, causal));
+  p.expect_rows_match(0, 40, causal, "paged, sequence 0");
+  p.expect_rows_match(110, p.total_q, causal, "paged, sequence 2");
 }
 
 }  // namespace

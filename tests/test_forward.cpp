@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
 #include "sweep.hpp"
 
@@ -279,6 +280,8 @@ struct VarlenCase {
   int64_t extra_max = 0;  // max_seqlen beyond the longest sequence (allowed)
   float dropout_p = 0;
   int64_t extra_rows = 0;  // rows past cu_seqlens[B] in every tensor: never read nor written
+  int64_t page_size = 0;      // > 0: the backend gets the keys paged (page_keys), the
+  bool packed_pages = false;  // reference the same keys dense
 };
 
 void run_varlen_case(const VarlenCase& vc) {
@@ -319,15 +322,31 @@ void run_varlen_case(const VarlenCase& vc) {
   shape.dropout_p = vc.dropout_p;
   Buffer slopes;
   const Options o = options_of(shape, slopes);
-  forward_on_backend(q.view({rows_q, H, D}), k.view({rows_k, Hk, D}), v.view({rows_k, Hk, D}),
-                     out.view({rows_q, H, D}), lse.view({H, rows_q}), o, &varlen);
-  std::string what = std::string("varlen ") + dtype_name(vc.dtype) + " mask=" + vc.mask.name +
-                     " D=" + std::to_string(D) + (vc.seqused ? " seqused_k" : "") +
-                     (vc.dropout_p > 0 ? " dropout" : "") + " seed=" + std::to_string(test_seed());
   // The rows of the sequences against the reference; the extra rows still poisoned.
   const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}),
                    vv = v.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
                    lv = lse.view({H, total_q}, {rows_q, 1});
+  std::string what = std::string("varlen ") + dtype_name(vc.dtype) + " D=" + std::to_string(D) +
+                     " Hk=" + std::to_string(Hk) + " mask=" + vc.mask.name +
+                     (vc.seqused ? " seqused_k" : "") + (vc.dropout_p > 0 ? " dropout" : "") +
+                     (vc.softcap > 0 ? " softcap" : "") +
+                     (vc.alibi != Case::Alibi::Off ? " alibi" : "") + " seed=" +
+                     std::to_string(test_seed());
+  // The backend sees the whole tensors (extra rows included); paged, the same keys in pages.
+  const TensorView q_all = q.view({rows_q, H, D}), out_all_view = out.view({rows_q, H, D}),
+                   lse_all_view = lse.view({H, rows_q});
+  if (vc.page_size > 0) {
+    const PagedKeys pages =
+        page_keys(kv, vv, cu_k, vc.seqused ? &used : nullptr, vc.page_size, vc.packed_pages);
+    Varlen paged = varlen;
+    paged.block_table = pages.block_table;
+    what += " paged: page_size=" + std::to_string(vc.page_size) +
+            (vc.packed_pages ? " packed" : "") + " num_pages=" + std::to_string(pages.num_pages);
+    forward_on_backend(q_all, pages.k, pages.v, out_all_view, lse_all_view, o, &paged);
+  } else {
+    forward_on_backend(q_all, k.view({rows_k, Hk, D}), v.view({rows_k, Hk, D}), out_all_view,
+                       lse_all_view, o, &varlen);
+  }
   expect_matches_reference(qv, kv, vv, o, &varlen, ov, &lv, what);
   if (vc.extra_rows == 0) return;
   const std::vector<double> out_all = reference::gather(out.view({rows_q, H, D}));
@@ -386,6 +405,74 @@ TEST(Varlen, HeadDimsNotMultiplesOf8) {
       run_varlen_case(vc);
       ++n;
     }
+}
+
+// The same batch with paged keys and values (Varlen::block_table): page sizes 1 (every key in
+// a page of its own), 3 (pages straddle every block), 16 and 256 (longer than most
+// sequences), pages in a random order, every feature, GQA and MQA, contiguous and packed pages.
+TEST(Varlen, PagedEveryPageSizeAndFeature) {
+  const std::vector<int32_t> lens_q{0, 37, 1, 64, 130, 5, 0};
+  const std::vector<int32_t> lens_k{3, 0, 77, 64, 129, 0, 0};
+  int n = 0;
+  for (const int64_t page_size : {1, 3, 16, 256})
+    for (const Mask& m : kMasks) {
+      VarlenCase vc;
+      vc.lens_q = lens_q;
+      vc.lens_k = lens_k;
+      vc.dtype = kDtypes[size_t(n) % 3];
+      vc.mask = m;
+      vc.softcap = n % 3 == 1 ? 2.5f : 0.0f;
+      vc.alibi = static_cast<Case::Alibi>(n % 3);
+      vc.seqused = n % 2 == 1;
+      vc.extra_max = n % 4 == 0 ? 17 : 0;
+      vc.heads_k = n % 2 ? 1 : 4;
+      vc.dropout_p = n % 5 == 1 ? 0.23f : 0.0f;
+      vc.page_size = page_size;
+      vc.packed_pages = n % 4 == 3;
+      run_varlen_case(vc);
+      ++n;
+    }
+}
+
+// Every head-dim bucket of the kernels (each has its own paged variant on CUDA), odd head
+// dims, an odd page size and a page size that is a multiple of the key blocks.
+TEST(Varlen, PagedEveryHeadDimBucket) {
+  int n = 0;
+  // 5 and 59 run on the CUDA backend's padded copies of the page pool.
+  for (const int64_t d : {24, 64, 72, 128, 136, 192, 224, 256, 5, 59}) {
+    VarlenCase vc;
+    vc.lens_q = {45, 1, 90};
+    vc.lens_k = {150, 33, 90};
+    vc.heads = 4;
+    vc.heads_k = 2;
+    vc.head_dim = d;
+    vc.dtype = n % 2 ? DType::BFloat16 : DType::Float16;
+    vc.mask = kMasks[size_t(n) % 4];
+    vc.seqused = n % 3 == 2;
+    vc.page_size = n % 2 ? 7 : 64;
+    vc.packed_pages = n % 3 == 1;
+    run_varlen_case(vc);
+    ++n;
+  }
+}
+
+// Many key blocks per query block (the kernels' tables of pages for blocks n + 1 and n + 2),
+// at the head dims of the double-buffered (64, 128) and single-buffered (256) CUDA kernels.
+TEST(Varlen, PagedLongSequences) {
+  for (const auto& [d, page_size, mask] : {std::tuple{64, int64_t{16}, kMasks[1]},
+                                           std::tuple{128, int64_t{256}, kMasks[0]},
+                                           std::tuple{256, int64_t{5}, kMasks[2]}}) {
+    VarlenCase vc;
+    vc.lens_q = {700, 1, 129};
+    vc.lens_k = {1025, 900, 640};
+    vc.heads = 2;
+    vc.heads_k = 1;
+    vc.head_dim = d;
+    vc.dtype = DType::BFloat16;
+    vc.mask = mask;
+    vc.page_size = page_size;
+    run_varlen_case(vc);
+  }
 }
 
 TEST(Varlen, LongRaggedSequences) {

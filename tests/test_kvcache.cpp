@@ -1006,9 +1006,9 @@ void expect_nan_rows(KvProblem& p, int64_t b) {
 // append in the page the sequence reads).
 enum class GuardBase { Dense, DenseRotary, Paged16, Paged64, Paged256 };
 
-KvCase guard_case(GuardBase base, int64_t seqlen_new, int32_t splits) {
+KvCase guard_case(GuardBase base, int64_t seqlen_new, int32_t splits, int64_t head_dim = 64) {
   KvCase c{.name = "guard", .seqlens = {37, 20}, .seqlen_q = 2, .seqlen_new = seqlen_new,
-           .heads = 4, .heads_k = 2, .head_dim = 64, .dtype = DType::Float16,
+           .heads = 4, .heads_k = 2, .head_dim = head_dim, .dtype = DType::Float16,
            .num_splits = splits};
   switch (base) {
     case GuardBase::Dense:
@@ -1115,8 +1115,12 @@ void check_guard(const MakeCase& make_case, int count, const Corrupt& corrupt,
       }
 }
 
-MakeCase on(GuardBase base) {
-  return [base](int64_t sn, int32_t splits) { return guard_case(base, sn, splits); };
+// head_dim 59: the CUDA backend runs the call on padded copies (cuda/head_dim_padding.cu),
+// whose copy kernels apply the same guard.
+MakeCase on(GuardBase base, int64_t head_dim = 64) {
+  return [base, head_dim](int64_t sn, int32_t splits) {
+    return guard_case(base, sn, splits, head_dim);
+  };
 }
 
 constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
@@ -1130,17 +1134,18 @@ std::string set_to(const char* name, int64_t at, int32_t value) {
 // (S_cache, or max_pages * page_size) after the append. A direct call with a paged cache
 // copies cache_seqlens to the host and refuses it (negative: cache_seqlens; past the block
 // table: block_table).
+const Corrupt corrupt_cache_seqlens = [](IndexValues& v, KvProblem& p, int which) {
+  const int32_t values[] = {100000, -1, -100000, kInt32Max, kInt32Min,
+                            static_cast<int32_t>(p.capacity - p.Sn + 1)};
+  v.seqlens[0] = values[which];
+  GuardExpectation e = out_of_range(set_to("cache_seqlens", 0, values[which]));
+  if (p.c.page_size) e.refused_directly = values[which] < 0 ? "cache_seqlens" : "block_table";
+  return e;
+};
+
 TEST(KvCacheGuard, CacheSeqlens) {
-  const Corrupt corrupt = [](IndexValues& v, KvProblem& p, int which) {
-    const int32_t values[] = {100000, -1, -100000, kInt32Max, kInt32Min,
-                              static_cast<int32_t>(p.capacity - p.Sn + 1)};
-    v.seqlens[0] = values[which];
-    GuardExpectation e = out_of_range(set_to("cache_seqlens", 0, values[which]));
-    if (p.c.page_size) e.refused_directly = values[which] < 0 ? "cache_seqlens" : "block_table";
-    return e;
-  };
   for (GuardBase base : {GuardBase::Dense, GuardBase::Paged16, GuardBase::Paged256})
-    check_guard(on(base), 6, corrupt);
+    check_guard(on(base), 6, corrupt_cache_seqlens);
 }
 
 TEST(KvCacheGuard, CacheLeftpad) {
@@ -1152,13 +1157,13 @@ TEST(KvCacheGuard, CacheLeftpad) {
   for (GuardBase base : {GuardBase::Dense, GuardBase::Paged16}) check_guard(on(base), 4, corrupt);
 }
 
-TEST(KvCacheGuard, CacheBatchIdx) {
-  check_guard(on(GuardBase::Dense), 4, [](IndexValues& v, KvProblem& p, int which) {
-    const int32_t values[] = {static_cast<int32_t>(p.cache_rows), -1, 1000000, kInt32Min};
-    v.batch_idx[0] = values[which];
-    return out_of_range(set_to("cache_batch_idx", 0, values[which]));
-  });
-}
+const Corrupt corrupt_cache_batch_idx = [](IndexValues& v, KvProblem& p, int which) {
+  const int32_t values[] = {static_cast<int32_t>(p.cache_rows), -1, 1000000, kInt32Min};
+  v.batch_idx[0] = values[which];
+  return out_of_range(set_to("cache_batch_idx", 0, values[which]));
+};
+
+TEST(KvCacheGuard, CacheBatchIdx) { check_guard(on(GuardBase::Dense), 4, corrupt_cache_batch_idx); }
 
 // A page out of range in slot `slot` of sequence 0's block-table row: a hole (its keys NaN)
 // where the sequence only reads, the whole sequence out of range where its append writes.
@@ -1174,17 +1179,18 @@ GuardExpectation bad_page(IndexValues& v, const KvProblem& p, int64_t slot, int3
   return e;
 }
 
+const Corrupt corrupt_first_page_read = [](IndexValues& v, KvProblem& p, int which) {
+  const int32_t values[] = {static_cast<int32_t>(p.cache_rows), -1, 1000000, kInt32Min};
+  return bad_page(v, p, p.leftpad[0] / p.c.page_size, values[which]);
+};
+const Corrupt corrupt_page_appended_to = [](IndexValues& v, KvProblem& p, int which) {
+  return bad_page(v, p, p.c.seqlens[0] / p.c.page_size, which == 0 ? 1000000 : -1);
+};
+
 TEST(KvCacheGuard, BlockTable) {
-  const Corrupt first_page_read = [](IndexValues& v, KvProblem& p, int which) {
-    const int32_t values[] = {static_cast<int32_t>(p.cache_rows), -1, 1000000, kInt32Min};
-    return bad_page(v, p, p.leftpad[0] / p.c.page_size, values[which]);
-  };
-  const Corrupt page_appended_to = [](IndexValues& v, KvProblem& p, int which) {
-    return bad_page(v, p, p.c.seqlens[0] / p.c.page_size, which == 0 ? 1000000 : -1);
-  };
   for (GuardBase base : {GuardBase::Paged16, GuardBase::Paged64, GuardBase::Paged256}) {
-    check_guard(on(base), 4, first_page_read);
-    check_guard(on(base), 2, page_appended_to, {2});
+    check_guard(on(base), 4, corrupt_first_page_read);
+    check_guard(on(base), 2, corrupt_page_appended_to, {2});
   }
   // Slots past a sequence's positions are never read: any value, and a valid call. Sequence 1
   // (20 + S_new <= 22 positions) uses 2 of its 3 slots.
@@ -1206,6 +1212,17 @@ TEST(KvCacheGuard, RotaryTablesShorterThanThePositions) {
     p.cache.rotary_cos->sizes[0] = p.cache.rotary_sin->sizes[0] = rows;
     return out_of_range("rotary tables of " + std::to_string(rows) + " rows");
   });
+}
+
+// The same values at a head dim that is not a multiple of 8: on CUDA the call runs on padded
+// copies of the caches, whose copy kernels must not read or write through the bad values
+// either, and whose results must follow the same rule (NaN rows, holes as NaN keys).
+TEST(KvCacheGuard, HeadDimNotAMultipleOf8) {
+  check_guard(on(GuardBase::Dense, 59), 6, corrupt_cache_seqlens);
+  check_guard(on(GuardBase::Paged16, 59), 6, corrupt_cache_seqlens);
+  check_guard(on(GuardBase::Dense, 59), 4, corrupt_cache_batch_idx);
+  check_guard(on(GuardBase::Paged64, 59), 4, corrupt_first_page_read);
+  check_guard(on(GuardBase::Paged16, 59), 2, corrupt_page_appended_to, {2});
 }
 
 // A hole reaches exactly the rows that attend to it: pages of one position, a causal window

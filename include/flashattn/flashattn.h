@@ -116,6 +116,20 @@ fa_status fa_forward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_ten
                             const fa_tensor* seqused_k, const fa_options* options,
                             const fa_execution* execution, fa_run_info* info);
 
+/* Varlen forward over paged keys and values (forward only): k and v are
+ * (num_pages, page_size, Hk, D), any page_size >= 1, and block_table int32 (B, max_pages) says
+ * where sequence b's keys are: position p in page block_table[b][p / page_size], row
+ * p % page_size. Sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b] positions
+ * of its pages (seqused_k[b] when given); q, out and lse are as in fa_forward_varlen. With
+ * block_table NULL this is fa_forward_varlen. */
+fa_status fa_forward_varlen_paged(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                                  const fa_tensor* out, const fa_tensor* lse,
+                                  const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
+                                  int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                  const fa_tensor* seqused_k, const fa_tensor* block_table,
+                                  const fa_options* options, const fa_execution* execution,
+                                  fa_run_info* info);
+
 /* Dense backward: gradients of sum(dout * out). lse (B, H, Sq) fp32 is required; dq, dk, dv
  * have the shapes and dtype of q, k, v. options, execution and info may be NULL. */
 fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,

@@ -10,7 +10,8 @@
 //   dense   q (B, Sq, H, D)   k (B, Sk, Hk, D)   v (B, Sk, Hk, Dv)   out (B, Sq, H, Dv)
 //           lse (B, H, Sq) fp32, contiguous
 //   varlen  q (total_q, H, D) k/v (total_k, Hk, D) out (total_q, H, Dv)
-//           lse (H, total_q) fp32, contiguous
+//           lse (H, total_q) fp32, contiguous; paged k/v (num_pages, page_size, Hk, D)
+//           with Varlen::block_table
 // Head dims: any D in [1, 256], Dv = D. On the CUDA backend a D that is not a multiple of 8
 // runs on zero-padded copies of the tensors (exact; their memory in RunInfo::workspace_bytes).
 #pragma once
@@ -133,6 +134,12 @@ struct Varlen {
   int64_t max_seqlen_q = 0;  // >= every query length
   int64_t max_seqlen_k = 0;  // >= every key length
   std::optional<TensorView> seqused_k;  // int32 (B): only the first seqused_k[b] keys take part
+  // Paged keys and values (forward only): int32 (B, max_pages); k is then
+  // (num_pages, page_size, Hk, D) and v (num_pages, page_size, Hk, D), any page_size >= 1, and
+  // key position p of sequence b lives in page block_table[b][p / page_size] at row
+  // p % page_size. Sequence b's keys are the first cu_seqlens_k[b+1] - cu_seqlens_k[b]
+  // positions of its pages (seqused_k[b] when given); q, out and lse stay packed as above.
+  std::optional<TensorView> block_table;
 };
 
 // What a call did.
@@ -202,7 +209,8 @@ RunInfo forward_kvcache(const TensorView& q, const KvCache& cache, const TensorV
 // and lse (required) are the forward's inputs and outputs; dout has out's shape and dtype;
 // dq, dk, dv (outputs, same shapes and dtype as q, k, v) are fully overwritten, with dk/dv
 // summed over the query heads of each GQA group. Rows that saw no key get zero gradients.
-// Varlen: rows of dq/dk/dv outside every sequence (past cu_seqlens[B]) are not written.
+// Varlen: rows of dq/dk/dv outside every sequence (past cu_seqlens[B]) are not written;
+// paged keys and values (Varlen::block_table) have no backward (ErrorCode::Unsupported).
 RunInfo backward(const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& out, const TensorView& dout, const TensorView& lse,
                  const TensorView& dq, const TensorView& dk, const TensorView& dv,

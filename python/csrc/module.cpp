@@ -282,27 +282,31 @@ NB_MODULE(_C, m) {
       "forward_varlen",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
          nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
-         int64_t max_seqlen_k, nb::handle seqused_k, std::optional<float> softmax_scale,
-         bool causal, int window_left, int window_right, float softcap, nb::handle alibi_slopes,
-         float dropout_p, uint64_t seed, uint64_t offset, bool deterministic, int backend,
-         uintptr_t stream, int num_threads) {
+         int64_t max_seqlen_k, nb::handle seqused_k, nb::handle block_table,
+         std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
+         float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset,
+         bool deterministic, int backend, uintptr_t stream, int num_threads) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                dropout_p, seed, offset, deterministic, backend, stream, num_threads);
         Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tv = tensor(v, "v"),
             tout = tensor(out, "out"), tcq = tensor(cu_seqlens_q, "cu_seqlens_q"),
             tck = tensor(cu_seqlens_k, "cu_seqlens_k");
         std::optional<Arg> tlse = optional_tensor(lse, "lse"),
-                           tsk = optional_tensor(seqused_k, "seqused_k");
+                           tsk = optional_tensor(seqused_k, "seqused_k"),
+                           ttable = optional_tensor(block_table, "block_table");
         return run([&](fa_run_info* info) {
-          return fa_forward_varlen(tq.ptr(), tk.ptr(), tv.ptr(), tout.ptr(), ptr(tlse),
-                                   tcq.ptr(), tck.ptr(), max_seqlen_q, max_seqlen_k, ptr(tsk),
-                                   &c.options, &c.execution, info);
+          return fa_forward_varlen_paged(tq.ptr(), tk.ptr(), tv.ptr(), tout.ptr(), ptr(tlse),
+                                         tcq.ptr(), tck.ptr(), max_seqlen_q, max_seqlen_k,
+                                         ptr(tsk), ptr(ttable), &c.options, &c.execution, info);
         });
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
       nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
-      nb::arg("max_seqlen_k"), nb::arg("seqused_k").none() = nb::none(), FA_COMMON_ARGS,
-      "fa_forward_varlen: q (total_q, H, D), out (total_q, H, Dv), lse (H, total_q) fp32.");
+      nb::arg("max_seqlen_k"), nb::arg("seqused_k").none() = nb::none(),
+      nb::arg("block_table").none() = nb::none(), FA_COMMON_ARGS,
+      "fa_forward_varlen_paged (fa_forward_varlen without block_table): q (total_q, H, D), "
+      "k/v (total_k, Hk, D) or, with block_table int32 (B, max_pages), paged "
+      "(num_pages, page_size, Hk, D); out (total_q, H, Dv), lse (H, total_q) fp32.");
 
   m.def(
       "backward",

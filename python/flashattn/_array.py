@@ -59,19 +59,21 @@ def _dropout(dropout_p: float) -> dict:
 
 def forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            return_probs=False):
+            return_probs=False, block_table=None):
     """(out, lse, probs): probs is upstream's S_dmask when return_probs and dropout_p > 0
-    (attention_probabilities with the forward's seed, so the same mask), else None."""
+    (attention_probabilities with the forward's seed, so the same mask), else None. With
+    block_table, k and v are paged (num_pages, page_size, Hk, D) (varlen only)."""
     xp, convert = _namespace(q)
-    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k = (
-        convert(a) for a in (q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k))
+    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table = (
+        convert(a) for a in (q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table))
     for a, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_float(a, name)
     varlen = cu_seqlens_q is not None
     ndim = 3 if varlen else 4
-    for a, name in ((q, "q"), (v, "v")):
-        if a.ndim != ndim:
-            raise ValueError(f"{name}: expected {ndim} dimensions, given {a.ndim} "
+    # Paged keys and values (block_table): (num_pages, page_size, Hk, D).
+    for a, name, n in ((q, "q", ndim), (v, "v", ndim if block_table is None else 4)):
+        if a.ndim != n:
+            raise ValueError(f"{name}: expected {n} dimensions, given {a.ndim} "
                              f"(shape {tuple(a.shape)})")
     out = xp.empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=q.dtype)
     if varlen:
@@ -85,7 +87,8 @@ def forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, ali
     want_probs, probs = return_probs and dropout_p > 0.0, None
     if varlen:
         lengths = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
-        _C.forward_varlen(_bits(q), _bits(k), _bits(v), _bits(out), lse, *lengths, **options)
+        _C.forward_varlen(_bits(q), _bits(k), _bits(v), _bits(out), lse, *lengths,
+                          block_table=block_table, **options)
         if want_probs:
             probs = xp.empty((len(cu_seqlens_q) - 1, q.shape[1]) + lengths[2:], dtype=xp.float32)
             _C.attention_probabilities_varlen(_bits(q), _bits(k), probs, *lengths, **options)

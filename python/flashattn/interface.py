@@ -109,10 +109,11 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
             return_attn_probs, block_table):
-    if block_table is not None:
-        raise NotImplementedError("block_table: expected None (a paged KV cache is "
-                                  "flash_attn_with_kvcache's), given a tensor")
     probs = None
+    if block_table is not None and return_attn_probs and dropout_p > 0:
+        # S_dmask is a testing aid for dense keys; paged keys would need their own kernel.
+        raise ValueError("return_attn_probs: expected False with block_table and dropout_p > 0 "
+                         "(the probabilities are computed for unpaged keys only), given True")
     if _is_torch(q):
         from . import torch_ops
 
@@ -121,7 +122,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
         options = (float(dropout_p), softmax_scale, bool(causal), left, right, float(softcap),
                    alibi_slopes)
         out, lse, rng_state = torch_ops.varlen_forward(q, k, v, *lengths, *options,
-                                                       bool(deterministic))
+                                                       bool(deterministic), block_table)
         if return_attn_probs and dropout_p > 0:
             probs = torch_ops.varlen_attn_probs(q.detach(), k.detach(), *lengths, rng_state,
                                                 *options)
@@ -129,7 +130,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
         out, lse, probs = _array.forward(q, k, v, dropout_p, softmax_scale, causal,
                                          window_size, softcap, alibi_slopes, cu_seqlens_q,
                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                         return_probs=return_attn_probs)
+                                         return_probs=return_attn_probs,
+                                         block_table=block_table)
     return (out, lse, probs) if return_attn_probs else out
 
 
@@ -235,14 +237,20 @@ flash_attn_varlen_func.__doc__ = f"""Exact attention over a ragged batch.
 
     Arguments:
         q: (total_q, nheads, headdim), total_q = the total number of queries in the batch.
-        k: (total_k, nheads_k, headdim), total_k = the total number of keys in the batch.
-        v: (total_k, nheads_k, headdim_v)
+        k: (total_k, nheads_k, headdim), total_k = the total number of keys in the batch;
+            with block_table, (num_blocks, page_block_size, nheads_k, headdim).
+        v: (total_k, nheads_k, headdim_v); with block_table, like k.
         cu_seqlens_q: (batch_size + 1,), int32. Prefix sums of the query lengths, from 0.
         cu_seqlens_k: (batch_size + 1,), int32. Prefix sums of the key lengths, from 0.
         max_seqlen_q: int. The longest query sequence.
         max_seqlen_k: int. The longest key sequence.
 {_COMMON_ARGS}
-        block_table: must be None (for a paged KV cache use flash_attn_with_kvcache).
+        block_table: (batch_size, max_num_blocks_per_seq), int32, optional: paged keys and
+            values. Key position p of sequence b lives in block block_table[b, p //
+            page_block_size], row p % page_block_size (any page_block_size >= 1); sequence
+            b's keys are the first cu_seqlens_k[b + 1] - cu_seqlens_k[b] positions of its
+            blocks. Forward only: the call runs whether or not the inputs require grad, and a
+            backward through its output raises NotImplementedError.
 
 {_MASKS}
 

@@ -278,16 +278,20 @@ def forward(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right
 
 def _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-                     alibi_slopes, deterministic, rng_state):
+                     alibi_slopes, deterministic, rng_state, block_table=None):
     _check_dim(q, "q", 3, "(total_q, nheads, headdim)")
-    _check_dim(v, "v", 3, "(total_k, nheads_k, headdim_v)")
-    q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
+    if block_table is None:
+        _check_dim(v, "v", 3, "(total_k, nheads_k, headdim_v)")
+    else:
+        _check_dim(v, "v", 4, "(num_pages, page_size, nheads_k, headdim_v) with block_table")
+    q, k, v, block_table = (_contiguous_last(t) for t in (q, k, v, block_table))
     total_q, nheads, _ = q.shape
     out = q.new_empty((total_q, nheads, v.shape[-1]))
     lse = q.new_empty((nheads, total_q), dtype=torch.float32)
     _C.forward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
                       _desc(lse, "lse"), _desc(cu_seqlens_q, "cu_seqlens_q"),
                       _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+                      block_table=_desc(block_table, "block_table"),
                       **_options(softmax_scale, causal, window_left, window_right, softcap,
                                  alibi_slopes, deterministic),
                       **_rng_args(dropout_p, rng_state), **_execution(q))
@@ -315,18 +319,22 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                max_seqlen_q: int, max_seqlen_k: int, dropout_p: float,
                softmax_scale: Optional[float], causal: bool, window_left: int,
                window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-               deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """out (total_q, H, Dv), lse (H, total_q) fp32, rng_state (2,) int64 on the CPU."""
+               deterministic: bool, block_table: Optional[Tensor] = None
+               ) -> Tuple[Tensor, Tensor, Tensor]:
+    """out (total_q, H, Dv), lse (H, total_q) fp32, rng_state (2,) int64 on the CPU. With
+    block_table (B, max_pages) int32, k and v are paged: (num_pages, page_size, Hk, D)."""
     rng_state = _draw_rng_state(dropout_p)
     out, lse = _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, dropout_p, softmax_scale, causal, window_left,
-                                window_right, softcap, alibi_slopes, deterministic, rng_state)
+                                window_right, softcap, alibi_slopes, deterministic, rng_state,
+                                block_table)
     return out, lse, rng_state
 
 
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic):
+      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic,
+      block_table=None):
     total_q, nheads, _ = q.shape
     out = q.new_empty((total_q, nheads, v.shape[-1]))
     lse = q.new_empty((nheads, total_q), dtype=torch.float32)
@@ -355,8 +363,11 @@ def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 def _varlen_fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-     deterministic) = inputs
+     deterministic, block_table) = inputs
     out, lse, rng_state = output
+    ctx.paged = block_table is not None
+    if ctx.paged:  # nothing to save: the backward refuses
+        return
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state,
                           alibi_slopes)
     ctx.args = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_left,
@@ -365,6 +376,11 @@ def _varlen_fwd_setup_context(ctx, inputs, output):
 
 
 def _varlen_fwd_backward(ctx, dout, dlse, drng_state):
+    if ctx.paged:
+        # Upstream FlashAttention has no paged backward either; the forward runs whether or
+        # not its inputs require grad, and a backward through it stops here.
+        raise NotImplementedError("block_table: expected None for a backward (paged keys and "
+                                  "values are forward only), given a tensor")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state, alibi_slopes = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_left, window_right,
      softcap) = ctx.args
@@ -372,7 +388,7 @@ def _varlen_fwd_backward(ctx, dout, dlse, drng_state):
                             max_seqlen_k, rng_state, dropout_p, softmax_scale, causal,
                             window_left, window_right, softcap, alibi_slopes,
                             ctx.deterministic)
-    return (dq, dk, dv) + (None,) * 12
+    return (dq, dk, dv) + (None,) * 13
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
@@ -380,13 +396,16 @@ varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_set
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                    softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                   deterministic) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+                   deterministic, block_table=None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """out, lse, rng_state of flash_attn_varlen_func: the op, or its implementation when
-    plainly eager (as forward())."""
-    if not _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+    plainly eager (as forward()). A paged call that autograd would differentiate takes the op,
+    whose backward refuses it (paged keys and values are forward only, as upstream)."""
+    paged_grad = block_table is not None and _wants_grad(q, k, v)
+    if paged_grad or not _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                                      block_table):
         return varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-                          alibi_slopes, deterministic)
+                          alibi_slopes, deterministic, block_table)
     extra = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     rng_state = _draw_rng_state(dropout_p) if dropout_p > 0.0 else None
     if _wants_grad(q, k, v):
@@ -397,7 +416,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     else:
         out, lse = _varlen_fwd_impl(q, k, v, *extra, dropout_p, softmax_scale, causal,
                                     window_left, window_right, softcap, alibi_slopes,
-                                    deterministic, rng_state)
+                                    deterministic, rng_state, block_table)
     return out, lse, rng_state
 
 

@@ -80,13 +80,14 @@ void report(fa_run_info* info, const flashattn::RunInfo& result) {
 
 flashattn::Varlen to_varlen(const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
                             int64_t max_seqlen_q, int64_t max_seqlen_k,
-                            const fa_tensor* seqused_k) {
+                            const fa_tensor* seqused_k, const fa_tensor* block_table) {
   flashattn::Varlen varlen;
   varlen.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
   varlen.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
   varlen.max_seqlen_q = max_seqlen_q;
   varlen.max_seqlen_k = max_seqlen_k;
   varlen.seqused_k = to_optional_view(seqused_k, "seqused_k");
+  varlen.block_table = to_optional_view(block_table, "block_table");
   return varlen;
 }
 
@@ -126,9 +127,11 @@ fa_status run_call(fa_run_info* info, Call&& call) {
 template <typename Call>
 fa_status run_varlen_call(fa_run_info* info, const fa_tensor* cu_seqlens_q,
                           const fa_tensor* cu_seqlens_k, int64_t max_seqlen_q,
-                          int64_t max_seqlen_k, const fa_tensor* seqused_k, Call&& call) {
+                          int64_t max_seqlen_k, const fa_tensor* seqused_k,
+                          const fa_tensor* block_table, Call&& call) {
   return run_call(info, [&] {
-    return call(to_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k));
+    return call(to_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                          block_table));
   });
 }
 
@@ -179,13 +182,24 @@ fa_status fa_forward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_ten
                             int64_t max_seqlen_q, int64_t max_seqlen_k,
                             const fa_tensor* seqused_k, const fa_options* options,
                             const fa_execution* execution, fa_run_info* info) {
+  return fa_forward_varlen_paged(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, seqused_k, nullptr, options, execution, info);
+}
+
+fa_status fa_forward_varlen_paged(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
+                                  const fa_tensor* out, const fa_tensor* lse,
+                                  const fa_tensor* cu_seqlens_q, const fa_tensor* cu_seqlens_k,
+                                  int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                  const fa_tensor* seqused_k, const fa_tensor* block_table,
+                                  const fa_options* options, const fa_execution* execution,
+                                  fa_run_info* info) {
   const auto call = [&](const flashattn::Varlen& varlen) {
     return flashattn::forward_varlen(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
                                      to_view(out, "out"), to_optional_view(lse, "lse"), varlen,
                                      to_options(options), to_execution(execution));
   };
   return run_varlen_call(info, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                         call);
+                         block_table, call);
 }
 
 fa_status fa_backward(const fa_tensor* q, const fa_tensor* k, const fa_tensor* v,
@@ -215,7 +229,7 @@ fa_status fa_backward_varlen(const fa_tensor* q, const fa_tensor* k, const fa_te
         to_view(dv, "dv"), varlen, to_options(options), to_execution(execution));
   };
   return run_varlen_call(info, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                         call);
+                         nullptr, call);
 }
 
 fa_status fa_forward_kvcache(const fa_tensor* q, const fa_kvcache* cache, const fa_tensor* out,
@@ -269,7 +283,7 @@ fa_status fa_attention_probabilities_varlen(const fa_tensor* q, const fa_tensor*
                                                      to_execution(execution));
   };
   return run_varlen_call(info, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                         call);
+                         nullptr, call);
 }
 
 const char* fa_last_error(void) { return last_error.c_str(); }

@@ -1,7 +1,10 @@
 #include "api/params.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
+#include <limits>
 
 namespace flashattn::detail {
 namespace {
@@ -97,12 +100,23 @@ ForwardParams forward_params(const TensorView& q, const TensorView& k, const Ten
   if (varlen != nullptr) {
     p.seqlen_q = varlen->max_seqlen_q;
     p.seqlen_k = varlen->max_seqlen_k;
-    p.total_q = call.rows_q;
-    p.total_k = call.rows_k;
     p.lse_batch_stride = 0;  // lse is contiguous (H, total_q)
     p.cu_seqlens_q = int32_data(varlen->cu_seqlens_q);
     p.cu_seqlens_k = int32_data(varlen->cu_seqlens_k);
     p.seqused_k = int32_data(varlen->seqused_k);
+    // Every cu_seqlens value and length is below 2^31, so larger bounds bound nothing, and
+    // these keep sequence_view's (and paged positions') arithmetic in 32 bits.
+    p.total_q = std::min<int64_t>(call.rows_q, std::numeric_limits<int32_t>::max());
+    p.total_k = std::min<int64_t>(call.rows_k, std::numeric_limits<int32_t>::max());
+    if (varlen->block_table) {
+      // k/v (num_pages, page_size, Hk, D): the batch stride is the page stride.
+      fill_row_strides(false, {{k, p.k_batch_stride, p.k_row_stride, p.k_head_stride},
+                               {v, p.v_batch_stride, p.v_row_stride, p.v_head_stride}});
+      p.block_table = int32_data(varlen->block_table);
+      p.block_table_batch_stride = varlen->block_table->strides[0];
+      p.num_pages = k.sizes[0];
+      p.page_size = static_cast<int32_t>(k.sizes[1]);
+    }
   }
   return p;
 }

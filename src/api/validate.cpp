@@ -267,7 +267,11 @@ const int32_t* host_int32(const TensorView& t) {
   return t.device.type == DeviceType::CPU ? static_cast<const int32_t*>(t.data) : nullptr;
 }
 
-// Checks cu_seqlens (and seqused_k) values against the rows and max_seqlen they describe.
+// Paged keys: cu_seqlens_k gives the lengths, and bounds no tensor's rows.
+constexpr int64_t kNoRowBound = -1;
+
+// Checks cu_seqlens values against the rows (total_rows, unless kNoRowBound) and max_seqlen
+// they describe.
 void check_cu_seqlens(const std::string& name, const TensorView& cu, int64_t total_rows,
                       int64_t max_seqlen, const std::string& max_name) {
   const int32_t* c = host_int32(cu);
@@ -285,7 +289,7 @@ void check_cu_seqlens(const std::string& name, const TensorView& cu, int64_t tot
            std::to_string(max_seqlen) + " while sequence " + std::to_string(b) + " has " +
                std::to_string(len));
   }
-  if (c[n - 1] > total_rows)
+  if (total_rows != kNoRowBound && c[n - 1] > total_rows)
     fail(name, "a last entry <= the " + std::to_string(total_rows) + " rows of the tensor",
          name + "[" + std::to_string(n - 1) + "] = " + std::to_string(c[n - 1]));
 }
@@ -360,6 +364,21 @@ constexpr int32_t kMaxSplits = 1024;
 
 std::string at(const std::string& name, int64_t b, int64_t value) {
   return name + "[" + std::to_string(b) + "] = " + std::to_string(value);
+}
+
+// A host block table's pages that hold positions [begin, end) of sequence b: each must be
+// in [0, num_pages) (on CUDA the kernels read the table and guard the indices instead).
+void check_pages_used(const int32_t* table, const TensorView& table_view, int64_t b,
+                      int64_t begin, int64_t end, int64_t page_size, int64_t num_pages) {
+  const int32_t* pages = table + b * table_view.strides[0];
+  for (int64_t slot = begin / page_size; begin < end && slot <= (end - 1) / page_size; ++slot)
+    if (pages[slot] < 0 || pages[slot] >= num_pages)
+      fail("block_table",
+           "page indices in [0, num_pages = " + std::to_string(num_pages) +
+               ") for every page a sequence uses",
+           "block_table[" + std::to_string(b) + "][" + std::to_string(slot) +
+               "] = " + std::to_string(pages[slot]) + " (positions " + std::to_string(begin) +
+               " .. " + std::to_string(end - 1) + " are used)");
 }
 
 // The values of a KV-cache call's int32 tensors that the validator can read (null where it
@@ -440,15 +459,8 @@ void check_kvcache_values(const KvCache& cache, const KvCacheValues& values, int
       if (seqlen_new > 0) written.emplace_back(row, b);
     }
     if (table != nullptr) {
+      check_pages_used(table, *cache.block_table, b, begin, end, page_size, cache_rows);
       const int32_t* pages = table + b * cache.block_table->strides[0];
-      for (int64_t slot = begin / page_size; begin < end && slot <= (end - 1) / page_size; ++slot)
-        if (pages[slot] < 0 || pages[slot] >= cache_rows)
-          fail("block_table",
-               "page indices in [0, num_pages = " + std::to_string(cache_rows) +
-                   ") for every page a sequence uses",
-               "block_table[" + std::to_string(b) + "][" + std::to_string(slot) +
-                   "] = " + std::to_string(pages[slot]) + " (positions " +
-                   std::to_string(begin) + " .. " + std::to_string(end - 1) + " are used)");
       for (int64_t pos = filled; pos < end; ++pos)
         written.emplace_back(pages[pos / page_size] * page_size + pos % page_size, b);
     }
@@ -536,33 +548,56 @@ void append(std::vector<Argument>& to, const std::vector<Argument>& more) {
 // ---- The rules every attention call shares: the forward's, reused by the backward and the
 // kv-cache call (whose k and v are the caches).
 
-// q, k, v and out: rank, q's dtype (fp32, fp16 or bf16) and device, shared by the others.
-// Returns q, k, v and out with their extents.
+// q, k, v and out: rank (k and v: kv_rank), q's dtype (fp32, fp16 or bf16) and device, shared
+// by the others. Returns q, k, v and out with their extents.
 std::vector<Argument> expect_attention_tensors(const TensorView& q, const char* k_name,
                                                const TensorView& k, const char* v_name,
                                                const TensorView& v, const TensorView& out,
-                                               int rank) {
+                                               int rank, int kv_rank) {
   const std::vector<DType> like_q{q.dtype};
   return expect(q, {{.name = "q", .view = &q, .rank = rank,
                      .dtypes = {DType::Float32, DType::Float16, DType::BFloat16},
                      .on_q_device = false},
-                    {.name = k_name, .view = &k, .rank = rank, .dtypes = like_q},
-                    {.name = v_name, .view = &v, .rank = rank, .dtypes = like_q},
+                    {.name = k_name, .view = &k, .rank = kv_rank, .dtypes = like_q},
+                    {.name = v_name, .view = &v, .rank = kv_rank, .dtypes = like_q},
                     {.name = "out", .view = &out, .rank = rank, .dtypes = like_q}});
 }
 
-// The dimensions of q (B, Sq, H, D) or (total_q, H, D) and k (B, Sk, Hk, D) or (total_k, Hk,
-// D); a varlen batch size comes from cu_seqlens_q.
-ValidatedCall dimensions(const TensorView& q, const TensorView& k, int rank, int64_t batch) {
-  const size_t r = rank == 4 ? 1 : 0;  // the first dim after the batch dim
+// The dimensions of q (B, Sq, H, D) or (total_q, H, D) and k (B, Sk, Hk, D), (total_k, Hk, D)
+// or paged (num_pages, page_size, Hk, D), their ranks checked; a varlen batch size comes from
+// cu_seqlens_q.
+ValidatedCall dimensions(const TensorView& q, const TensorView& k, int64_t batch) {
+  const size_t r = q.ndim == 4 ? 1 : 0;   // the first dim after the batch dim
+  const size_t rk = k.ndim == 4 ? 1 : 0;  // the same for k (paged: the rows of a page)
   ValidatedCall call;
   call.batch = batch;
   call.rows_q = q.sizes[r];
-  call.rows_k = k.sizes[r];
+  call.rows_k = k.sizes[rk];
   call.heads = q.sizes[r + 1];
   call.head_dim = q.sizes[r + 2];
-  call.heads_k = k.sizes[r + 1];
+  call.heads_k = k.sizes[rk + 1];
   return call;
+}
+
+// A block table of pages (varlen keys or a KV cache), int32 (B, max_pages) on q's device with
+// a contiguous last dimension, over `pages` (num_pages, page_size, Hk, D) with page_size in
+// [1, 2^31). The positions a sequence can have (max_pages * page_size) go to *capacity.
+std::vector<Argument> expect_block_table(const TensorView& q, const TensorView& table,
+                                         int64_t batch, const char* pages_name,
+                                         const TensorView& pages, const char* pages_what,
+                                         int64_t* capacity) {
+  std::vector<Argument> checked =
+      expect(q, {{.name = "block_table", .view = &table, .rank = 2, .dtypes = kInt32}});
+  if (table.sizes[0] != batch)
+    fail("block_table", "shape (B = " + std::to_string(batch) + ", max_pages)",
+         "shape " + shape_string(table));
+  if (pages.sizes[1] < 1 || pages.sizes[1] > kInt32Max)
+    fail(pages_name, std::string("a page size (dim 1) in [1, 2^31) for ") + pages_what,
+         "shape " + shape_string(pages));
+  if (__builtin_mul_overflow(table.sizes[1], pages.sizes[1], capacity))
+    fail("block_table", "max_pages * page_size that fits in 64 bits",
+         "shape " + shape_string(table) + " with page_size " + std::to_string(pages.sizes[1]));
+  return checked;
 }
 
 // The dimensions of a dense or varlen call's q and k (their ranks checked): B is q's batch
@@ -573,9 +608,9 @@ ValidatedCall batch_dimensions(const TensorView& q, const TensorView& k, const V
     check_view("cu_seqlens_q", varlen->cu_seqlens_q, 1);
     if (varlen->cu_seqlens_q.sizes[0] < 1)
       fail("cu_seqlens_q", "B + 1 >= 1 entries", "shape " + shape_string(varlen->cu_seqlens_q));
-    return dimensions(q, k, 3, varlen->cu_seqlens_q.sizes[0] - 1);
+    return dimensions(q, k, varlen->cu_seqlens_q.sizes[0] - 1);
   }
-  ValidatedCall call = dimensions(q, k, 4, q.sizes[0]);
+  ValidatedCall call = dimensions(q, k, q.sizes[0]);
   if (k.sizes[0] != call.batch)
     fail("k", "batch size B = " + std::to_string(call.batch) + " like q",
          "shape " + shape_string(k));
@@ -691,6 +726,31 @@ std::vector<Argument> expect_varlen(const Varlen& varlen, const TensorView& q, i
   return checked;
 }
 
+// The key lengths of a paged varlen call against its pages, when the values are in host
+// memory (the CPU backend; CUDA kernels clamp the lengths and guard the page indices): each
+// sequence's keys (seqused_k[b], else its cu_seqlens_k length) fit in max_pages * page_size
+// positions, and every page that holds one of them exists.
+void check_paged_lengths(const Varlen& varlen, int64_t batch, const TensorView& k,
+                         int64_t capacity) {
+  const TensorView& table = *varlen.block_table;
+  const int32_t* cu = host_int32(varlen.cu_seqlens_k);
+  const int32_t* pages = host_int32(table);
+  if (cu == nullptr || pages == nullptr) return;
+  const int32_t* used = varlen.seqused_k ? host_int32(*varlen.seqused_k) : nullptr;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t keys = used != nullptr ? used[b] : static_cast<int64_t>(cu[b + 1]) - cu[b];
+    if (keys > capacity)
+      fail("block_table",
+           "room for every sequence's keys in max_pages * page_size = " +
+               std::to_string(capacity) + " positions (max_pages " +
+               std::to_string(table.sizes[1]) + " x page_size " + std::to_string(k.sizes[1]) +
+               ")",
+           "sequence " + std::to_string(b) + " with " + std::to_string(keys) + " keys" +
+               (used != nullptr ? " (seqused_k)" : " (cu_seqlens_k)"));
+    check_pages_used(pages, table, b, 0, keys, k.sizes[1], k.sizes[0]);
+  }
+}
+
 // Both of a pair of optional arguments or neither.
 void check_both_or_neither(const char* first, bool has_first, const char* second,
                            bool has_second) {
@@ -711,15 +771,19 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
   check_execution(execution);
 
   const bool is_varlen = varlen != nullptr;
+  const bool paged = is_varlen && varlen->block_table.has_value();
   const int rank = is_varlen ? 3 : 4;
-  std::vector<Argument> inputs = expect_attention_tensors(q, "k", k, "v", v, out, rank);
+  std::vector<Argument> inputs =
+      expect_attention_tensors(q, "k", k, "v", v, out, rank, paged ? 4 : rank);
   const Argument out_checked = inputs.back();
   inputs.pop_back();
   const std::vector<Argument> copied_by_rows{inputs[0], inputs[1], inputs[2], out_checked};
 
   ValidatedCall call = batch_dimensions(q, k, varlen);
   check_attention_shapes(call, q, is_varlen ? "cu_seqlens_q" : "q", "k", k, "v", v,
-                         is_varlen ? "= (total_k, Hk, D) like k" : "= (B, Sk, Hk, D) like k",
+                         paged       ? "= (num_pages, page_size, Hk, D) like k"
+                         : is_varlen ? "= (total_k, Hk, D) like k"
+                                     : "= (B, Sk, Hk, D) like k",
                          out, is_varlen ? "= (total_q, H, D) like q" : "= (B, Sq, H, D) like q");
 
   const Extent lse_extent =
@@ -727,11 +791,17 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
                 : expect_lse(lse, q, {call.batch, call.heads, call.rows_q}, "= (B, H, Sq)");
   append(inputs, expect_alibi(options, q, call.batch, call.heads));
   if (is_varlen)
-    append(inputs, expect_varlen(*varlen, q, call.batch, call.rows_q, call.rows_k));
+    append(inputs, expect_varlen(*varlen, q, call.batch, call.rows_q,
+                                 paged ? kNoRowBound : call.rows_k));
+  if (paged)  // the rows a sequence can have: its pages' (max_pages * page_size)
+    append(inputs, expect_block_table(q, *varlen->block_table, call.batch, "k", k,
+                                      "paged keys and values", &call.rows_k));
 
   check_outputs_disjoint(inputs, out_checked, lse, lse_extent);
   call.backend = check_backend_memory(execution, q, call.head_dim, copied_by_rows, inputs,
                                       out_checked, lse);
+  // Last, as in validate_kvcache: the values, after every structural check (host only).
+  if (paged) check_paged_lengths(*varlen, call.batch, k, call.rows_k);
   return call;
 }
 
@@ -750,13 +820,13 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
   const TensorView& kc = cache.k_cache;
   const TensorView& vc = cache.v_cache;
   std::vector<Argument> inputs =
-      expect_attention_tensors(q, "k_cache", kc, "v_cache", vc, out, 4);
+      expect_attention_tensors(q, "k_cache", kc, "v_cache", vc, out, 4, 4);
   const Argument out_checked = inputs.back();
   inputs.pop_back();
   const Argument kc_checked = inputs[1], vc_checked = inputs[2];
   std::vector<Argument> copied_by_rows{inputs[0], kc_checked, vc_checked, out_checked};
 
-  ValidatedCall call = dimensions(q, kc, 4, q.sizes[0]);
+  ValidatedCall call = dimensions(q, kc, q.sizes[0]);
   const int64_t batch = call.batch;
   check_attention_shapes(call, q, "q", "k_cache", kc, "v_cache", vc, "like k_cache", out,
                          "= (B, Sq, H, D) like q");
@@ -776,16 +846,7 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
     if (cache.cache_batch_idx)
       fail("cache_batch_idx", "no cache_batch_idx with a paged cache (block_table picks the pages)",
            "both cache_batch_idx and block_table");
-    append(inputs, expect(q, {{.name = "block_table", .view = &bt, .rank = 2, .dtypes = kInt32}}));
-    if (bt.sizes[0] != batch)
-      fail("block_table", "shape (B = " + std::to_string(batch) + ", max_pages)",
-           "shape " + shape_string(bt));
-    if (kc.sizes[1] < 1 || kc.sizes[1] > kInt32Max)
-      fail("k_cache", "a page size (dim 1) in [1, 2^31) for a paged cache",
-           "shape " + shape_string(kc));
-    if (__builtin_mul_overflow(bt.sizes[1], kc.sizes[1], &capacity))
-      fail("block_table", "max_pages * page_size that fits in 64 bits",
-           "shape " + shape_string(bt) + " with page_size " + std::to_string(kc.sizes[1]));
+    append(inputs, expect_block_table(q, bt, batch, "k_cache", kc, "a paged cache", &capacity));
   } else if (cache.cache_batch_idx ? batch > 0 && kc.sizes[0] < 1 : kc.sizes[0] < batch) {
     fail("k_cache",
          cache.cache_batch_idx
@@ -862,6 +923,11 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
 ValidatedCall validate_probabilities(const TensorView& q, const TensorView& k,
                                      const TensorView& probs, const Varlen* varlen,
                                      const Options& options, const Execution& execution) {
+  // A testing aid over unpaged keys (upstream's S_dmask): paged ones would need their own
+  // kernel.
+  if (varlen != nullptr && varlen->block_table)
+    unsupported("block_table", "none for attention_probabilities (unpaged keys only)",
+                "a block table");
   check_options(options);
   check_execution(execution);
 
@@ -903,6 +969,11 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
                                 const TensorView& lse, const TensorView& dq,
                                 const TensorView& dk, const TensorView& dv, const Varlen* varlen,
                                 const Options& options, const Execution& execution) {
+  // Upstream FlashAttention has no paged backward either: refused before anything else, so
+  // that the message says so rather than something about the paged shapes.
+  if (varlen != nullptr && varlen->block_table)
+    unsupported("block_table", "none for a backward (paged keys and values are forward only)",
+                "a block table");
   // The forward's own checks cover q, k, v, out, lse, the options and the backend.
   const ValidatedCall call = validate_forward(q, k, v, out, lse, varlen, options, execution);
 

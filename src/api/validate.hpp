@@ -17,7 +17,8 @@ struct ValidatedCall {
   Backend backend = Backend::CPU;  // resolved: never Auto
   int64_t batch = 0, heads = 0, heads_k = 0, head_dim = 0;
   // The row dimension of q and of k: Sq and Sk (dense), total_q and total_k (varlen), Sq
-  // and the positions a sequence can hold (kv-cache).
+  // and the positions a sequence can hold (kv-cache), total_q and the positions a sequence's
+  // pages hold (paged varlen: max_pages * page_size).
   int64_t rows_q = 0, rows_k = 0;
 };
 
@@ -28,6 +29,7 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
 
 // Everything validate_forward checks (out and lse now being inputs, lse required), plus
 // dout like out, dq/dk/dv like q/k/v, and gradients disjoint from every input and each other.
+// Paged keys and values (Varlen::block_table) are refused: the backward has none.
 ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& out, const TensorView& dout,
                                 const TensorView& lse, const TensorView& dq,

@@ -21,10 +21,6 @@ struct ForwardParams {
   int32_t batch = 0, heads = 0, heads_k = 0, head_dim = 0, head_dim_v = 0;
   // Dense: the sequence lengths. Varlen: the caller's max_seqlen_q/k (an upper bound).
   int64_t seqlen_q = 0, seqlen_k = 0;
-  // Varlen only: the rows of q/out (total_q) and of k/v (total_k), which cu_seqlens[B] may
-  // not reach; what a backend that copies whole tensors (cuda/head_dim_padding.hpp) sizes by.
-  int64_t total_q = 0, total_k = 0;
-
   // Element strides. Row r of sequence b, head h of q lives at
   //   q + b * q_batch_stride + (row0_q(b) + r) * q_row_stride + h * q_head_stride
   // with row0 = 0 and the batch stride in use for dense inputs, and row0 = cu_seqlens[b]
@@ -53,7 +49,26 @@ struct ForwardParams {
   void* stream = nullptr;   // CUDA only
   int32_t device = 0;       // CUDA only: the GPU the tensors live on, where the call runs
 
+  // (These last: among the fields above they moved those fields' offsets in the kernels'
+  // parameter space, which cost the kv-cache kernel's general variant 8 registers, ptxas.)
+  // Varlen: the rows of q/out (total_q) and the key positions a sequence can have (total_k
+  // rows of k/v; paged: max_pages * page_size), each at most 2^31 - 1 (every cu_seqlens value
+  // is below). sequence_view holds every range inside them, whatever cu_seqlens and seqused_k
+  // hold; cu_seqlens[B] may not reach them, and a backend that copies whole tensors
+  // (cuda/head_dim_padding.hpp) sizes by them.
+  int64_t total_q = 0, total_k = 0;
+
+  // Paged keys and values (varlen only; null: none): key j of sequence b is row j % page_size
+  // of page block_table[b * block_table_batch_stride + j / page_size], and k/v_batch_stride
+  // are the page strides (docs/SPEC.md). Indices read from device memory are checked against
+  // num_pages before use (page_exists).
+  const int32_t* block_table = nullptr;
+  int64_t block_table_batch_stride = 0;
+  int64_t num_pages = 0;
+  int32_t page_size = 0;
+
   FA_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  FA_HOST_DEVICE bool is_paged() const { return block_table != nullptr; }
   FA_HOST_DEVICE int32_t group_size() const { return heads / heads_k; }  // query heads per key/value head
 };
 
@@ -85,22 +100,69 @@ struct ProbabilitiesParams {
 
 // Where sequence b starts and how long it is, for dense and varlen alike.
 struct SequenceView {
-  int64_t q_row0 = 0, k_row0 = 0;  // first row in the row dimension of q/out and k/v
+  int64_t q_row0 = 0, k_row0 = 0;  // first row in the row dimension of q/out and k/v (paged: 0)
   int64_t seqlen_q = 0, seqlen_k = 0;  // seqlen_k counts only the keys that take part
+  int64_t rows_k = 0;  // the sequence's keys, seqused_k or not (the backward writes them all)
 };
 
+template <typename T>
+FA_HOST_DEVICE T clamped(T x, T lo, T hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+FA_HOST_DEVICE uint32_t at_most(uint32_t x, uint32_t hi) { return x < hi ? x : hi; }
+
+// Varlen values may live in device memory, where nothing checked them (the CPU backend's are
+// validated): every range is held inside total_q and total_k here, so that a bad value gives
+// a wrong result but never an access outside the tensors. In 32 bits and unsigned (a negative
+// value is then past every bound), which is what kept the kernels' registers as they were:
+// with 64-bit clamps the hdim-256 forward's general variant spilled 148 bytes, with signed
+// 32-bit ones the sm90 hdim-256 backward 24 (ptxas, sm_90a).
 FA_HOST_DEVICE SequenceView sequence_view(const ForwardParams& p, int32_t b) {
   SequenceView s;
   if (p.cu_seqlens_q == nullptr) {
     s.seqlen_q = p.seqlen_q;
-    s.seqlen_k = p.seqlen_k;
+    s.seqlen_k = s.rows_k = p.seqlen_k;
     return s;
   }
-  s.q_row0 = p.cu_seqlens_q[b];
-  s.k_row0 = p.cu_seqlens_k[b];
-  s.seqlen_q = p.cu_seqlens_q[b + 1] - s.q_row0;
-  s.seqlen_k = p.seqused_k != nullptr ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - s.k_row0;
+  const uint32_t total_q = static_cast<uint32_t>(p.total_q);
+  const uint32_t total_k = static_cast<uint32_t>(p.total_k);
+  const uint32_t q0 = at_most(static_cast<uint32_t>(p.cu_seqlens_q[b]), total_q);
+  const uint32_t q1 = at_most(static_cast<uint32_t>(p.cu_seqlens_q[b + 1]), total_q);
+  s.q_row0 = q0;
+  s.seqlen_q = q1 > q0 ? q1 - q0 : 0;
+  // Paged: the prefix sums give the length only (a 64-bit difference: any two int32 values),
+  // and positions count from 0 in the sequence's pages.
+  const int64_t paged_length = int64_t{p.cu_seqlens_k[b + 1]} - p.cu_seqlens_k[b];
+  const uint32_t k0 = p.is_paged() ? 0 : at_most(static_cast<uint32_t>(p.cu_seqlens_k[b]), total_k);
+  const uint32_t k1 = p.is_paged()
+                          ? static_cast<uint32_t>(clamped<int64_t>(paged_length, 0, total_k))
+                          : at_most(static_cast<uint32_t>(p.cu_seqlens_k[b + 1]), total_k);
+  s.k_row0 = k0;
+  s.rows_k = k1 > k0 ? k1 - k0 : 0;
+  s.seqlen_k = p.seqused_k != nullptr
+                   ? at_most(static_cast<uint32_t>(p.seqused_k[b]), static_cast<uint32_t>(s.rows_k))
+                   : s.rows_k;
   return s;
+}
+
+// Where key j (0 <= j < total_k < 2^31) of sequence b of a paged batch lives. The page index
+// comes from the caller's block table: check it with page_exists before reading the page.
+struct PagedRow {
+  int32_t page = 0, row = 0;
+};
+
+FA_HOST_DEVICE PagedRow paged_row(const ForwardParams& p, int32_t b, int64_t j) {
+  // A 32-bit division: a 64-bit one is a ~70-instruction subroutine on the GPU.
+  const uint32_t slot = static_cast<uint32_t>(j) / static_cast<uint32_t>(p.page_size);
+  PagedRow at;
+  at.page = p.block_table[b * p.block_table_batch_stride + slot];
+  at.row = static_cast<int32_t>(static_cast<uint32_t>(j) -
+                                slot * static_cast<uint32_t>(p.page_size));
+  return at;
+}
+
+FA_HOST_DEVICE bool page_exists(const ForwardParams& p, int64_t page) {
+  return page >= 0 && page < p.num_pages;
 }
 
 }  // namespace flashattn::detail

@@ -35,11 +35,14 @@ struct KeyRows {
   // A KV cache (null: rows are contiguous at the row strides): key j is cache position
   // seq.begin + j of sequence b, addressed by kv_position_offset (dense row or page).
   const KvCacheParams* cache = nullptr;
+  // Paged varlen keys (null: none): key j of sequence b is at paged_row (validated pages).
+  const ForwardParams* paged = nullptr;
   int32_t b = 0;
   KvSequence seq;
   int64_t k_batch_stride = 0, v_batch_stride = 0;
 
-  // The keys of sequence b (rows seq.k_row0 ...) of a dense or ragged batch, head hk.
+  // The keys of sequence b (rows seq.k_row0 ..., or its pages) of a dense or ragged batch,
+  // head hk.
   static KeyRows of_sequence(const ForwardParams& p, int32_t b, const SequenceView& seq,
                              int32_t hk);
   // The keys of sequence b of a KV cache, head hk.
@@ -57,6 +60,12 @@ struct KeyRows {
   Run<T> run(int64_t j, int n) const {
     const T* kb = static_cast<const T*>(k);
     const T* vb = static_cast<const T*>(v);
+    if (paged != nullptr) {
+      const PagedRow at = paged_row(*paged, b, j);
+      return {kb + at.page * k_batch_stride + at.row * k_row_stride,
+              vb + at.page * v_batch_stride + at.row * v_row_stride,
+              static_cast<int>(std::min<int64_t>(n, paged->page_size - at.row))};
+    }
     if (cache == nullptr) return {kb + j * k_row_stride, vb + j * v_row_stride, n};
     const int64_t pos = seq.begin + j;
     int count = n;

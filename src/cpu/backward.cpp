@@ -169,8 +169,7 @@ struct Pass {
   void keys(int32_t b, int32_t hk, int64_t block, Tiles& t) const {
     const SequenceView seq = sequence_view(p, b);
     // Keys past seqused_k take no part but are still this item's to write (with 0).
-    const int64_t stored_k = p.is_varlen() ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]
-                                           : seq.seqlen_k;
+    const int64_t stored_k = seq.rows_k;
     const int64_t j0 = block * kBlockK;
     if (j0 >= stored_k) return;
     const int stored = static_cast<int>(std::min<int64_t>(kBlockK, stored_k - j0));

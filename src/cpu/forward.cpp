@@ -54,13 +54,22 @@ void load_key_block(const KeyRows& keys, int64_t j0, int cols, int D, int Dv, Ti
 KeyRows KeyRows::of_sequence(const ForwardParams& p, int32_t b, const SequenceView& seq,
                              int32_t hk) {
   KeyRows r;
-  const int64_t k_offset = b * p.k_batch_stride + seq.k_row0 * p.k_row_stride + hk * p.k_head_stride;
-  const int64_t v_offset = b * p.v_batch_stride + seq.k_row0 * p.v_row_stride + hk * p.v_head_stride;
+  // Paged: the pages' origin at head hk (the batch stride is the page stride).
+  const int64_t k_offset = (p.is_paged() ? 0 : b * p.k_batch_stride + seq.k_row0 * p.k_row_stride) +
+                           hk * p.k_head_stride;
+  const int64_t v_offset = (p.is_paged() ? 0 : b * p.v_batch_stride + seq.k_row0 * p.v_row_stride) +
+                           hk * p.v_head_stride;
   const size_t elem = dtype_size(p.dtype);
   r.k = static_cast<const char*>(p.k) + k_offset * static_cast<int64_t>(elem);
   r.v = static_cast<const char*>(p.v) + v_offset * static_cast<int64_t>(elem);
   r.k_row_stride = p.k_row_stride;
   r.v_row_stride = p.v_row_stride;
+  if (p.is_paged()) {
+    r.paged = &p;
+    r.b = b;
+    r.k_batch_stride = p.k_batch_stride;
+    r.v_batch_stride = p.v_batch_stride;
+  }
   return r;
 }
 

@@ -1,7 +1,8 @@
 // Chooses the forward kernel for a validated call: on Hopper, the sm90 (wgmma) kernel where it
 // covers the call; otherwise the sm80 (mma.sync) kernel instantiated for the call's dtype and
 // head-dim bucket (head dims rounded up to a multiple of 32); a head dim that is not a
-// multiple of 8 runs on padded copies (cuda/head_dim_padding.hpp).
+// multiple of 8 runs on padded copies (cuda/head_dim_padding.hpp). Paged keys and values
+// always take the sm80 kernel's paged variant: the sm90 kernel has no page indirection.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -44,9 +45,12 @@ bool run_sm90(const ForwardParams& p, knobs::KernelFamily forced) {
 
 template <typename Element>
 void run_bucket(const ForwardParams& p, knobs::KernelFamily forced) {
-  if (run_sm90<Element>(p, forced)) return;
+  if (!p.is_paged() && run_sm90<Element>(p, forced)) return;
   with_head_dim_bucket(p.head_dim, [&](auto bucket) {
-    sm80::run_forward<Element, decltype(bucket)::value>(p);
+    if (p.is_paged())
+      sm80::run_forward<Element, decltype(bucket)::value, true>(p);
+    else
+      sm80::run_forward<Element, decltype(bucket)::value, false>(p);
   });
 }
 
@@ -60,7 +64,8 @@ size_t forward(const ForwardParams& p) {
   // The forward allocates nothing itself: its workspace is the padded copies, if any.
   return run_with_padded_head_dim(p, [forced](const ForwardParams& padded) -> size_t {
 #ifdef FLASHATTN_SM80_TUNING
-    if (!sm80::run_tuning_candidate(padded))
+    // A tuning candidate serves unpaged calls (its paged variant is not compiled).
+    if (padded.is_paged() || !sm80::run_tuning_candidate(padded))
 #endif
     {
       if (padded.dtype == DType::Float16)

@@ -92,20 +92,40 @@ __global__ void __launch_bounds__(kThreads) copy_tensor_rows(const __grid_consta
 // position p of sequence b at row (b, p).
 struct CacheRows {
   KvCacheParams kv;  // the caller's call
+  bool value = false;  // the v cache (else k): what a missing page reads as differs
   Bits* caller = nullptr;
   int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
   Bits* padded = nullptr;
   int32_t width = 0, padded_width = 0;
 };
 
+// Whether sequence b of the caller's call passes the KV-cache kernels' guard
+// (common/kvcache.hpp): its values in range, and every page its append writes into exists.
+// Block-uniform: the threads share the append's pages, then agree in one barrier.
+__device__ bool sequence_passes_guard(const KvCacheParams& kv, int32_t b, const KvSequence& s) {
+  bool ok = kv_sequence_in_range(kv, s);
+  if (ok && kv.is_paged() && kv.k_new != nullptr && s.end > s.filled) {
+    const int64_t first = s.filled / kv.page_size, last = (s.end - 1) / kv.page_size;
+    for (int64_t slot = first + threadIdx.x; slot <= last; slot += kThreads)
+      ok = ok && kv_page_in_range(kv, kv.block_table[b * kv.block_table_batch_stride + slot]);
+  }
+  return __syncthreads_and(ok) != 0;
+}
+
+// NaN in both fp16 and bf16 (all exponent bits and a non-zero mantissa): a missing page's keys.
+constexpr Bits kNanBits = 0x7FFF;
+
 // Sequence blockIdx.y: into the copy, the positions it holds before the call (the kernel reads
-// no others, and writes the appended ones); back, the positions it appended.
+// no others, and writes the appended ones); back, the positions it appended. A sequence that
+// fails the guard is neither read nor written back (its rows are made NaN after the kernels,
+// poison_guarded_sequences), and a page out of range that it only reads is never read: its
+// keys are copied as NaN and its values as 0, as the kernels read them.
 template <bool kToPadded>
 __global__ void __launch_bounds__(kThreads) copy_cache_rows(const __grid_constant__ CacheRows c) {
   const int32_t b = static_cast<int32_t>(blockIdx.y);
   const KvSequence seq = kv_sequence(c.kv, b);
-  const int64_t filled = c.kv.cache_seqlens[b];
-  const int64_t first = kToPadded ? seq.begin : filled, end = kToPadded ? filled : seq.end;
+  if (!sequence_passes_guard(c.kv, b, seq)) return;
+  const int64_t first = kToPadded ? seq.begin : seq.filled, end = kToPadded ? seq.filled : seq.end;
   const int chunks = c.padded_width / kChunk;
   const int64_t heads_k = c.kv.attn.heads_k;
   const int64_t units = (end - first) * heads_k * chunks;
@@ -114,14 +134,40 @@ __global__ void __launch_bounds__(kThreads) copy_cache_rows(const __grid_constan
     const int64_t row = u / chunks;
     const int col = static_cast<int>(u - row * chunks) * kChunk;
     const int64_t hk = row % heads_k, pos = first + row / heads_k;
+    Bits* padded = c.padded + ((b * c.kv.attn.seqlen_k + pos) * heads_k + hk) * c.padded_width;
+    if (kToPadded && c.kv.is_paged() &&
+        !kv_page_in_range(c.kv, c.kv.block_table[b * c.kv.block_table_batch_stride +
+                                                 pos / c.kv.page_size])) {
+      const uint32_t word = c.value ? 0u : (uint32_t{kNanBits} | uint32_t{kNanBits} << 16);
+      *reinterpret_cast<uint4*>(padded + col) = make_uint4(word, word, word, word);
+      continue;
+    }
     Bits* caller = c.caller + kv_position_offset(c.kv, b, seq, pos, c.batch_stride, c.row_stride) +
                    hk * c.head_stride;
-    Bits* padded = c.padded + ((b * c.kv.attn.seqlen_k + pos) * heads_k + hk) * c.padded_width;
     if constexpr (kToPadded)
       pad_chunk(caller, padded, col, c.width);
     else
       unpad_chunk(padded, caller, col, c.width);
   }
+}
+
+// The caller's out and lse rows of every sequence that fails the guard: NaN, as the kernels
+// write them (the kernels ran on the dense copy, which has no cache_batch_idx or pages to
+// judge). Sequence blockIdx.x; out (B, Sq, H, Dv), lse (B, H, Sq) as the params address them.
+__global__ void __launch_bounds__(kThreads) poison_guarded_sequences(
+    const __grid_constant__ KvCacheParams kv) {
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  if (sequence_passes_guard(kv, b, kv_sequence(kv, b))) return;
+  const ForwardParams& a = kv.attn;
+  Bits* out = static_cast<Bits*>(a.out) + b * a.out_batch_stride;
+  const int64_t elements = int64_t{a.seqlen_q} * a.heads * a.head_dim_v;
+  for (int64_t e = threadIdx.x; e < elements; e += kThreads) {
+    const int64_t d = e % a.head_dim_v, row = e / a.head_dim_v;
+    out[(row / a.heads) * a.out_row_stride + (row % a.heads) * a.out_head_stride + d] = kNanBits;
+  }
+  if (a.lse == nullptr) return;
+  for (int64_t e = threadIdx.x; e < int64_t{a.heads} * a.seqlen_q; e += kThreads)
+    a.lse[b * a.lse_batch_stride + (e / a.seqlen_q) * a.lse_head_stride + e % a.seqlen_q] = NAN;
 }
 
 unsigned blocks_for(int64_t units, int64_t at_most) {
@@ -174,6 +220,7 @@ class PaddedCopies {
     const ForwardParams& a = kv.attn;
     CacheRows c;
     c.kv = kv;
+    c.value = value;
     c.caller = bits(value ? a.v : a.k);
     c.batch_stride = value ? a.v_batch_stride : a.k_batch_stride;
     c.row_stride = value ? a.v_row_stride : a.k_row_stride;
@@ -274,30 +321,34 @@ cudaStream_t stream_of(const ForwardParams& p) { return static_cast<cudaStream_t
 
 // The row dimension of a dense or varlen call's tensors, as the copies see it: dense (B, S,
 // H, D) tensors are B batches of S rows; varlen ones one batch of total rows, of which those
-// from cu_seqlens[B] on are none of the call's (neither read nor written).
+// from cu_seqlens[B] on are none of the call's (neither read nor written); paged keys and
+// values (num_pages, page_size, Hk, D) num_pages batches of page_size rows, the whole pool
+// (which pages a sequence uses is known only on the device; the copy keeps the page layout,
+// so the block table addresses it as it does the caller's).
 struct Extents {
-  int64_t batches, rows_q, rows_k;
+  int64_t batches_q, batches_k, rows_q, rows_k;
   const int32_t* end_q;
   const int32_t* end_k;
   explicit Extents(const ForwardParams& p)
-      : batches(p.is_varlen() ? 1 : p.batch),
+      : batches_q(p.is_varlen() ? 1 : p.batch),
+        batches_k(p.is_paged() ? p.num_pages : batches_q),
         rows_q(p.is_varlen() ? p.total_q : p.seqlen_q),
-        rows_k(p.is_varlen() ? p.total_k : p.seqlen_k),
+        rows_k(p.is_paged() ? p.page_size : p.is_varlen() ? p.total_k : p.seqlen_k),
         end_q(p.is_varlen() ? p.cu_seqlens_q + p.batch : nullptr),
-        end_k(p.is_varlen() ? p.cu_seqlens_k + p.batch : nullptr) {}
+        end_k(p.is_varlen() && !p.is_paged() ? p.cu_seqlens_k + p.batch : nullptr) {}
 };
 
 // q, k and v as inputs, and out (an output of the forward, an input of the backward).
 void add_attention_tensors(PaddedCopies& copies, const Extents& e, ForwardParams& p,
                            bool out_is_output) {
-  copies.add_tensor(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, e.batches, e.rows_q,
-                    p.heads, e.end_q, p.head_dim, false);
-  copies.add_tensor(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, e.batches, e.rows_k,
-                    p.heads_k, e.end_k, p.head_dim, false);
-  copies.add_tensor(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, e.batches, e.rows_k,
-                    p.heads_k, e.end_k, p.head_dim_v, false);
-  copies.add_tensor(p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride, e.batches,
-                    e.rows_q, p.heads, e.end_q, p.head_dim_v, out_is_output);
+  copies.add_tensor(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, e.batches_q,
+                    e.rows_q, p.heads, e.end_q, p.head_dim, false);
+  copies.add_tensor(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, e.batches_k,
+                    e.rows_k, p.heads_k, e.end_k, p.head_dim, false);
+  copies.add_tensor(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, e.batches_k,
+                    e.rows_k, p.heads_k, e.end_k, p.head_dim_v, false);
+  copies.add_tensor(p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride,
+                    e.batches_q, e.rows_q, p.heads, e.end_q, p.head_dim_v, out_is_output);
 }
 
 // The params' head dims once their tensors are the padded copies.
@@ -331,14 +382,14 @@ size_t run_with_padded_head_dim(const BackwardParams& params,
   add_attention_tensors(copies, e, padded.fwd, false);
   // dout like out, the gradients like what they differentiate.
   copies.add_tensor(padded.dout, padded.dout_batch_stride, padded.dout_row_stride,
-                    padded.dout_head_stride, e.batches, e.rows_q, p.heads, e.end_q, p.head_dim_v,
+                    padded.dout_head_stride, e.batches_q, e.rows_q, p.heads, e.end_q, p.head_dim_v,
                     false);
   copies.add_tensor(padded.dq, padded.dq_batch_stride, padded.dq_row_stride, padded.dq_head_stride,
-                    e.batches, e.rows_q, p.heads, e.end_q, p.head_dim, true);
+                    e.batches_q, e.rows_q, p.heads, e.end_q, p.head_dim, true);
   copies.add_tensor(padded.dk, padded.dk_batch_stride, padded.dk_row_stride, padded.dk_head_stride,
-                    e.batches, e.rows_k, p.heads_k, e.end_k, p.head_dim, true);
+                    e.batches_k, e.rows_k, p.heads_k, e.end_k, p.head_dim, true);
   copies.add_tensor(padded.dv, padded.dv_batch_stride, padded.dv_row_stride, padded.dv_head_stride,
-                    e.batches, e.rows_k, p.heads_k, e.end_k, p.head_dim_v, true);
+                    e.batches_k, e.rows_k, p.heads_k, e.end_k, p.head_dim_v, true);
   pad_head_dims(padded.fwd);
   copies.start();
   const size_t workspace = run(padded);
@@ -371,6 +422,10 @@ KvCacheRun run_with_padded_head_dim(const KvCacheParams& params,
   copies.start();
   KvCacheRun result = run(padded);
   copies.finish();
+  if (p.batch > 0)
+    poison_guarded_sequences<<<static_cast<unsigned>(p.batch), kThreads, 0, stream_of(p)>>>(
+        params);
+  throw_if_failed(cudaGetLastError(), "a successful launch of the kv-cache guard's NaN rows");
   result.workspace_bytes += copies.bytes();
   return result;
 }

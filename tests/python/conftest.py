@@ -69,3 +69,29 @@ def assert_accurate(got, ref64, low=None, factor=2.0, rel=1e-5, floor=1e-6):
 @pytest.fixture
 def rng():
     return np.random.default_rng()
+
+
+def page_keys(k, v, cu_k, page_size, rng):
+    """Varlen keys and values (total_k, Hk, D) paged as flash_attn_varlen_func's block_table
+    takes them: sequence b's key j in row j % page_size of its page j // page_size, the pages
+    in a random order among two spare ones, NaN in every page row that holds no key, and an
+    index outside the pages in every block-table slot past a sequence's keys (a call that reads
+    either gives NaN). Returns (k_pages, v_pages, block_table int32 (B, max_pages))."""
+    cu_k = [int(x) for x in cu_k]
+    lens = [b - a for a, b in zip(cu_k, cu_k[1:])]
+    counts = [-(-n // page_size) for n in lens]
+    max_pages = max(counts, default=0) + 1
+    num_pages = sum(counts) + 2
+    order = iter(rng.permutation(num_pages))
+    shape = (num_pages, page_size) + tuple(k.shape[1:])
+    k_pages, v_pages = np.full(shape, np.nan, k.dtype), np.full(shape, np.nan, v.dtype)
+    table = np.full((len(lens), max_pages), num_pages + 7, np.int32)
+    table[:, ::2] = -3
+    for b, n in enumerate(lens):
+        for slot in range(counts[b]):
+            page = next(order)
+            table[b, slot] = page
+            rows = slice(cu_k[b] + slot * page_size, cu_k[b] + min(n, (slot + 1) * page_size))
+            count = rows.stop - rows.start
+            k_pages[page, :count], v_pages[page, :count] = k[rows], v[rows]
+    return k_pages, v_pages, table

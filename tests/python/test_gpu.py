@@ -6,7 +6,7 @@ Sq != Sk both ways; the packed and varlen functions with gradients; torch.compil
 through the backward; CUDA-graph capture and replay of the forward and of forward + backward;
 the current stream; the deterministic backward; dropout (the CUDA backward replaying the CPU
 forward's mask today, the CUDA forward itself once the library has it); a training step
-against SDPA; CuPy arrays through DLPack.
+against SDPA; CuPy arrays through DLPack; paged varlen keys (block_table).
 
 The accuracy rule (docs/SPEC.md, as src/reference applies it): against float64, the largest error
 of an output must be at most 2x (gradients: 3x) the largest error of a plain implementation
@@ -14,6 +14,9 @@ in the same low precision (scores, probabilities and products rounded to the dty
 step) on the same inputs, plus a floor: 1e-4 (fp16) / 5e-4 (bf16), and for gradients at least
 one unit in the last place of the call's largest gradient.
 """
+import os
+
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the GPU tests need it")
@@ -24,6 +27,7 @@ import flashattn  # noqa: E402
 from flashattn import (_C, flash_attn_func, flash_attn_kvpacked_func,  # noqa: E402
                        flash_attn_qkvpacked_func, flash_attn_varlen_func,
                        flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
+from conftest import page_keys  # noqa: E402
 from torch_reference import attention_reference  # noqa: E402
 
 pytestmark = [
@@ -319,6 +323,39 @@ def test_varlen_functions_with_gradients(dtype):
     rq, rk, rv = torch.autograd.grad(ref, (q2, k2, v2), dout)
     torch.testing.assert_close(dq, rq, rtol=0, atol=0)
     torch.testing.assert_close(dkv, torch.stack((rk, rv), 1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("page_size,d", [(1, 64), (3, 128), (16, 256), (256, 96)],
+                         ids=lambda x: str(x))
+def test_varlen_paged_vs_float64(dtype, page_size, d):
+    """block_table on CUDA (the sm80 kernel's paged variant): float64's accuracy with pages in a
+    random order and NaN wherever no key is (conftest.page_keys), the dense call's values, and
+    a backward refused naming block_table."""
+    lens_q, lens_k = [5, 0, 200, 64, 1, 97], [17, 3, 200, 0, 33, 130]
+    h, hk = 4, 2
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+    q = make((sum(lens_q), h, d), dtype, True)
+    k, v = make((sum(lens_k), hk, d), dtype), make((sum(lens_k), hk, d), dtype)
+    pages = page_keys(k.float().cpu().numpy(), v.float().cpu().numpy(), cu_k.tolist(),
+                      page_size, np.random.default_rng())
+    k_pages, v_pages = (torch.from_numpy(a).to("cuda", dtype) for a in pages[:2])
+    table = torch.from_numpy(pages[2]).cuda()
+    out, lse, _ = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q),
+                                         max(lens_k), causal=True, block_table=table,
+                                         return_attn_probs=True)
+    out64, _, out_low, _ = references(varlen_reference(cu_q, cu_k, True), (q, k, v), None)
+    check_forward(out, out64, out_low, dtype)
+    assert lse.shape == (h, sum(lens_q))
+    # The dense call takes the same sm80 kernel (the same tiles, so the same bits) at head dims
+    # up to 64 unless the sm90 kernel is forced (on Hopper it takes the larger ones).
+    if d <= 64 and os.environ.get("FLASHATTN_CUDA_FORWARD") != "sm90":
+        dense = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                       causal=True)
+        torch.testing.assert_close(out, dense, rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        out.sum().backward()
 
 
 # ---------------------------------------------------------------------------- streams, graphs

@@ -8,7 +8,7 @@ import flashattn
 from flashattn import (_C, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                        flash_attn_varlen_qkvpacked_func)
-from conftest import assert_accurate, reference
+from conftest import assert_accurate, page_keys, reference
 
 FEATURES = [
     dict(),
@@ -141,6 +141,36 @@ def test_varlen_matches_per_sequence(rng, causal):
         np.testing.assert_array_equal(np.isfinite(lse[:, qs]), np.isfinite(ref_lse[0]))
 
 
+@pytest.mark.parametrize("page_size", [1, 3, 16, 256])
+@pytest.mark.parametrize("features", [dict(), dict(causal=True), dict(window_size=(6, 2)),
+                                      dict(softcap=4.0, alibi=True)], ids=str)
+def test_varlen_paged_equals_dense_and_matches_per_sequence(rng, page_size, features):
+    """flash_attn_varlen_func with block_table: the same keys paged (random page order, NaN
+    wherever no key is) give the dense call's bits on the CPU (the engine loads the same key
+    tiles) and each sequence matches the float64 reference."""
+    lens_q, lens_k = [5, 0, 31, 12, 1], [9, 4, 31, 0, 40]
+    h, hk, d = 4, 2, 32
+    q, k, v, cu_q, cu_k = varlen_batch(rng, lens_q, lens_k, h, hk, d)
+    k_pages, v_pages, table = page_keys(k, v, cu_k, page_size, rng)
+    kw = dict(features)
+    alibi = (rng.random(h) * 0.4 + 0.05).astype(np.float32) if kw.pop("alibi", False) else None
+    dense = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                   alibi_slopes=alibi, **kw)
+    out, lse, _ = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q),
+                                         max(lens_k), alibi_slopes=alibi, block_table=table,
+                                         return_attn_probs=True, **kw)
+    np.testing.assert_array_equal(out, dense)
+    window = kw.pop("window_size", (-1, -1))
+    for bi in range(len(lens_q)):
+        qs, ks = slice(cu_q[bi], cu_q[bi + 1]), slice(cu_k[bi], cu_k[bi + 1])
+        if lens_q[bi] == 0:
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ref, _ = reference(q[None, qs], k[None, ks], v[None, ks], window=window, alibi=alibi,
+                               **kw)
+        assert_accurate(out[qs], ref[0])
+
+
 def test_varlen_packed_variants_are_views(rng, monkeypatch):
     lens = [7, 19, 1]
     h, d = 2, 16
@@ -216,10 +246,14 @@ def test_bad_window_and_dropout_are_value_errors(rng):
         flash_attn_func(q, k, v, window_size=(-3, 0))
 
 
-def test_block_table_is_not_implemented(rng):
-    q, k, v, cu_q, cu_k = varlen_batch(rng, [3], [3], 2, 2, 8)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        flash_attn_varlen_func(q, k, v, cu_q, cu_k, 3, 3, block_table=cu_q)
+def test_paged_block_table_out_of_range_is_a_value_error(rng):
+    q, k, v, cu_q, cu_k = varlen_batch(rng, [3, 4], [5, 2], 2, 2, 8)
+    k_pages, v_pages, table = page_keys(k, v, cu_k, 2, rng)
+    table[1, 0] = k_pages.shape[0]
+    with pytest.raises(ValueError, match=r"^block_table: expected page indices in \[0, num_pages"):
+        flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 4, 5, block_table=table)
+    with pytest.raises(ValueError, match=r"^v: expected 4 dimensions"):
+        flash_attn_varlen_func(q, k_pages, v, cu_q, cu_k, 4, 5, block_table=table)
 
 
 def test_low_level_error_leaves_outputs_untouched(rng):

@@ -1,5 +1,6 @@
 """PyTorch on the CPU: outputs and gradients against float64 and SDPA's math backend, autograd,
 dropout seeding, custom-op checks, torch.compile(fullgraph=True), a small training step."""
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the torch tests need it")
@@ -10,6 +11,7 @@ import torch.nn.functional as F  # noqa: E402
 from flashattn import (_C, flash_attn_func, flash_attn_kvpacked_func,  # noqa: E402
                        flash_attn_qkvpacked_func, flash_attn_varlen_func,
                        flash_attn_varlen_qkvpacked_func)
+from conftest import page_keys  # noqa: E402
 from torch_reference import attention_reference  # noqa: E402
 
 FEATURES = [
@@ -229,6 +231,62 @@ def test_varlen_forward_backward_vs_float64():
     torch.testing.assert_close(packed, unpacked, rtol=0, atol=0)
 
 
+def paged_batch(lens_q, lens_k, h, hk, d, page_size, grad):
+    """A varlen batch and its keys paged (conftest.page_keys), as torch tensors."""
+    cu_q = torch.tensor([0] + lens_q).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k).cumsum(0).to(torch.int32)
+    q, k, v = make((sum(lens_q), h, d), grad=grad), make((sum(lens_k), hk, d), grad=grad), \
+        make((sum(lens_k), hk, d), grad=grad)
+    pages = page_keys(k.detach().numpy(), v.detach().numpy(), cu_k.tolist(), page_size,
+                      np.random.default_rng())
+    k_pages, v_pages, table = (torch.from_numpy(a) for a in pages)
+    return q, k, v, cu_q, cu_k, k_pages.requires_grad_(grad), v_pages.requires_grad_(grad), table
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16, 256])
+def test_varlen_paged_forward_vs_float64_and_backward_refused(page_size):
+    """block_table: the paged forward runs on inputs that require grad (as upstream's), matches
+    float64 and the dense call's bits, and a backward through it raises, naming block_table."""
+    lens_q, lens_k = [7, 0, 25, 12], [11, 5, 25, 0]
+    h, hk, d = 4, 2, 32
+    q, k, v, cu_q, cu_k, k_pages, v_pages, table = paged_batch(lens_q, lens_k, h, hk, d,
+                                                               page_size, grad=True)
+    out, lse, _ = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q),
+                                         max(lens_k), causal=True, block_table=table,
+                                         return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (h, q.shape[0]) and out.requires_grad
+    dense, dense_lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                 causal=True, return_attn_probs=True)
+    torch.testing.assert_close(out, dense, rtol=0, atol=0)
+    torch.testing.assert_close(lse, dense_lse, rtol=0, atol=0)
+    pieces = []
+    for bi in range(len(lens_q)):
+        qs, ks = slice(cu_q[bi], cu_q[bi + 1]), slice(cu_k[bi], cu_k[bi + 1])
+        o, _ = attention_reference(q.detach().double()[None, qs], k.detach().double()[None, ks],
+                                   v.detach().double()[None, ks], causal=True)
+        pieces.append(o[0])
+    rel_close(out, torch.cat(pieces), name="out")
+    with pytest.raises(NotImplementedError, match=r"^block_table: expected None for a backward"):
+        out.sum().backward()
+    with torch.no_grad():
+        again = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q), max(lens_k),
+                                       causal=True, block_table=table)
+    torch.testing.assert_close(again, dense, rtol=0, atol=0)
+
+
+def test_varlen_paged_errors_carry_the_library_message():
+    q, k, v, cu_q, cu_k, k_pages, v_pages, table = paged_batch([3, 4], [5, 2], 2, 2, 8, 2,
+                                                               grad=False)
+    table[0, 1] = -2
+    with pytest.raises(ValueError, match=r"^block_table: expected page indices"):
+        flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 4, 5, block_table=table)
+    with pytest.raises(ValueError, match=r"^v: expected 4 dimensions"):
+        flash_attn_varlen_func(q, k_pages, v, cu_q, cu_k, 4, 5, block_table=table)
+    with pytest.raises(TypeError, match=r"^block_table: expected dtype int32"):
+        flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 4, 5,
+                               block_table=table.to(torch.float32))
+
+
 def test_errors_carry_the_library_message():
     q, k = make((1, 8, 4, 32)), make((1, 8, 3, 32))
     with pytest.raises(ValueError, match=r"^k: expected .*given"):
@@ -252,6 +310,33 @@ def test_errors_carry_the_library_message():
 def test_opcheck(op, args):
     """Schema, fake implementation, autograd registration and AOT dispatch of the custom ops."""
     torch.library.opcheck(getattr(torch.ops.flashattn, op).default, args())
+
+
+def paged_opcheck_args():
+    q, _, _, cu_q, cu_k, k_pages, v_pages, table = paged_batch([5, 7], [9, 6], 2, 2, 16, 4,
+                                                               grad=False)
+    return (q, k_pages, v_pages, cu_q, cu_k, 7, 9, 0.0, 0.5, True, -1, -1, 0.0, None, False,
+            table)
+
+
+def test_opcheck_paged():
+    """The paged form of varlen_fwd (block_table given; inputs without grad: no backward)."""
+    torch.library.opcheck(torch.ops.flashattn.varlen_fwd.default, paged_opcheck_args())
+
+
+def test_torch_compile_fullgraph_paged_varlen():
+    """A paged varlen call (inference: no grad) is one node of a full graph."""
+    torch._dynamo.reset()
+    q, k, v, cu_q, cu_k, k_pages, v_pages, table = paged_batch([5, 9], [12, 3], 4, 2, 16, 8,
+                                                               grad=False)
+
+    def step(q, k_pages, v_pages, table):
+        return flash_attn_varlen_func(q * 2, k_pages, v_pages, cu_q, cu_k, 9, 12, causal=True,
+                                      block_table=table)
+
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k_pages, v_pages, table)
+    want = flash_attn_varlen_func(q * 2, k, v, cu_q, cu_k, 9, 12, causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -70,9 +70,19 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t sha
                : "r"(shared_src));
 }
 
-// Plain shared/global moves, for the epilogue.
+// Plain shared/global moves, for the epilogue and the paged forward's page tables.
 __device__ __forceinline__ void st_shared_32(uint32_t shared_dst, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(shared_dst), "r"(value));
+}
+__device__ __forceinline__ uint32_t ld_shared_32(uint32_t shared_src) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(shared_src));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_shared_64(uint32_t shared_src) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(shared_src));
+  return v;
 }
 __device__ __forceinline__ void st_shared_128(uint32_t shared_dst, uint4 value) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_dst), "r"(value.x),

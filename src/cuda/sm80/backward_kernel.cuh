@@ -358,8 +358,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int n_block = tile_rank(p.heads_k), hk = tile_head(p.heads_k), b = tile_batch();
   const SequenceView seq = sequence_view(p, b);
   // Keys past seqused_k take no part but are still this CTA's to write (with zeros).
-  const int64_t stored_k =
-      p.is_varlen() ? int64_t{p.cu_seqlens_k[b + 1]} - p.cu_seqlens_k[b] : seq.seqlen_k;
+  const int64_t stored_k = seq.rows_k;
   const int64_t j0 = int64_t{n_block} * kBlockN;
   if (j0 >= stored_k) return;
   const int64_t keys_here = seq.seqlen_k - j0 < 0 ? 0

@@ -63,8 +63,27 @@ template <typename E> struct TunedForward<E, 256> {
                                          ForwardConfig<E, 256, 32, 4, 1, false>>;
 };
 
-// Defined once per (dtype, bucket) in its own generated file, so the kernels compile in parallel.
-template <typename Element, int kHeadDim>
+template <typename... Configs>
+Candidates<PagedForwardConfig<Configs>...> paged_candidates(Candidates<Configs...>) {
+  return {};
+}
+
+// The first tuned shape that fits the device (its paged variant for paged keys and values,
+// whose page tables can make a smaller shape the first that fits): the body of every
+// generated instantiation.
+template <typename Element, int kHeadDim, bool kPaged>
+void launch_tuned_forward(const ForwardParams& params) {
+  using Configs = typename TunedForward<Element, kHeadDim>::Configs;
+  const auto launch = [&](auto config) { launch_forward<decltype(config)>(params); };
+  if constexpr (kPaged)
+    launch_first_fitting(paged_candidates(Configs{}), params.head_dim, "forward", launch);
+  else
+    launch_first_fitting(Configs{}, params.head_dim, "forward", launch);
+}
+
+// Defined once per (dtype, bucket, paged) in its own generated file, so the kernels compile in
+// parallel (src/cuda/instantiate/sm80_forward.cu.in, sm80_forward_paged.cu.in).
+template <typename Element, int kHeadDim, bool kPaged>
 void run_forward(const ForwardParams& params);
 
 }  // namespace flashattn::detail::cuda::sm80

@@ -13,6 +13,9 @@
 //   O += P V           P reused from the S accumulators as the A operand (never stored),
 //                      V via ldmatrix.trans, each V fragment feeding kMTiles MMAs
 //
+// Paged keys and values (ForwardParams::block_table) take a variant of each configuration
+// (PagedForwardConfig) whose K/V rows are each copied from their own page.
+//
 // Shared-memory rows are padded by 16 bytes: ldmatrix then reads 8 rows whose 16-byte chunks
 // fall in 8 different bank groups, without the swizzle a power-of-two row would need, and any
 // head-dim bucket works. Head dims are rounded up to the bucket; the padding columns are
@@ -56,8 +59,22 @@ struct ForwardConfig {
   static constexpr int kSharedBytes =
       (kBlockM + kKvStages * 2 * kBlockN) * kRowStride * static_cast<int>(sizeof(Element));
   static constexpr int kMaxSharedBytes = kSharedBytes;  // what the device must allow
+  static constexpr bool kPaged = false;
   static_assert(kHeadDim % 32 == 0 && kBlockN % 16 == 0, "tile shapes");
   static_assert(kKvStages == 1 || kKvStages == 2, "K/V stages");
+};
+
+// The variant of a configuration for paged keys and values: the same tiles and shared memory.
+// Per K/V block the CTA looks each key's page up once (write_page_table in the kernel) and
+// writes its row's K and V element offsets into the 16 bytes of padding of a shared-memory row
+// (what no copy or ldmatrix touches), where every copy of that row reads them. A thread's
+// rows kept in registers instead, or the K/V base pointers, spilled the hdim-64 kernel, which
+// has no register to spare across its loop (ptxas, sm_90a).
+template <typename Cfg>
+struct PagedForwardConfig : Cfg {
+  static constexpr bool kPaged = true;
+  static_assert(Cfg::kRowStride - Cfg::kHeadDim == 8 && sizeof(typename Cfg::Element) == 2,
+                "16 bytes of padding per row hold a row's two offsets");
 };
 
 // kGeneral: softcap, ALiBi, a non-positive scale or dropout may occur. Without them (the
@@ -100,6 +117,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                      seq.k_row0 * p.k_row_stride + hk * p.k_head_stride;
   const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride +
                      seq.k_row0 * p.v_row_stride + hk * p.v_head_stride;
+  constexpr bool kPaged = Cfg::kPaged;  // k and v unused: rows are found by write_page_table
 
   const KeyRange keys = visible_keys_of_rows(m0, m0 + rows_here, seq.seqlen_q, seq.seqlen_k,
                                              p.window_left, p.window_right);
@@ -122,8 +140,55 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // Prologue: Q and the first K block (and V block, double-buffered). Double-buffered, K and
   // V then load through per-thread cursors (this thread's first chunk of the next tile),
   // advanced a block at a time, copy by copy (TileLoader::load_copy).
-  const TileLoader<Cfg, kBlockN, Cfg::kL2Prefetch> k_loader(p.head_dim), v_loader(p.head_dim_v);
+  using KvLoader = TileLoader<Cfg, kBlockN, Cfg::kL2Prefetch>;
+  const KvLoader k_loader(p.head_dim), v_loader(p.head_dim_v);
   TileLoader<Cfg, kBlockM>(p.head_dim).load(sQ_address, q, p.q_row_stride, rows_here);
+
+  // kPaged: block n's offsets ("page table") are in the padding of the rows of stage n % 2 of
+  // the K/V region (double-buffered: K stage 0 or 1; single-buffered: the K or the V stage),
+  // row t holding key t's K and V element offsets (head hk included; -1: no row to read). The
+  // CTA writes them (write_page_table) a barrier before any copy of block n reads them, and
+  // after every copy of block n - 2 has: in the prologue (blocks 0 and 1) or at the top of a
+  // step (after its barrier: block n + 2; single-buffered n + 1, whose K copies follow the
+  // step's second barrier). The block table's values are the caller's and unchecked on the
+  // GPU: the keys are bounded by its width (sequence_view), and a page index outside
+  // [0, num_pages) is never dereferenced: its row is zero-filled and a flag (in the padding of
+  // Q's row 0) set, which turns this CTA's rows of out and lse to NaN (docs/SPEC.md), so that
+  // the bug shows.
+  const auto page_entry = [&](int n, int t) {
+    return sK_address + (n & 1) * kStageBytes + (t * kRowStride + kHeadDim) * kElementBytes;
+  };
+  const uint32_t bad_page_flag = sQ_address + kHeadDim * kElementBytes;
+  const auto write_page_table = [&](int n) {
+    for (int t = threadIdx.x; t < kBlockN; t += Cfg::kThreads) {
+      const int64_t j = keys.begin + int64_t{n} * kBlockN + t;
+      int64_t k_offset = -1, v_offset = -1;
+      if (j < keys.end) {
+        const PagedRow at = paged_row(p, b, j);
+        if (page_exists(p, at.page)) {
+          k_offset = at.page * p.k_batch_stride + at.row * p.k_row_stride + hk * p.k_head_stride;
+          v_offset = at.page * p.v_batch_stride + at.row * p.v_row_stride + hk * p.v_head_stride;
+        } else {
+          ptx::st_shared_32(bad_page_flag, 1);
+        }
+      }
+      ptx::st_shared_128(page_entry(n, t),
+                         make_uint4(static_cast<uint32_t>(k_offset), static_cast<uint32_t>(k_offset >> 32),
+                                    static_cast<uint32_t>(v_offset), static_cast<uint32_t>(v_offset >> 32)));
+    }
+  };
+  // Copy i of this thread's share of block n's K (kv = 0) or V (kv = 1) tile.
+  const auto paged_copy = [&](const KvLoader& loader, uint32_t tile, int kv, int n, int i) {
+    const int t = loader.row + (i / KvLoader::kColumnPasses) * KvLoader::kRowsPerPass;
+    const uint2 words = ptx::ld_shared_64(page_entry(n, t) + kv * 8);
+    const int64_t offset = static_cast<int64_t>((uint64_t{words.y} << 32) | words.x);
+    const Element* base = static_cast<const Element*>(kv == 0 ? p.k : p.v);
+    loader.load_copy_row(tile, base + (offset < 0 ? 0 : offset) + loader.chunk * 8, offset >= 0, i);
+  };
+  const auto load_paged = [&](const KvLoader& loader, uint32_t tile, int kv, int n) {
+#pragma unroll
+    for (int i = 0; i < KvLoader::kCopies; ++i) paged_copy(loader, tile, kv, n, i);
+  };
   const Element* k_next = k_loader.thread_source(k + keys.begin * p.k_row_stride, p.k_row_stride);
   const Element* v_next = v_loader.thread_source(v + keys.begin * p.v_row_stride, p.v_row_stride);
   const int64_t k_block_stride = kBlockN * p.k_row_stride, v_block_stride = kBlockN * p.v_row_stride;
@@ -137,7 +202,15 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     cursor += block_stride;
   };
   if (n_blocks > 0) {
-    if (kDoubleBuffered) {
+    if constexpr (kPaged) {  // n_blocks is the same for the whole CTA
+      if (threadIdx.x == 0) ptx::st_shared_32(bad_page_flag, 0);
+      __syncthreads();
+      write_page_table(0);
+      if (kDoubleBuffered && n_blocks > 1) write_page_table(1);
+      __syncthreads();
+      load_paged(k_loader, sK_address, 0, 0);
+      if (kDoubleBuffered) load_paged(v_loader, sV_address, 1, 0);
+    } else if (kDoubleBuffered) {
       load_first_block(k_loader, sK_address, k_next, p.k_row_stride, k_block_stride);
       load_first_block(v_loader, sV_address, v_next, p.v_row_stride, v_block_stride);
     } else {
@@ -202,8 +275,17 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     // Single-buffered: V(n) at once (TileLoader::load_copy says why). Double-buffered: K(n + 1)
     // and V(n + 1) into the other stage, spread copy by copy over the k-steps of S = Q K^T.
     if (!kDoubleBuffered) {
-      v_loader.load(sV_address, v + j0 * p.v_row_stride, p.v_row_stride, keys.end - j0);
+      if constexpr (kPaged)
+        load_paged(v_loader, sV_address, 1, n);
+      else
+        v_loader.load(sV_address, v + j0 * p.v_row_stride, p.v_row_stride, keys.end - j0);
       ptx::cp_async_commit();
+    }
+    // Paged: block n + 2's offsets over block n's, whose copies (issued in step n - 1) read
+    // them before the barrier above; single-buffered, block n + 1's over block n - 1's.
+    if constexpr (kPaged) {
+      const int next = n + (kDoubleBuffered ? 2 : 1);
+      if (next < n_blocks) write_page_table(next);
     }
     const bool copies_now = kDoubleBuffered && n + 1 < n_blocks;
     const int k_rows_left = k_loader.rows_left(keys.end - (j0 + kBlockN));
@@ -213,11 +295,17 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
       for (int i = 0; i < kKCopies + kVCopies; ++i) {
         if (!copies_now || i * kKSteps / (kKCopies + kVCopies) != kk) continue;
-        if (i < kKCopies)
+        if constexpr (kPaged) {
+          if (i < kKCopies)
+            paged_copy(k_loader, sK_address + (stage ^ 1) * kStageBytes, 0, n + 1, i);
+          else
+            paged_copy(v_loader, sV_address + (stage ^ 1) * kStageBytes, 1, n + 1, i - kKCopies);
+        } else if (i < kKCopies) {
           k_loader.load_copy(sK_address + (stage ^ 1) * kStageBytes, k_next, p.k_row_stride, k_rows_left, i);
-        else
+        } else {
           v_loader.load_copy(sV_address + (stage ^ 1) * kStageBytes, v_next, p.v_row_stride, v_rows_left,
                              i - kKCopies);
+        }
       }
     };
     if (kQInRegisters && n == 0) {  // Q fragments once, for the whole head dim
@@ -289,7 +377,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       __syncthreads();  // V(n) has landed, and every warp is done with K(n)
       if (n + 1 < n_blocks) {
         const int64_t j1 = j0 + kBlockN;
-        k_loader.load(sK_address, k + j1 * p.k_row_stride, p.k_row_stride, keys.end - j1);
+        if constexpr (kPaged)
+          load_paged(k_loader, sK_address, 0, n + 1);
+        else
+          k_loader.load(sK_address, k + j1 * p.k_row_stride, p.k_row_stride, keys.end - j1);
       }
       ptx::cp_async_commit();
     }
@@ -347,6 +438,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     ptx::cp_async_wait<0>();
     __syncthreads();
   }
+  // The flag's last writes came a barrier before (block n's table is written in the prologue
+  // or in step n - 2 (n - 1 single-buffered), ahead of step n - 1's (second) barrier).
+  const bool bad_page = kPaged && n_blocks > 0 && ptx::ld_shared_32(bad_page_flag) != 0;
   __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
@@ -355,8 +449,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       float l = row_sum[mt][r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      // A row that saw no key: out = 0.
-      const float inv = l == 0.0f ? 0.0f : (dropout ? rng.scale : 1.0f) / l;
+      // A row that saw no key: out = 0. A page index out of range: NaN.
+      const float inv = kPaged && bad_page ? NAN : l == 0.0f ? 0.0f : (dropout ? rng.scale : 1.0f) / l;
       const uint32_t row_address =
           sQ_address + ((warp_row0 + mt * 16 + quad_row + r * 8) * kRowStride + quad_col) * kElementBytes;
 #pragma unroll
@@ -366,8 +460,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const int64_t i = row_of(mt, r);
       if (p.lse != nullptr && lane % 4 == 0 && i < seq.seqlen_q)
         p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.q_row0 + i] =
-            l == 0.0f ? -INFINITY
-                      : (row_max[mt][r] * exp_scale + log2f(l)) * 0.6931471805599453f;
+            kPaged && bad_page ? NAN
+            : l == 0.0f        ? -INFINITY
+                               : (row_max[mt][r] * exp_scale + log2f(l)) * 0.6931471805599453f;
     }
   __syncwarp();
   constexpr int kWarpRows = 16 * kMTiles;
@@ -385,7 +480,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
 }
 
-// Launches the kernel for one (dtype, head-dim bucket) configuration.
+// Launches the kernel for one (dtype, head-dim bucket) configuration (paged or not).
 template <typename Cfg>
 void launch_forward(const ForwardParams& p) {
   const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr ||

@@ -102,15 +102,24 @@ struct TileLoader {
   // i % kColumnPasses.
   __device__ __forceinline__ void load_copy(uint32_t tile, const typename Cfg::Element* thread_src,
                                             int64_t row_stride, int rows_left, int i) const {
+    const int r = i / kColumnPasses;
+    load_copy_row(tile, thread_src + r * kRowsPerPass * row_stride, r * kRowsPerPass < rows_left, i);
+  }
+
+  // Copy i as load_copy makes it, from `row_src`, this thread's first chunk of the row of copy
+  // i (row pass i / kColumnPasses), read only when `row_valid`: for tiles whose rows are not
+  // a fixed stride apart (paged keys and values, each row in a page of its own).
+  __device__ __forceinline__ void load_copy_row(uint32_t tile, const typename Cfg::Element* row_src,
+                                                bool row_valid, int i) const {
     constexpr uint32_t kElementBytes = sizeof(typename Cfg::Element);
     const int r = i / kColumnPasses, c = i % kColumnPasses;
     if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && c == kColumnPasses - 1 &&
         chunk + c * kThreadsPerRow >= Cfg::kChunksPerRow)
       return;  // no chunk of this thread in the last column pass (see load_thread)
-    const bool valid = r * kRowsPerPass < rows_left && ((column_valid >> c) & 1u);
+    const bool valid = row_valid && ((column_valid >> c) & 1u);
     ptx::cp_async_16<kL2PrefetchBytes>(
         tile + ((row + r * kRowsPerPass) * Cfg::kRowStride + (chunk + c * kThreadsPerRow) * 8) * kElementBytes,
-        thread_src + r * kRowsPerPass * row_stride + c * kThreadsPerRow * 8, valid);
+        row_src + c * kThreadsPerRow * 8, valid);
   }
 };
 

@@ -132,7 +132,7 @@ __device__ __forceinline__ BackwardBlock backward_block(const ForwardParams& p) 
   blk.b = tile_batch();
   blk.seq = sequence_view(p, blk.b);
   const SequenceView& seq = blk.seq;
-  blk.stored_k = p.is_varlen() ? int64_t{p.cu_seqlens_k[blk.b + 1]} - p.cu_seqlens_k[blk.b] : seq.seqlen_k;
+  blk.stored_k = seq.rows_k;
   blk.j0 = int64_t{n_block} * kBlockN;
   const int64_t left = seq.seqlen_k - blk.j0;
   blk.keys_here = left < 0 ? 0 : (left < kBlockN ? left : kBlockN);
