@@ -164,10 +164,11 @@ run_test() {
 # head-dim buckets, varlen with empty sequences, the stream test and the CUDA validation rules;
 # the sm90 backward's plain calls at each bucket (64, 128, 256), ragged batches, long sequences;
 # the kv-cache's plain decoding, every split count and a NaN kept in its row; and the padded
-# copies of head dims that are not multiples of 8 (forward, ragged, backward, kv-cache); the
+# copies of head dims that are not multiples of 8 (forward, ragged, backward, kv-cache); paged
+# varlen keys and the varlen guards (bad page indices and cu_seqlens on the device); the
 # kv-cache's guards (bad values of each int32 tensor, directly and from a CUDA graph: memcheck
 # shows whether any reaches outside the tensors).
-FWD_FILTER='*FeatureGrid*sliding_softcap*:*FeatureGrid*band_alibi*:EdgeCases.*:Varlen.EmptySequencesAndEveryFeature:Varlen.HeadDimsNotMultiplesOf8:CudaBackend.*:*HeadDims*/40:*HeadDims*/256:*OddHeadDims*/1'
+FWD_FILTER='*FeatureGrid*sliding_softcap*:*FeatureGrid*band_alibi*:EdgeCases.*:Varlen.EmptySequencesAndEveryFeature:Varlen.HeadDimsNotMultiplesOf8:Varlen.PagedEveryPageSizeAndFeature:Varlen.PagedEveryHeadDimBucket:CudaBackend.*:CudaVarlenGuards.*:*HeadDims*/40:*HeadDims*/256:*OddHeadDims*/1'
 BWD_FILTER='*BackwardGrid*causal_softcap*:*BackwardGrid*band_alibiH_*:BackwardEdgeCases.*:*BackwardHeadDims*/0:*BackwardHeadDims*/11:*BackwardOddHeadDims*/1:BackwardVarlen.*:CudaBackward.RunsOnTheGivenStream*:CudaBackward.OddHeadDim*:CudaBackwardErrors.*'
 SM90_BWD_FILTER='*BackwardPlainCalls*/1:*BackwardPlainCalls*/3:*BackwardPlainCalls*/5:*BackwardVarlen*/3:BackwardLong.*:BackwardEdgeCases.*'
 KV_FILTER='KvCachePlain.*:KvCache.EverySplitCountMatchesTheReference:KvCache.NanInOneQueryRowStaysInThatRow:KvCache.AppendStraddlesPagesAndQueriesOutnumberKeys:KvCache.HeadDimsNotMultiplesOf8'

@@ -326,7 +326,7 @@ def test_varlen_functions_with_gradients(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("page_size,d", [(1, 64), (3, 128), (16, 256), (256, 96)],
+@pytest.mark.parametrize("page_size,d", [(1, 64), (3, 128), (16, 256), (256, 96), (5, 59)],
                          ids=lambda x: str(x))
 def test_varlen_paged_vs_float64(dtype, page_size, d):
     """block_table on CUDA (the sm80 kernel's paged variant): float64's accuracy with pages in a
