@@ -312,9 +312,12 @@ struct DenseKeys {
   explicit DenseKeys(const PagedVarlenCall& c) {
     const auto* table = static_cast<const int32_t*>(c.varlen.block_table->data);
     const auto* cu = static_cast<const int32_t*>(c.varlen.cu_seqlens_k.data);
+    const auto* used =
+        c.varlen.seqused_k ? static_cast<const int32_t*>(c.varlen.seqused_k->data) : nullptr;
     const int64_t max_pages = c.varlen.block_table->sizes[1];
+    // Only the keys the call reads: past seqused_k the table may hold any value (-1 here).
     for (int64_t b = 0; b < 2; ++b)
-      for (int64_t j = 0; j < cu[b + 1] - cu[b]; ++j) {
+      for (int64_t j = 0; j < (used ? used[b] : cu[b + 1] - cu[b]); ++j) {
         const int64_t page = table[b * max_pages + j / kPageSize], row = j % kPageSize;
         for (const auto& [dense, paged] : {std::pair{&k_buf, &c.k}, std::pair{&v_buf, &c.v}})
           std::memcpy(static_cast<float*>(dense->data()) + (cu[b] + j) * Hk * D,
