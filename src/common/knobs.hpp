@@ -19,6 +19,7 @@ namespace flashattn::detail::knobs {
 inline constexpr char kCudaForward[] = "FLASHATTN_CUDA_FORWARD";
 inline constexpr char kCudaBackward[] = "FLASHATTN_CUDA_BACKWARD";
 inline constexpr char kCudaSmemLimit[] = "FLASHATTN_CUDA_SMEM_LIMIT";
+inline constexpr char kSm90ForwardLoads[] = "FLASHATTN_SM90_FORWARD_LOADS";
 inline constexpr char kCudaDqAtomics[] = "FLASHATTN_CUDA_DQ_ATOMICS";
 // Read only in tuning builds (-DFLASHATTN_SM80_TUNING=ON).
 inline constexpr char kCudaGrid[] = "FLASHATTN_CUDA_GRID";
@@ -54,6 +55,17 @@ inline KernelFamily forward_family() { return internal::kernel_family(kCudaForwa
 
 // FLASHATTN_CUDA_BACKWARD=sm80 keeps every backward call on the sm80 kernels.
 inline KernelFamily backward_family() { return internal::kernel_family(kCudaBackward, false); }
+
+// FLASHATTN_SM90_FORWARD_LOADS=cp.async keeps the sm90 forward on its cp.async kernel (all
+// threads load, no warp specialisation) where the TMA kernel would run (the tests run the
+// CUDA forward suite both ways; the benchmarks compare them). =tma or unset: the TMA kernel
+// wherever it covers the call.
+inline bool sm90_forward_uses_tma() {
+  const char* set = value(kSm90ForwardLoads);
+  if (set == nullptr || *set == '\0' || std::string_view(set) == "tma") return true;
+  if (std::string_view(set) == "cp.async") return false;
+  throw Error(ErrorCode::InvalidArgument, kSm90ForwardLoads, "tma, cp.async or unset", std::string(set));
+}
 
 // FLASHATTN_CUDA_SMEM_LIMIT=<bytes> lowers the shared memory per block that the launchers
 // take the device to have (never raises it): the tests reach the smaller-tile fallbacks with

@@ -11,7 +11,10 @@
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/tile_order.cuh"
 #include "cuda/devices.hpp"
+#include "common/knobs.hpp"
 #include "cuda/sm90/forward_kernel.cuh"
+#include "cuda/sm90/forward_ws_kernel.cuh"
+#include "cuda/sm90/tensor_maps.hpp"
 
 namespace flashattn::detail::cuda::sm90 {
 
@@ -25,6 +28,18 @@ template <typename E, int kHeadDim>
 struct TunedForward {
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   using Config = ForwardConfig<E, kHeadDim, kBlockN, 2>;
+};
+
+// WsForwardConfig<Element, head dim, keys per block, stages, ping-pong> of the TMA kernel
+// (forward_ws_kernel.cuh): two consumer warpgroups of 64 query rows, two K and two V buffers.
+// 64 and 128: 128-key blocks (S 64 + P 32 + O 32 or 64 registers of the consumers' 240;
+// 80 and 160 KiB of shared memory), the consumers' wgmmas taking turns. 192 and 256: 64-key
+// blocks (O alone is 96 or 128 registers; 144 and 192 KiB) without turns: as in
+// FlashAttention-3, a large O makes the softmax short against the matrix products.
+template <typename E, int kHeadDim>
+struct TunedWsForward {
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
+  using Config = WsForwardConfig<E, kHeadDim, kBlockN, 2, kHeadDim <= 128>;
 };
 
 // Whether the sm90 kernel for Cfg can run here: its sm_90a code is what the current device
@@ -64,6 +79,48 @@ void launch_forward(const ForwardParams& p) {
   const int64_t ctas = tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent;
   kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
       tiles);
+}
+
+// Launches the TMA kernel for a dense call (no cu_seqlens, no block table); false, launching
+// nothing, where it cannot take the call: not dense, its code or shared memory not here,
+// FLASHATTN_SM90_FORWARD_LOADS=cp.async, or tensors TMA cannot describe.
+template <typename Cfg>
+bool launch_forward_ws(const ForwardParams& p) {
+  if (p.is_varlen() || p.is_paged() || !knobs::sm90_forward_uses_tma()) return false;
+  static PerDevice<bool> sm90_code;
+  if (!sm90_code.get([] { return kernel_ptx_version(forward_ws_kernel<Cfg, false>) >= 90; }) ||
+      Cfg::kSharedBytes > shared_bytes_per_block_limit())
+    return false;
+  WsForwardArgs args{};
+  const TiledTensor q{p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch,
+                      p.q_row_stride, p.q_head_stride, p.q_batch_stride};
+  const TiledTensor k{p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_k, p.batch,
+                      p.k_row_stride, p.k_head_stride, p.k_batch_stride};
+  const TiledTensor v{p.v, p.dtype, p.head_dim_v, p.seqlen_k, p.heads_k, p.batch,
+                      p.v_row_stride, p.v_head_stride, p.v_batch_stride};
+  if (!encode_tiled(args.q, q, Cfg::kBlockM) || !encode_tiled(args.k, k, Cfg::kBlockN) ||
+      !encode_tiled(args.v, v, Cfg::kBlockN))
+    return false;
+  static PerDevice<bool> shared_bytes_allowed;
+  shared_bytes_allowed.get([] {
+    allow_shared_bytes(forward_ws_kernel<Cfg, false>, Cfg::kSharedBytes);
+    allow_shared_bytes(forward_ws_kernel<Cfg, true>, Cfg::kSharedBytes);
+    return true;
+  });
+  const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f) ||
+                       p.dropout_p > 0.0f;
+  const auto kernel = general ? forward_ws_kernel<Cfg, true> : forward_ws_kernel<Cfg, false>;
+  ForwardTiles& tiles = args.tiles;
+  tiles.p = p;
+  tiles.m_blocks = static_cast<int32_t>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  tiles.tiles = int64_t{tiles.m_blocks} * p.heads * p.batch;
+  tiles.heads_first = blocks_work_differs(p.window_left, p.window_right) ? 1 : 0;
+  // The grid as for the cp.async kernel (launch_forward).
+  const int64_t persistent = std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
+  const int64_t ctas = tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent;
+  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
+      args);
+  return true;
 }
 
 // Defined once per (dtype, bucket) in its own generated file: runs the call and returns true,

@@ -1,0 +1,402 @@
+// The warp-specialised sm90 (Hopper) forward kernel, FlashAttention-3's design on our own
+// primitives (cuda/sm90/pipeline.cuh, cuda/common/wgmma.cuh).
+//
+// A CTA has three warpgroups. Warpgroup 0 is the producer: it gives most of its registers
+// back (setmaxnreg) and one of its threads issues every load as a TMA copy (cuda/sm90/
+// tensor_maps.hpp) into shared memory: Q once per tile, K and V block after block into rings
+// of kStages buffers, each buffer guarded by a "full" mbarrier (the copy has landed) and an
+// "empty" one (both consumers are done with it). Warpgroups 1 and 2 are the consumers: they
+// take the registers the producer gave back, and each owns 64 of the tile's kBlockM = 128
+// query rows. Per key block n a consumer
+//
+//   waits for K(n) and V(n - 1), then (ping-pong) for its turn at the tensor cores;
+//   issues S(n) = Q K(n)^T and O += P(n - 1) V(n - 1) back to back, and passes the turn on;
+//   waits for S(n) only, releases K(n), and runs block n's mask and online softmax while
+//       its P V still runs (and, with ping-pong, while the other consumer's wgmmas run);
+//   waits for P V, releases V(n - 1), rescales O and turns S(n) into P(n).
+//
+// The turn (two named barriers) makes the consumers issue their wgmmas alternately, so that
+// one's softmax (MUFU and FMA work) overlaps the other's matrix products. The producer runs
+// ahead by up to kStages blocks and into the next tile: its Q waits only for the consumers'
+// epilogue, which stages O through this consumer's own rows of the Q buffer.
+//
+// It takes dense calls (no cu_seqlens, no block table): their tensors are 4-D boxes TMA
+// reads directly, rows past a sequence's end filled with zeros. Every other forward feature
+// as in the cp.async kernel (forward_kernel.cuh, whose Tile and mask code it shares).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/sm90/forward_kernel.cuh"
+#include "cuda/sm90/pipeline.cuh"
+
+namespace flashattn::detail::cuda::sm90 {
+
+template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_>
+struct WsForwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;  // a multiple of 64: whole 128-byte panels
+  static constexpr int kBlockN = kBlockN_;    // keys per block: an N of wgmma.cuh
+  static constexpr int kStages = kStages_;    // K and V buffers each
+  static constexpr bool kPingPong = kPingPong_;
+  static constexpr int kConsumers = 2;        // warpgroups of 64 query rows
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kPanels = kHeadDim / 64;
+  static constexpr int kQBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
+  static constexpr int kTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
+  // 1 KiB to align the base to a swizzle atom, Q, the K and V rings, the barriers.
+  static constexpr int kSharedBytes = 1024 + kQBytes + 2 * kStages * kTileBytes + kBarrierBytes;
+  // Registers per thread: 128 x 24 + 256 x 240 = 64,512 of the 65,536 of the SM.
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kBlockN % 64 == 0 && kBlockN <= 256, "shapes");
+  static_assert(sizeof(Element) == 2, "16-bit elements: 64 of them fill a 128-byte row");
+};
+
+// The kernel's parameters: the three tensor maps (64-byte aligned, read by the TMA unit from
+// the parameter space) and the tiles.
+struct WsForwardArgs {
+  CUtensorMap q, k, v;
+  ForwardTiles tiles;
+};
+
+// The shared-memory carve-up, the same in every thread.
+template <typename Cfg>
+struct WsShared {
+  uint32_t q, k, v;  // shared addresses: Q, then kStages K tiles, then kStages V tiles
+  Mbarrier q_full, q_empty, k_full[Cfg::kStages], k_empty[Cfg::kStages], v_full[Cfg::kStages],
+      v_empty[Cfg::kStages];
+
+  __device__ explicit WsShared(unsigned char* raw) {
+    const uint32_t base = ptx::shared_address(raw);
+    unsigned char* aligned = raw + (((base + 1023) & ~1023u) - base);
+    q = ptx::shared_address(aligned);
+    k = q + Cfg::kQBytes;
+    v = k + Cfg::kStages * Cfg::kTileBytes;
+    auto* words = reinterpret_cast<uint64_t*>(aligned + Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes);
+    q_full = {words++};
+    q_empty = {words++};
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      k_full[s] = {words++};
+      k_empty[s] = {words++};
+      v_full[s] = {words++};
+      v_empty[s] = {words++};
+    }
+  }
+};
+
+// Position in a ring: buffer `stage`, used for the `use`-th time; a full barrier's waiters pass
+// parity use & 1, the producer waiting for the buffer to be empty the opposite one (a fresh
+// barrier counts as having completed the phase before its first).
+struct RingSlot {
+  int stage;
+  uint32_t parity;
+};
+template <int kStages>
+__device__ __forceinline__ RingSlot ring_slot(int iteration) {
+  return {iteration % kStages, static_cast<uint32_t>((iteration / kStages) & 1)};
+}
+
+// The producer thread: every load of every tile of this CTA, in the order the consumers
+// read them, each as soon as its buffer is free.
+template <typename Cfg>
+__device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShared<Cfg>& sh) {
+  const ForwardTiles& tiles = args.tiles;
+  prefetch_tensor_map(&args.q);
+  prefetch_tensor_map(&args.k);
+  prefetch_tensor_map(&args.v);
+  int tile_count = 0, k_iteration = 0, v_iteration = 0;
+  const auto load_kv = [&](const void* map, uint32_t ring, const Mbarrier* full, const Mbarrier* empty,
+                           int& iteration, int64_t row, int head, int batch) {
+    const RingSlot slot = ring_slot<Cfg::kStages>(iteration++);
+    empty[slot.stage].wait(slot.parity ^ 1);
+    full[slot.stage].arrive_expect_bytes(Cfg::kTileBytes);
+    const uint32_t dst = ring + slot.stage * Cfg::kTileBytes;
+#pragma unroll
+    for (int panel = 0; panel < Cfg::kPanels; ++panel)
+      tma_load(dst + panel * Cfg::kBlockN * 128, map, panel * 64, static_cast<int32_t>(row), head, batch,
+               full[slot.stage]);
+  };
+  for (int64_t index = blockIdx.x; index < tiles.tiles; index += gridDim.x) {
+    const Tile<Cfg> tile(tiles, index);
+    if (tile.rows_here <= 0) continue;
+    const int hk = tile.h / tiles.p.group_size();
+    sh.q_empty.wait(static_cast<uint32_t>(tile_count & 1) ^ 1);
+    sh.q_full.arrive_expect_bytes(Cfg::kQBytes);
+#pragma unroll
+    for (int panel = 0; panel < Cfg::kPanels; ++panel)
+      tma_load(sh.q + panel * Cfg::kBlockM * 128, &args.q, panel * 64, static_cast<int32_t>(tile.m0), tile.h,
+               tile.b, sh.q_full);
+    ++tile_count;
+    // K(n) goes a block ahead of V(n - 1): the consumers use them in that order.
+    for (int n = 0; n < tile.n_blocks; ++n) {
+      const int64_t j0 = tile.keys.begin + int64_t{n} * Cfg::kBlockN;
+      load_kv(&args.k, sh.k, sh.k_full, sh.k_empty, k_iteration, j0, hk, tile.b);
+      if (n > 0) load_kv(&args.v, sh.v, sh.v_full, sh.v_empty, v_iteration, j0 - Cfg::kBlockN, hk, tile.b);
+    }
+    if (tile.n_blocks > 0)
+      load_kv(&args.v, sh.v, sh.v_full, sh.v_empty, v_iteration,
+              tile.keys.begin + int64_t{tile.n_blocks - 1} * Cfg::kBlockN, hk, tile.b);
+  }
+}
+
+// The named barriers of the consumers' turn at the tensor cores: consumer c waits on
+// kTurnBarrier + c, and passes the turn by arriving on the other's.
+inline constexpr int kTurnBarrier = 1;
+
+template <typename Cfg, bool kGeneral>
+__device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShared<Cfg>& sh, int consumer) {
+  using Element = typename Cfg::Element;
+  using SMma = ptx::Wgmma<Element, Cfg::kBlockN>;   // S = Q K^T: 64 x kBlockN per warpgroup
+  using OMma = ptx::Wgmma<Element, Cfg::kHeadDim>;  // O += P V: 64 x kHeadDim per warpgroup
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  constexpr int kSTiles = kBlockN / 8;   // n8 tiles of S per row pair
+  constexpr int kOTiles = kHeadDim / 8;  // n8 tiles of O
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int kTurnThreads = 128 * Cfg::kConsumers;
+  const ForwardTiles& tiles = args.tiles;
+  const ForwardParams& p = tiles.p;
+
+  const int thread = static_cast<int>(threadIdx.x) % 128;  // within the warpgroup
+  const int warp = thread / 32, lane = thread % 32;
+  const bool releases = thread == 0;  // one arrival per warpgroup on the empty barriers
+  const int quad_col = (lane % 4) * 2;
+  const auto cta_row = [&](int r) { return consumer * 64 + warp * 16 + lane / 4 + r * 8; };
+  const bool softcap = kGeneral && p.softcap > 0.0f;
+  const bool plain = !kGeneral || (!softcap && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f);
+  const bool dropout = kGeneral && p.dropout_p > 0.0f;
+  const DropoutRng rng = dropout ? make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p) : DropoutRng{};
+  const float exp_scale = plain ? p.softmax_scale * kLog2e : 1.0f;
+  const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+
+  const uint64_t q_desc = ptx::wgmma_descriptor(sh.q + consumer * 64 * 128, 16, 1024);
+  const uint64_t k_desc = ptx::wgmma_descriptor(sh.k, 16, 1024);
+  const uint64_t v_desc = ptx::wgmma_descriptor(sh.v, kBlockN * 128, 1024);
+  const auto panel_step = [](int kk, int rows) -> uint64_t {
+    return static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
+  };
+  const auto take_turn = [&] {
+    if constexpr (Cfg::kPingPong) named_barrier_sync(kTurnBarrier + consumer, kTurnThreads);
+  };
+  const auto pass_turn = [&] {
+    if constexpr (Cfg::kPingPong) named_barrier_arrive(kTurnBarrier + 1 - consumer, kTurnThreads);
+  };
+  const auto issue_pv = [&](float (&o)[kOTiles * 4], const uint32_t (&pf)[kBlockN / 16][4], int stage) {
+    const uint64_t v_stage = v_desc + ((stage * Cfg::kTileBytes) >> 4);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
+  };
+  // Consumer 0 takes the first turn.
+  if (consumer == 1) pass_turn();
+
+  int tile_count = 0, k_iteration = 0, v_iteration = 0;
+  for (int64_t index = blockIdx.x; index < tiles.tiles; index += gridDim.x) {
+    const Tile<Cfg> tile(tiles, index);
+    if (tile.rows_here <= 0) continue;
+    const int64_t m0 = tile.m0;
+    const SequenceView seq = tile.seq;
+    sh.q_full.wait(static_cast<uint32_t>(tile_count & 1));
+
+    float o[kOTiles * 4] = {};
+    float s[kSTiles * 4] = {};
+    uint32_t pf[kBlockN / 16][4] = {};
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+    // Block n's scores in S: softcap and ALiBi, the mask where some row does not see the
+    // block whole, the online softmax (S becomes P, unnormalised) and dropout; returns O's
+    // rescale factors for the two rows.
+    const auto softmax_block = [&](int n, float (&scale_o)[2]) {
+      const int64_t j0 = tile.keys.begin + int64_t{n} * kBlockN;
+      if (!plain) {
+        const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[tile.b * p.alibi_batch_stride + tile.h] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          modify_scores_row<kSTiles>(s, r, score_scale, softcap ? p.softcap : 0.0f, slope,
+                                     static_cast<int>(m0 + cta_row(r) + seq.seqlen_k - seq.seqlen_q - j0), quad_col);
+      }
+      if (n < tile.full_begin || n >= tile.full_end) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          mask_row<kSTiles>(s, r,
+                            block_columns<kBlockN>(visible_keys(m0 + cta_row(r), seq.seqlen_q, seq.seqlen_k,
+                                                                p.window_left, p.window_right),
+                                                   j0),
+                            quad_col);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        scale_o[r] = online_softmax_row<kSTiles>(s, r, row_max[r], row_sum[r], exp_scale);
+        if (dropout)
+          dropout_row<kSTiles>(s, r, rng, tile.b, tile.h, static_cast<uint32_t>(m0 + cta_row(r)), j0, quad_col);
+      }
+    };
+    // P as A fragments of the P V wgmma: the S accumulators of two adjacent n8 tiles are one
+    // 16-key fragment.
+    const auto s_to_p = [&] {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        pf[kk][0] = ptx::pack2<Element>(s[8 * kk + 0], s[8 * kk + 1]);
+        pf[kk][1] = ptx::pack2<Element>(s[8 * kk + 2], s[8 * kk + 3]);
+        pf[kk][2] = ptx::pack2<Element>(s[8 * kk + 4], s[8 * kk + 5]);
+        pf[kk][3] = ptx::pack2<Element>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+    };
+    const auto issue_s = [&](int stage) {
+      const uint64_t k_stage = k_desc + ((stage * Cfg::kTileBytes) >> 4);
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        SMma::ss(s, q_desc + panel_step(kk, kBlockM), k_stage + panel_step(kk, kBlockN), kk > 0);
+    };
+
+    if (tile.n_blocks > 0) {
+      // Block 0: S(0) alone.
+      const RingSlot k_slot = ring_slot<Cfg::kStages>(k_iteration++);
+      sh.k_full[k_slot.stage].wait(k_slot.parity);
+      take_turn();
+      ptx::wgmma_hold(s);
+      ptx::wgmma_fence();
+      issue_s(k_slot.stage);
+      ptx::wgmma_commit();
+      pass_turn();
+      ptx::wgmma_wait<0>();
+      ptx::wgmma_hold(s);
+      if (releases) sh.k_empty[k_slot.stage].arrive();
+      float unused[2];
+      softmax_block(0, unused);  // the first block's rescale is of an O of zeros
+      s_to_p();
+    }
+    // Block n: S(n) and O += P(n - 1) V(n - 1) issued together; the softmax of S(n) runs
+    // while the second (and the other consumer's wgmmas) run.
+    for (int n = 1; n < tile.n_blocks; ++n) {
+      const RingSlot k_slot = ring_slot<Cfg::kStages>(k_iteration++);
+      const RingSlot v_slot = ring_slot<Cfg::kStages>(v_iteration++);  // V(n - 1)
+      sh.k_full[k_slot.stage].wait(k_slot.parity);
+      sh.v_full[v_slot.stage].wait(v_slot.parity);
+      take_turn();
+      ptx::wgmma_hold(s);
+      ptx::wgmma_hold(o);
+      ptx::wgmma_hold(pf);
+      ptx::wgmma_fence();
+      issue_s(k_slot.stage);
+      ptx::wgmma_commit();
+      issue_pv(o, pf, v_slot.stage);
+      ptx::wgmma_commit();
+      pass_turn();
+
+      ptx::wgmma_wait<1>();  // S(n) is done; P V may still run
+      ptx::wgmma_hold(s);
+      float scale_o[2];
+      softmax_block(n, scale_o);
+
+      ptx::wgmma_wait<0>();  // O += P(n - 1) V(n - 1) is done: O, pf and V(n - 1) are free
+      ptx::wgmma_hold(o);
+      ptx::wgmma_hold(pf);
+      if (releases) {
+        sh.k_empty[k_slot.stage].arrive();
+        sh.v_empty[v_slot.stage].arrive();
+      }
+#pragma unroll
+      for (int t = 0; t < kOTiles; ++t) {
+        o[4 * t + 0] *= scale_o[0];
+        o[4 * t + 1] *= scale_o[0];
+        o[4 * t + 2] *= scale_o[1];
+        o[4 * t + 3] *= scale_o[1];
+      }
+      s_to_p();
+    }
+    // The last block's O += P V.
+    if (tile.n_blocks > 0) {
+      const RingSlot v_slot = ring_slot<Cfg::kStages>(v_iteration++);
+      sh.v_full[v_slot.stage].wait(v_slot.parity);
+      take_turn();
+      ptx::wgmma_hold(o);
+      ptx::wgmma_hold(pf);
+      ptx::wgmma_fence();
+      issue_pv(o, pf, v_slot.stage);
+      ptx::wgmma_commit();
+      pass_turn();
+      ptx::wgmma_wait<0>();
+      ptx::wgmma_hold(o);
+      if (releases) sh.v_empty[v_slot.stage].arrive();
+    }
+
+    // Epilogue: out = O / l in the storage dtype, staged in this warp's own 16 rows of the Q
+    // buffer (every wgmma that read them is done), then 16-byte stores; lse as in the
+    // cp.async kernel.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = row_sum[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l == 0.0f ? 0.0f : (dropout ? rng.scale : 1.0f) / l;
+#pragma unroll
+      for (int t = 0; t < kOTiles; ++t)
+        ptx::st_shared_32(sh.q + swizzled_offset<kBlockM>(cta_row(r), t * 8) + quad_col * 2,
+                          ptx::pack2<Element>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv));
+      const int64_t i = m0 + cta_row(r);
+      if (p.lse != nullptr && lane % 4 == 0 && i < seq.seqlen_q)
+        p.lse[tile.b * p.lse_batch_stride + tile.h * p.lse_head_stride + seq.q_row0 + i] =
+            l == 0.0f ? -INFINITY : (row_max[r] * exp_scale + log2f(l)) * 0.6931471805599453f;
+    }
+    __syncwarp();
+    const int warp_row0 = consumer * 64 + warp * 16;
+    Element* out = static_cast<Element*>(p.out) + tile.b * p.out_batch_stride +
+                   (seq.q_row0 + m0 + warp_row0) * p.out_row_stride + tile.h * p.out_head_stride;
+    const int64_t warp_rows_valid = seq.seqlen_q - (m0 + warp_row0);
+    constexpr int kChunksPerRow = kHeadDim / 8;
+#pragma unroll
+    for (int pass = 0; pass < 16 * kChunksPerRow / 32; ++pass) {
+      const int idx = lane + 32 * pass;
+      const int row = idx / kChunksPerRow, col = (idx % kChunksPerRow) * 8;
+      if (row < warp_rows_valid && col < p.head_dim_v)
+        ptx::st_global_128(out + row * p.out_row_stride + col,
+                           ptx::ld_shared_128(sh.q + swizzled_offset<kBlockM>(warp_row0 + row, col)));
+    }
+    // The next tile's Q may overwrite these rows once every warp of both consumers is here;
+    // the fence orders this warp's generic-proxy use of them before the TMA unit's writes.
+    __syncwarp();
+    ptx::fence_proxy_async_shared();
+    if (lane == 0) sh.q_empty.arrive();
+    ++tile_count;
+  }
+  // Consumer 1 passed the turn once more than consumer 0 took it (its first pass_turn had
+  // no turn before it): consumer 0 takes that last one, so both barriers end balanced.
+  if (consumer == 0) take_turn();
+}
+
+template <typename Cfg, bool kGeneral>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __grid_constant__ WsForwardArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char shared_raw[];
+  const WsShared<Cfg> sh(shared_raw);
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  if (threadIdx.x == 0) {
+    sh.q_full.init(1);
+    sh.q_empty.init(4 * Cfg::kConsumers);  // every consumer warp, after its epilogue
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      sh.k_full[s].init(1);
+      sh.v_full[s].init(1);
+      sh.k_empty[s].init(Cfg::kConsumers);
+      sh.v_empty[s].init(Cfg::kConsumers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (warpgroup == 0) {
+    release_registers<Cfg::kProducerRegisters>();
+    if (threadIdx.x == 0) produce<Cfg>(args, sh);
+    return;
+  }
+  claim_registers<Cfg::kConsumerRegisters>();
+  consume<Cfg, kGeneral>(args, sh, warpgroup - 1);
+#else
+  __trap();  // compiled for sm_90a only; the host launches it only where that code is loaded
+#endif
+}
+
+}  // namespace flashattn::detail::cuda::sm90
