@@ -54,6 +54,32 @@ bool runs_here() {
          Cfg::kSharedBytes <= shared_bytes_per_block_limit();
 }
 
+// Both sm90 kernels compile a plain variant (raw dot products, the scale folded into the
+// exponent) and a general one: softcap, ALiBi, a non-positive scale or dropout.
+inline bool needs_general_variant(const ForwardParams& p) {
+  return p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f) || p.dropout_p > 0.0f;
+}
+
+// The tiles of a call with block_m query rows per tile, and their order (tile_order.cuh).
+inline ForwardTiles forward_tiles(const ForwardParams& p, int block_m) {
+  ForwardTiles tiles;
+  tiles.p = p;
+  tiles.m_blocks = static_cast<int32_t>((p.seqlen_q + block_m - 1) / block_m);
+  tiles.tiles = int64_t{tiles.m_blocks} * p.heads * p.batch;
+  tiles.heads_first = blocks_work_differs(p.window_left, p.window_right) ? 1 : 0;
+  return tiles;
+}
+
+// The grid. Without a mask every tile does the same work: one CTA per SM (its registers and
+// shared memory allow no second one) walks its share. Under causal and windowed masks the
+// tiles' work differs, and a static share leaves SMs idle at the end (H200: -3 to -30 % at
+// 512-4k causal): one CTA per tile, started by the hardware as SMs free up (up to the grid's
+// x extent, 2^31 - 1; past it the persistent grid takes those calls too).
+inline unsigned forward_ctas(const ForwardTiles& tiles) {
+  const int64_t persistent = std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
+  return static_cast<unsigned>(tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent);
+}
+
 template <typename Cfg>
 void launch_forward(const ForwardParams& p) {
   static PerDevice<bool> shared_bytes_allowed;  // once per kernel and device
@@ -62,23 +88,9 @@ void launch_forward(const ForwardParams& p) {
     allow_shared_bytes(forward_kernel<Cfg, true>, Cfg::kSharedBytes);
     return true;
   });
-  const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f) ||
-                       p.dropout_p > 0.0f;
-  const auto kernel = general ? forward_kernel<Cfg, true> : forward_kernel<Cfg, false>;
-  ForwardTiles tiles;
-  tiles.p = p;
-  tiles.m_blocks = static_cast<int32_t>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
-  tiles.tiles = int64_t{tiles.m_blocks} * p.heads * p.batch;
-  tiles.heads_first = blocks_work_differs(p.window_left, p.window_right) ? 1 : 0;
-  // Without a mask every tile does the same work: one CTA per SM (its registers and shared
-  // memory allow no second one) walks its share. Under causal and windowed masks the tiles'
-  // work differs, and a static share leaves SMs idle at the end (H200: -3 to -30 % at
-  // 512-4k causal): one CTA per tile, started by the hardware as SMs free up (up to the
-  // grid's x extent, 2^31 - 1; past it the persistent grid takes those calls too).
-  const int64_t persistent = std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
-  const int64_t ctas = tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent;
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
-      tiles);
+  const auto kernel = needs_general_variant(p) ? forward_kernel<Cfg, true> : forward_kernel<Cfg, false>;
+  const ForwardTiles tiles = forward_tiles(p, Cfg::kBlockM);
+  kernel<<<forward_ctas(tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(tiles);
 }
 
 // Launches the TMA kernel for a dense call (no cu_seqlens, no block table); false, launching
@@ -107,18 +119,9 @@ bool launch_forward_ws(const ForwardParams& p) {
     allow_shared_bytes(forward_ws_kernel<Cfg, true>, Cfg::kSharedBytes);
     return true;
   });
-  const bool general = p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f) ||
-                       p.dropout_p > 0.0f;
-  const auto kernel = general ? forward_ws_kernel<Cfg, true> : forward_ws_kernel<Cfg, false>;
-  ForwardTiles& tiles = args.tiles;
-  tiles.p = p;
-  tiles.m_blocks = static_cast<int32_t>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
-  tiles.tiles = int64_t{tiles.m_blocks} * p.heads * p.batch;
-  tiles.heads_first = blocks_work_differs(p.window_left, p.window_right) ? 1 : 0;
-  // The grid as for the cp.async kernel (launch_forward).
-  const int64_t persistent = std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
-  const int64_t ctas = tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent;
-  kernel<<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
+  const auto kernel = needs_general_variant(p) ? forward_ws_kernel<Cfg, true> : forward_ws_kernel<Cfg, false>;
+  args.tiles = forward_tiles(p, Cfg::kBlockM);
+  kernel<<<forward_ctas(args.tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
       args);
   return true;
 }
