@@ -22,14 +22,16 @@ template <int kSTiles>
 __device__ __forceinline__ void modify_scores_row(float* s, int r, float score_scale, float softcap,
                                                   float slope, int diagonal, int quad_col) {
   constexpr float kLog2e = 1.4426950408889634f;
+  // The lane's columns are quad_col + (8 t + e): relative to the quad's first column the
+  // offsets are immediates (a column index per score would hold a register each).
+  const int lane_diagonal = diagonal - quad_col;
 #pragma unroll
   for (int t = 0; t < kSTiles; ++t)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float x = s[4 * t + 2 * r + e] * score_scale;
       if (softcap > 0.0f) x = softcap * tanhf(x) * kLog2e;
-      const int c = t * 8 + quad_col + e;
-      x -= slope * kLog2e * static_cast<float>(abs(diagonal - c));
+      x -= slope * kLog2e * static_cast<float>(abs(lane_diagonal - (t * 8 + e)));
       s[4 * t + 2 * r + e] = x;
     }
 }
@@ -46,15 +48,16 @@ __device__ __forceinline__ BlockColumns block_columns(const KeyRange& visible, i
 }
 
 // Sets row r's scores outside `columns` to -inf (quad_col = 2 (lane % 4)).
+// The bounds are shifted by quad_col rather than each column: the comparisons then take the
+// offsets 8 t + e as immediates.
 template <int kSTiles>
 __device__ __forceinline__ void mask_row(float* s, int r, BlockColumns columns, int quad_col) {
+  const int lo = columns.lo - quad_col, hi = columns.hi - quad_col;
 #pragma unroll
   for (int t = 0; t < kSTiles; ++t)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int c = t * 8 + quad_col + e;
-      if (c < columns.lo || c >= columns.hi) s[4 * t + 2 * r + e] = -INFINITY;
-    }
+    for (int e = 0; e < 2; ++e)
+      if (t * 8 + e < lo || t * 8 + e >= hi) s[4 * t + 2 * r + e] = -INFINITY;
 }
 
 // One key block of row r's online softmax: the new running max (across the quad, in score

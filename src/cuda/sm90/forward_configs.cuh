@@ -110,8 +110,10 @@ bool launch_forward_ws(const ForwardParams& p) {
                       p.k_row_stride, p.k_head_stride, p.k_batch_stride};
   const TiledTensor v{p.v, p.dtype, p.head_dim_v, p.seqlen_k, p.heads_k, p.batch,
                       p.v_row_stride, p.v_head_stride, p.v_batch_stride};
+  const TiledTensor out{p.out, p.dtype, p.head_dim_v, p.seqlen_q, p.heads, p.batch,
+                        p.out_row_stride, p.out_head_stride, p.out_batch_stride};
   if (!encode_tiled(args.q, q, Cfg::kBlockM) || !encode_tiled(args.k, k, Cfg::kBlockN) ||
-      !encode_tiled(args.v, v, Cfg::kBlockN))
+      !encode_tiled(args.v, v, Cfg::kBlockN) || !encode_tiled(args.out, out, kOutBoxRows))
     return false;
   static PerDevice<bool> shared_bytes_allowed;
   shared_bytes_allowed.get([] {
@@ -127,8 +129,9 @@ bool launch_forward_ws(const ForwardParams& p) {
 }
 
 // Defined once per (dtype, bucket) in its own generated file: runs the call and returns true,
-// or returns false (launching nothing) where the kernel cannot run on the current device.
+// or returns false (launching nothing) where the kernel cannot run on the current device,
+// or, with tma_only, where the TMA kernel cannot take the call.
 template <typename Element, int kHeadDim>
-bool run_forward(const ForwardParams& params);
+bool run_forward(const ForwardParams& params, bool tma_only);
 
 }  // namespace flashattn::detail::cuda::sm90

@@ -9,16 +9,19 @@
 // take the registers the producer gave back, and each owns 64 of the tile's kBlockM = 128
 // query rows. Per key block n a consumer
 //
-//   waits for K(n) and V(n - 1), then (ping-pong) for its turn at the tensor cores;
+//   waits for K(n), then (ping-pong) for its turn at the tensor cores;
 //   issues S(n) = Q K(n)^T and O += P(n - 1) V(n - 1) back to back, and passes the turn on;
 //   waits for S(n) only, releases K(n), and runs block n's mask and online softmax while
 //       its P V still runs (and, with ping-pong, while the other consumer's wgmmas run);
-//   waits for P V, releases V(n - 1), rescales O and turns S(n) into P(n).
+//   waits for V(n), then for P V, releases V(n - 1), rescales O and turns S(n) into P(n).
 //
 // The turn (two named barriers) makes the consumers issue their wgmmas alternately, so that
 // one's softmax (MUFU and FMA work) overlaps the other's matrix products. The producer runs
-// ahead by up to kStages blocks and into the next tile: its Q waits only for the consumers'
-// epilogue, which stages O through this consumer's own rows of the Q buffer.
+// ahead by up to kStages blocks and into the next tile. Each warp writes its 16 rows of O
+// into a shared buffer in the swizzled layout and one of its threads stores them with TMA.
+// Where shared memory holds a buffer for O beside Q (head dims up to 192), Q is released
+// after the tile's last S and the next tile's Q loads under the last P V and the epilogue;
+// at 256 O is staged in the warp's own rows of Q, released after the store has read them.
 //
 // It takes dense calls (no cu_seqlens, no block table): their tensors are 4-D boxes TMA
 // reads directly, rows past a sequence's end filled with zeros. Every other forward feature
@@ -50,27 +53,35 @@ struct WsForwardConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
   static constexpr int kTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
-  // 1 KiB to align the base to a swizzle atom, Q, the K and V rings, the barriers.
-  static constexpr int kSharedBytes = 1024 + kQBytes + 2 * kStages * kTileBytes + kBarrierBytes;
+  // 1 KiB to align the base to a swizzle atom, Q, the K and V rings, the barriers, and the
+  // O buffer (as large as Q) where the 227 KiB of an H100/H200 CTA hold it.
+  // The barriers' area is padded to a whole atom when O's buffer follows it.
+  static constexpr int kBaseBytes = 1024 + kQBytes + 2 * kStages * kTileBytes;
+  static constexpr bool kSeparateO = kBaseBytes + 1024 + kQBytes <= 227 * 1024;
+  static_assert(kBarrierBytes <= 1024, "the barriers fit one atom");
+  static constexpr int kSharedBytes = kBaseBytes + (kSeparateO ? 1024 + kQBytes : kBarrierBytes);
   // Registers per thread: 128 x 24 + 256 x 240 = 64,512 of the 65,536 of the SM.
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kBlockN % 64 == 0 && kBlockN <= 256, "shapes");
   static_assert(sizeof(Element) == 2, "16-bit elements: 64 of them fill a 128-byte row");
 };
 
-// The kernel's parameters: the three tensor maps (64-byte aligned, read by the TMA unit from
-// the parameter space) and the tiles.
+// The kernel's parameters: the four tensor maps (64-byte aligned, read by the TMA unit from
+// the parameter space; out's boxes are a warp's 16 rows) and the tiles.
+inline constexpr int kOutBoxRows = 16;
 struct WsForwardArgs {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, out;
   ForwardTiles tiles;
 };
 
-// The shared-memory carve-up, the same in every thread.
+// The shared-memory carve-up, the same in every thread. The barriers are found by arithmetic
+// on one base (a runtime stage indexing an array of pointers would put that array in local
+// memory, and its loads in the main loop).
 template <typename Cfg>
 struct WsShared {
-  uint32_t q, k, v;  // shared addresses: Q, then kStages K tiles, then kStages V tiles
-  Mbarrier q_full, q_empty, k_full[Cfg::kStages], k_empty[Cfg::kStages], v_full[Cfg::kStages],
-      v_empty[Cfg::kStages];
+  uint32_t q, k, v;    // shared addresses: Q, then kStages K tiles, then kStages V tiles
+  uint32_t o;          // O's staging buffer: after the barriers, or Q itself
+  uint64_t* barriers;  // q_full, q_empty, then per stage k_full, k_empty, v_full, v_empty
 
   __device__ explicit WsShared(unsigned char* raw) {
     const uint32_t base = ptx::shared_address(raw);
@@ -78,17 +89,16 @@ struct WsShared {
     q = ptx::shared_address(aligned);
     k = q + Cfg::kQBytes;
     v = k + Cfg::kStages * Cfg::kTileBytes;
-    auto* words = reinterpret_cast<uint64_t*>(aligned + Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes);
-    q_full = {words++};
-    q_empty = {words++};
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      k_full[s] = {words++};
-      k_empty[s] = {words++};
-      v_full[s] = {words++};
-      v_empty[s] = {words++};
-    }
+    barriers = reinterpret_cast<uint64_t*>(aligned + Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes);
+    o = Cfg::kSeparateO ? ptx::shared_address(barriers) + 1024 : q;  // the atom after the barriers
   }
+  __device__ Mbarrier q_full() const { return {barriers}; }
+  __device__ Mbarrier q_empty() const { return {barriers + 1}; }
+  // The ring's barriers: kv = 0 for K, 1 for V.
+  __device__ Mbarrier full(int kv, int stage) const { return {barriers + 2 + 4 * stage + 2 * kv}; }
+  __device__ Mbarrier empty(int kv, int stage) const { return {barriers + 3 + 4 * stage + 2 * kv}; }
 };
+inline constexpr int kKeysRing = 0, kValuesRing = 1;
 
 // Position in a ring: buffer `stage`, used for the `use`-th time; a full barrier's waiters pass
 // parity use & 1, the producer waiting for the buffer to be empty the opposite one (a fresh
@@ -110,37 +120,38 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
   prefetch_tensor_map(&args.q);
   prefetch_tensor_map(&args.k);
   prefetch_tensor_map(&args.v);
+  prefetch_tensor_map(&args.out);
   int tile_count = 0, k_iteration = 0, v_iteration = 0;
-  const auto load_kv = [&](const void* map, uint32_t ring, const Mbarrier* full, const Mbarrier* empty,
-                           int& iteration, int64_t row, int head, int batch) {
+  const auto load_kv = [&](const void* map, uint32_t ring, int kv, int& iteration, int64_t row, int head,
+                           int batch) {
     const RingSlot slot = ring_slot<Cfg::kStages>(iteration++);
-    empty[slot.stage].wait(slot.parity ^ 1);
-    full[slot.stage].arrive_expect_bytes(Cfg::kTileBytes);
+    sh.empty(kv, slot.stage).wait(slot.parity ^ 1);
+    const Mbarrier full = sh.full(kv, slot.stage);
+    full.arrive_expect_bytes(Cfg::kTileBytes);
     const uint32_t dst = ring + slot.stage * Cfg::kTileBytes;
 #pragma unroll
     for (int panel = 0; panel < Cfg::kPanels; ++panel)
-      tma_load(dst + panel * Cfg::kBlockN * 128, map, panel * 64, static_cast<int32_t>(row), head, batch,
-               full[slot.stage]);
+      tma_load(dst + panel * Cfg::kBlockN * 128, map, panel * 64, static_cast<int32_t>(row), head, batch, full);
   };
   for (int64_t index = blockIdx.x; index < tiles.tiles; index += gridDim.x) {
     const Tile<Cfg> tile(tiles, index);
     if (tile.rows_here <= 0) continue;
     const int hk = tile.h / tiles.p.group_size();
-    sh.q_empty.wait(static_cast<uint32_t>(tile_count & 1) ^ 1);
-    sh.q_full.arrive_expect_bytes(Cfg::kQBytes);
+    sh.q_empty().wait(static_cast<uint32_t>(tile_count & 1) ^ 1);
+    sh.q_full().arrive_expect_bytes(Cfg::kQBytes);
 #pragma unroll
     for (int panel = 0; panel < Cfg::kPanels; ++panel)
       tma_load(sh.q + panel * Cfg::kBlockM * 128, &args.q, panel * 64, static_cast<int32_t>(tile.m0), tile.h,
-               tile.b, sh.q_full);
+               tile.b, sh.q_full());
     ++tile_count;
     // K(n) goes a block ahead of V(n - 1): the consumers use them in that order.
     for (int n = 0; n < tile.n_blocks; ++n) {
       const int64_t j0 = tile.keys.begin + int64_t{n} * Cfg::kBlockN;
-      load_kv(&args.k, sh.k, sh.k_full, sh.k_empty, k_iteration, j0, hk, tile.b);
-      if (n > 0) load_kv(&args.v, sh.v, sh.v_full, sh.v_empty, v_iteration, j0 - Cfg::kBlockN, hk, tile.b);
+      load_kv(&args.k, sh.k, kKeysRing, k_iteration, j0, hk, tile.b);
+      if (n > 0) load_kv(&args.v, sh.v, kValuesRing, v_iteration, j0 - Cfg::kBlockN, hk, tile.b);
     }
     if (tile.n_blocks > 0)
-      load_kv(&args.v, sh.v, sh.v_full, sh.v_empty, v_iteration,
+      load_kv(&args.v, sh.v, kValuesRing, v_iteration,
               tile.keys.begin + int64_t{tile.n_blocks - 1} * Cfg::kBlockN, hk, tile.b);
   }
 }
@@ -200,7 +211,14 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     if (tile.rows_here <= 0) continue;
     const int64_t m0 = tile.m0;
     const SequenceView seq = tile.seq;
-    sh.q_full.wait(static_cast<uint32_t>(tile_count & 1));
+    sh.q_full().wait(static_cast<uint32_t>(tile_count & 1));
+    // With a buffer of its own for O, Q is released after the tile's last S = Q K^T (every
+    // warp of both consumers arrives): the next tile's Q then loads under this tile's end.
+    const auto release_q_after_last_s = [&](int n) {
+      if constexpr (Cfg::kSeparateO)
+        if (n == tile.n_blocks - 1 && lane == 0) sh.q_empty().arrive();
+    };
+    if (tile.n_blocks == 0) release_q_after_last_s(-1);
 
     float o[kOTiles * 4] = {};
     float s[kSTiles * 4] = {};
@@ -253,10 +271,18 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
         SMma::ss(s, q_desc + panel_step(kk, kBlockM), k_stage + panel_step(kk, kBlockN), kk > 0);
     };
 
+    // V(n) is waited for in block n, after its softmax: the wait's retry loop is a basic-block
+    // boundary that keeps ptxas from hoisting the wait for P V above the softmax (within one
+    // block it schedules that wait as early as it can), and V(n) has long landed by then.
+    RingSlot v_next{};
+    const auto wait_for_next_v = [&] {
+      v_next = ring_slot<Cfg::kStages>(v_iteration++);
+      sh.full(kValuesRing, v_next.stage).wait(v_next.parity);
+    };
     if (tile.n_blocks > 0) {
       // Block 0: S(0) alone.
       const RingSlot k_slot = ring_slot<Cfg::kStages>(k_iteration++);
-      sh.k_full[k_slot.stage].wait(k_slot.parity);
+      sh.full(kKeysRing, k_slot.stage).wait(k_slot.parity);
       take_turn();
       ptx::wgmma_hold(s);
       ptx::wgmma_fence();
@@ -265,18 +291,19 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       pass_turn();
       ptx::wgmma_wait<0>();
       ptx::wgmma_hold(s);
-      if (releases) sh.k_empty[k_slot.stage].arrive();
+      if (releases) sh.empty(kKeysRing, k_slot.stage).arrive();
+      release_q_after_last_s(0);
       float unused[2];
       softmax_block(0, unused);  // the first block's rescale is of an O of zeros
       s_to_p();
+      wait_for_next_v();
     }
     // Block n: S(n) and O += P(n - 1) V(n - 1) issued together; the softmax of S(n) runs
     // while the second (and the other consumer's wgmmas) run.
     for (int n = 1; n < tile.n_blocks; ++n) {
       const RingSlot k_slot = ring_slot<Cfg::kStages>(k_iteration++);
-      const RingSlot v_slot = ring_slot<Cfg::kStages>(v_iteration++);  // V(n - 1)
-      sh.k_full[k_slot.stage].wait(k_slot.parity);
-      sh.v_full[v_slot.stage].wait(v_slot.parity);
+      const RingSlot v_slot = v_next;  // V(n - 1)
+      sh.full(kKeysRing, k_slot.stage).wait(k_slot.parity);
       take_turn();
       ptx::wgmma_hold(s);
       ptx::wgmma_hold(o);
@@ -288,18 +315,19 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       ptx::wgmma_commit();
       pass_turn();
 
-      ptx::wgmma_wait<1>();  // S(n) is done; P V may still run
+      ptx::wgmma_wait<1>();  // S(n) is done (K(n) is free); P V may still run
       ptx::wgmma_hold(s);
+      if (releases) sh.empty(kKeysRing, k_slot.stage).arrive();
+      release_q_after_last_s(n);
       float scale_o[2];
       softmax_block(n, scale_o);
+      ptx::wgmma_hold(s);  // the exponentials stay above the wait loop
+      wait_for_next_v();
 
       ptx::wgmma_wait<0>();  // O += P(n - 1) V(n - 1) is done: O, pf and V(n - 1) are free
       ptx::wgmma_hold(o);
       ptx::wgmma_hold(pf);
-      if (releases) {
-        sh.k_empty[k_slot.stage].arrive();
-        sh.v_empty[v_slot.stage].arrive();
-      }
+      if (releases) sh.empty(kValuesRing, v_slot.stage).arrive();
 #pragma unroll
       for (int t = 0; t < kOTiles; ++t) {
         o[4 * t + 0] *= scale_o[0];
@@ -311,59 +339,64 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     }
     // The last block's O += P V.
     if (tile.n_blocks > 0) {
-      const RingSlot v_slot = ring_slot<Cfg::kStages>(v_iteration++);
-      sh.v_full[v_slot.stage].wait(v_slot.parity);
       take_turn();
       ptx::wgmma_hold(o);
       ptx::wgmma_hold(pf);
       ptx::wgmma_fence();
-      issue_pv(o, pf, v_slot.stage);
+      issue_pv(o, pf, v_next.stage);
       ptx::wgmma_commit();
       pass_turn();
       ptx::wgmma_wait<0>();
       ptx::wgmma_hold(o);
-      if (releases) sh.v_empty[v_slot.stage].arrive();
+      if (releases) sh.empty(kValuesRing, v_next.stage).arrive();
     }
 
-    // Epilogue: out = O / l in the storage dtype, staged in this warp's own 16 rows of the Q
-    // buffer (every wgmma that read them is done), then 16-byte stores; lse as in the
-    // cp.async kernel.
+    // Epilogue: out = O / l in the storage dtype, written by the warp into its 16 rows of the
+    // staging buffer (O's own, or Q's, whose wgmmas are all done), then stored by TMA (rows
+    // past the sequence and columns past head_dim_v are not written); lse as in the cp.async
+    // kernel. The addresses come from this opaque copy of the lane index: computed from
+    // `lane`, the compiler hoists them out of the tile loop, where they hold registers
+    // through the main loop (and spill).
+    int epilogue_lane = lane;
+    asm volatile("" : "+r"(epilogue_lane));
+    const int warp_row0 = consumer * 64 + warp * 16;
+    if constexpr (Cfg::kSeparateO) {  // the warp's previous store has read its rows
+      if (lane == 0) ptx::bulk_wait_read();
+      __syncwarp();
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float l = row_sum[r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const float inv = l == 0.0f ? 0.0f : (dropout ? rng.scale : 1.0f) / l;
+      const int row = warp_row0 + epilogue_lane / 4 + r * 8;
+      const uint32_t row_start = sh.o + row * 128 + (epilogue_lane % 4) * 4;
 #pragma unroll
-      for (int t = 0; t < kOTiles; ++t)
-        ptx::st_shared_32(sh.q + swizzled_offset<kBlockM>(cta_row(r), t * 8) + quad_col * 2,
+      for (int t = 0; t < kOTiles; ++t)  // swizzled_offset(row, 8 t), + this lane's 2 columns
+        ptx::st_shared_32(row_start + (t / 8) * kBlockM * 128 + (((t % 8) ^ (row % 8)) << 4),
                           ptx::pack2<Element>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv));
-      const int64_t i = m0 + cta_row(r);
+      const int64_t i = m0 + row;
       if (p.lse != nullptr && lane % 4 == 0 && i < seq.seqlen_q)
         p.lse[tile.b * p.lse_batch_stride + tile.h * p.lse_head_stride + seq.q_row0 + i] =
             l == 0.0f ? -INFINITY : (row_max[r] * exp_scale + log2f(l)) * 0.6931471805599453f;
     }
-    __syncwarp();
-    const int warp_row0 = consumer * 64 + warp * 16;
-    Element* out = static_cast<Element*>(p.out) + tile.b * p.out_batch_stride +
-                   (seq.q_row0 + m0 + warp_row0) * p.out_row_stride + tile.h * p.out_head_stride;
-    const int64_t warp_rows_valid = seq.seqlen_q - (m0 + warp_row0);
-    constexpr int kChunksPerRow = kHeadDim / 8;
-#pragma unroll
-    for (int pass = 0; pass < 16 * kChunksPerRow / 32; ++pass) {
-      const int idx = lane + 32 * pass;
-      const int row = idx / kChunksPerRow, col = (idx % kChunksPerRow) * 8;
-      if (row < warp_rows_valid && col < p.head_dim_v)
-        ptx::st_global_128(out + row * p.out_row_stride + col,
-                           ptx::ld_shared_128(sh.q + swizzled_offset<kBlockM>(warp_row0 + row, col)));
-    }
-    // The next tile's Q may overwrite these rows once every warp of both consumers is here;
-    // the fence orders this warp's generic-proxy use of them before the TMA unit's writes.
-    __syncwarp();
+    // The rows' generic-proxy writes, made visible to the TMA unit, then one thread's store.
     ptx::fence_proxy_async_shared();
-    if (lane == 0) sh.q_empty.arrive();
+    __syncwarp();
+    if (lane == 0) {
+#pragma unroll
+      for (int panel = 0; panel < Cfg::kPanels; ++panel)
+        tma_store(&args.out, sh.o + panel * kBlockM * 128 + warp_row0 * 128, panel * 64,
+                  static_cast<int32_t>(m0 + warp_row0), tile.h, tile.b);
+      if constexpr (!Cfg::kSeparateO) {  // the next tile's Q may overwrite the rows once read
+        ptx::bulk_wait_read();
+        sh.q_empty().arrive();
+      }
+    }
     ++tile_count;
   }
+  if (lane == 0) ptx::bulk_wait_all();  // the stores complete before the CTA's memory goes
   // Consumer 1 passed the turn once more than consumer 0 took it (its first pass_turn had
   // no turn before it): consumer 0 takes that last one, so both barriers end balanced.
   if (consumer == 0) take_turn();
@@ -376,14 +409,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __gr
   const WsShared<Cfg> sh(shared_raw);
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
-    sh.q_full.init(1);
-    sh.q_empty.init(4 * Cfg::kConsumers);  // every consumer warp, after its epilogue
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      sh.k_full[s].init(1);
-      sh.v_full[s].init(1);
-      sh.k_empty[s].init(Cfg::kConsumers);
-      sh.v_empty[s].init(Cfg::kConsumers);
-    }
+    sh.q_full().init(1);
+    sh.q_empty().init(4 * Cfg::kConsumers);  // every consumer warp
+    for (int s = 0; s < Cfg::kStages; ++s)
+      for (int kv = kKeysRing; kv <= kValuesRing; ++kv) {
+        sh.full(kv, s).init(1);
+        sh.empty(kv, s).init(Cfg::kConsumers);
+      }
     fence_barrier_init();
   }
   __syncthreads();

@@ -58,6 +58,18 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const void* map, int32_t 
       "r"(static_cast<uint32_t>(__cvta_generic_to_shared(full.word)))
       : "memory");
 }
+// One box from shared memory at `src` into a 4-D tensor map's tensor (the parts of the box
+// outside the tensor are not written), as one bulk group (ptx::bulk_wait_read: when `src` may
+// be rewritten). The issuing thread's and its warp's writes to `src` must be made visible to
+// the async proxy first (ptx::fence_proxy_async_shared, then a barrier among the writers).
+__device__ __forceinline__ void tma_store(const void* map, uint32_t src, int32_t col, int32_t row, int32_t head,
+                                          int32_t batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(map),
+      "r"(col), "r"(row), "r"(head), "r"(batch), "r"(src)
+      : "memory");
+}
 // Asks L2 to fetch the tensor map's descriptor before its first use.
 __device__ __forceinline__ void prefetch_tensor_map(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Scratch: one H200 call for a TMA-forward change: the package (sm_90a) and the C++ forward
+# suite built side by side, the suite run (TMA kernel default, then head dims <= 64 on sm90
+# too), racecheck and synccheck on a forward sweep, then bench/forward.py over the grid with
+# the peers (the default dispatch), and hdim 64 again with FLASHATTN_CUDA_FORWARD=sm90.
+# WS_SKIP_TESTS=1: the package and the benchmarks only. WS_BENCH_ARGS: extra bench/forward.py arguments (e.g. "--hdims 128 --seqlens 8192 16384").
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit
+export PATH="/usr/local/cuda/bin:$PATH"
+out=${OUT:-gpu-results}; mkdir -p "$out"
+t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+py=${PYTHON:-python3}
+[ -d .deps/wheels ] && "$py" -m pip install --no-index --find-links .deps/wheels -q scikit-build-core nanobind >/dev/null 2>&1
+( "$py" -m pip install --no-build-isolation --no-deps --no-index -v -C build-dir=build-py/gpu \
+    -C cmake.define.FLASHATTN_CUDA=ON -C cmake.define.FLASHATTN_CUDA_ARCHS=sm_90a . >"$out/pip.log" 2>&1; echo $? >"$out/pip.rc" ) &
+pip_pid=$!
+if [ -z "${WS_SKIP_TESTS:-}" ]; then
+{ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=sm_90a \
+    -DFLASHATTN_BUILD_BENCH=OFF &&
+  cmake --build build-gpu -j 10 --target test_forward_cuda; } >"$out/build.log" 2>&1
+stamp "build: $? $(grep -c 'C7520\|serialized' "$out/build.log") serialisation lines, $(grep -c 'spilled' "$out/build.log") spill lines"
+grep -E "spilled|serialized" "$out/build.log" | sed 's/_ZN9flashattn6detail4cuda4sm90//' | cut -c1-200 | head -20
+run_tests() {  # LABEL ENV...
+  local label=$1; shift
+  env "$@" timeout 200 build-gpu/tests/test_forward_cuda --gtest_brief=1 >"$out/fwd_$label.log" 2>&1
+  stamp "forward suite ($label): $? $(grep -E '^\[  PASSED|^\[  FAILED' "$out/fwd_$label.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure|expected|max' "$out/fwd_$label.log" | head -12
+}
+run_tests tma
+run_tests tma_hdim64 FLASHATTN_CUDA_FORWARD=sm90
+FWD='*FeatureGrid*sliding_softcap*:*FeatureGrid*band_alibi*:EdgeCases.*:*HeadDims*/40:*HeadDims*/256:*OddHeadDims*/1:CudaBackend.*'
+for tool in racecheck synccheck; do
+  timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_forward_cuda \
+    --gtest_filter="$FWD" >"$out/san_fwd_$tool.log" 2>&1
+  stamp "$tool forward: $? $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_fwd_$tool.log" | tail -1) $(grep -c '^\[       OK' "$out/san_fwd_$tool.log") ok"
+done
+fi  # WS_SKIP_TESTS
+wait $pip_pid
+stamp "pip install: $(cat "$out/pip.rc")"; tail -3 "$out/pip.log"
+cd bench || exit
+timeout 300 "$py" forward.py --out "$out/grid" ${WS_BENCH_ARGS:-} >"$out/bench.log" 2>&1
+stamp "bench/forward.py: $?"
+FLASHATTN_CUDA_FORWARD=sm90 timeout 120 "$py" forward.py --out "$out/h64_sm90" --hdims 64 >"$out/bench_h64.log" 2>&1
+stamp "bench/forward.py hdim 64 on sm90: $?"
+tail -45 "$out/bench.log"; echo "== hdim 64, FLASHATTN_CUDA_FORWARD=sm90"; tail -16 "$out/bench_h64.log"
