@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Scratch: one H200 call for a TMA-forward change: the package (sm_90a) and the C++ forward
-# suite built side by side, the suite run (TMA kernel default, then head dims <= 64 on sm90
-# too), racecheck and synccheck on a forward sweep, then bench/forward.py over the grid with
-# the peers (the default dispatch), and hdim 64 again with FLASHATTN_CUDA_FORWARD=sm90.
+# suite built side by side, the suite run (default dispatch; WS_FORCED_SM90=1: again with
+# FLASHATTN_CUDA_FORWARD=sm90), compute-sanitizer on a forward sweep (WS_SANITIZERS, default
+# memcheck racecheck synccheck), then bench/forward.py over the grid with the peers.
 # WS_SKIP_TESTS=1: the package and the benchmarks only. WS_BENCH_ARGS: extra bench/forward.py arguments (e.g. "--hdims 128 --seqlens 8192 16384").
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -26,10 +26,10 @@ run_tests() {  # LABEL ENV...
   stamp "forward suite ($label): $? $(grep -E '^\[  PASSED|^\[  FAILED' "$out/fwd_$label.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED|Failure|expected|max' "$out/fwd_$label.log" | head -12
 }
-run_tests tma
-run_tests tma_hdim64 FLASHATTN_CUDA_FORWARD=sm90
+run_tests default
+[ -n "${WS_FORCED_SM90:-}" ] && run_tests forced_sm90 FLASHATTN_CUDA_FORWARD=sm90
 FWD='*FeatureGrid*sliding_softcap*:*FeatureGrid*band_alibi*:EdgeCases.*:*HeadDims*/40:*HeadDims*/256:*OddHeadDims*/1:CudaBackend.*'
-for tool in racecheck synccheck; do
+for tool in ${WS_SANITIZERS:-memcheck racecheck synccheck}; do
   timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_forward_cuda \
     --gtest_filter="$FWD" >"$out/san_fwd_$tool.log" 2>&1
   stamp "$tool forward: $? $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_fwd_$tool.log" | tail -1) $(grep -c '^\[       OK' "$out/san_fwd_$tool.log") ok"
@@ -40,6 +40,4 @@ stamp "pip install: $(cat "$out/pip.rc")"; tail -3 "$out/pip.log"
 cd bench || exit
 timeout 300 "$py" forward.py --out "$out/grid" ${WS_BENCH_ARGS:-} >"$out/bench.log" 2>&1
 stamp "bench/forward.py: $?"
-FLASHATTN_CUDA_FORWARD=sm90 timeout 120 "$py" forward.py --out "$out/h64_sm90" --hdims 64 >"$out/bench_h64.log" 2>&1
-stamp "bench/forward.py hdim 64 on sm90: $?"
-tail -45 "$out/bench.log"; echo "== hdim 64, FLASHATTN_CUDA_FORWARD=sm90"; tail -16 "$out/bench_h64.log"
+tail -38 "$out/bench.log"
