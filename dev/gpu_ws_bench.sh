@@ -2,7 +2,8 @@
 # Scratch: one H200 call for a TMA-forward change: the package (sm_90a) and the C++ forward
 # suite built side by side, the suite run (default dispatch; WS_FORCED_SM90=1: again with
 # FLASHATTN_CUDA_FORWARD=sm90), compute-sanitizer on a forward sweep (WS_SANITIZERS, default
-# memcheck racecheck synccheck), then bench/forward.py over the grid with the peers.
+# memcheck racecheck synccheck), then bench/forward.py over the grid with the peers, and the
+# causal points again on FLASHATTN_SM90_FORWARD_GRID=persistent (WS_SKIP_GRID_AB=1: not).
 # WS_SKIP_TESTS=1: the package and the benchmarks only. WS_BENCH_ARGS: extra bench/forward.py arguments (e.g. "--hdims 128 --seqlens 8192 16384").
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -40,4 +41,10 @@ stamp "pip install: $(cat "$out/pip.rc")"; tail -3 "$out/pip.log"
 cd bench || exit
 timeout 300 "$py" forward.py --out "$out/grid" ${WS_BENCH_ARGS:-} >"$out/bench.log" 2>&1
 stamp "bench/forward.py: $?"
+if [ -z "${WS_SKIP_GRID_AB:-}" ]; then  # the causal points again on the persistent grid
+  FLASHATTN_SM90_FORWARD_GRID=persistent timeout 150 "$py" forward.py --out "$out/persistent" --causal yes \
+    --peers '' >"$out/bench_persistent.log" 2>&1
+  stamp "bench/forward.py causal, FLASHATTN_SM90_FORWARD_GRID=persistent: $?"
+fi
 tail -38 "$out/bench.log"
+[ -f "$out/bench_persistent.log" ] && { echo "== causal, persistent grid"; tail -20 "$out/bench_persistent.log"; }

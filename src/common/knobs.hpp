@@ -20,6 +20,7 @@ inline constexpr char kCudaForward[] = "FLASHATTN_CUDA_FORWARD";
 inline constexpr char kCudaBackward[] = "FLASHATTN_CUDA_BACKWARD";
 inline constexpr char kCudaSmemLimit[] = "FLASHATTN_CUDA_SMEM_LIMIT";
 inline constexpr char kSm90ForwardLoads[] = "FLASHATTN_SM90_FORWARD_LOADS";
+inline constexpr char kSm90ForwardGrid[] = "FLASHATTN_SM90_FORWARD_GRID";
 inline constexpr char kCudaDqAtomics[] = "FLASHATTN_CUDA_DQ_ATOMICS";
 // Read only in tuning builds (-DFLASHATTN_SM80_TUNING=ON).
 inline constexpr char kCudaGrid[] = "FLASHATTN_CUDA_GRID";
@@ -65,6 +66,19 @@ inline bool sm90_forward_uses_tma() {
   if (set == nullptr || *set == '\0' || std::string_view(set) == "tma") return true;
   if (std::string_view(set) == "cp.async") return false;
   throw Error(ErrorCode::InvalidArgument, kSm90ForwardLoads, "tma, cp.async or unset", std::string(set));
+}
+
+// FLASHATTN_SM90_FORWARD_GRID=persistent|per-tile: the grid of the TMA forward under causal
+// and windowed masks, where tiles differ in work: one CTA per SM walking its share of the
+// tiles, or one CTA per tile started by the hardware as SMs free up. Unset: the default of
+// forward_configs.cuh (chosen by measurement). Calls without those masks are persistent.
+enum class Sm90ForwardGrid { Default, Persistent, PerTile };
+inline Sm90ForwardGrid sm90_forward_grid() {
+  const char* set = value(kSm90ForwardGrid);
+  if (set == nullptr || *set == '\0') return Sm90ForwardGrid::Default;
+  if (std::string_view(set) == "persistent") return Sm90ForwardGrid::Persistent;
+  if (std::string_view(set) == "per-tile") return Sm90ForwardGrid::PerTile;
+  throw Error(ErrorCode::InvalidArgument, kSm90ForwardGrid, "persistent, per-tile or unset", std::string(set));
 }
 
 // FLASHATTN_CUDA_SMEM_LIMIT=<bytes> lowers the shared memory per block that the launchers

@@ -80,6 +80,14 @@ inline unsigned forward_ctas(const ForwardTiles& tiles) {
   return static_cast<unsigned>(tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent);
 }
 
+// The TMA kernel's grid: as forward_ctas, or persistent under the masks as well
+// (FLASHATTN_SM90_FORWARD_GRID; its tile_of_round then evens out the CTAs' work).
+inline unsigned ws_forward_ctas(const ForwardTiles& tiles) {
+  const bool persistent = knobs::sm90_forward_grid() == knobs::Sm90ForwardGrid::Persistent;
+  return persistent ? static_cast<unsigned>(std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count())))
+                    : forward_ctas(tiles);
+}
+
 template <typename Cfg>
 void launch_forward(const ForwardParams& p) {
   static PerDevice<bool> shared_bytes_allowed;  // once per kernel and device
@@ -123,7 +131,7 @@ bool launch_forward_ws(const ForwardParams& p) {
   });
   const auto kernel = needs_general_variant(p) ? forward_ws_kernel<Cfg, true> : forward_ws_kernel<Cfg, false>;
   args.tiles = forward_tiles(p, Cfg::kBlockM);
-  kernel<<<forward_ctas(args.tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
+  kernel<<<ws_forward_ctas(args.tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
       args);
   return true;
 }

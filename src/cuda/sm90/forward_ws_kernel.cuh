@@ -112,6 +112,16 @@ __device__ __forceinline__ RingSlot ring_slot(int iteration) {
   return {iteration % kStages, static_cast<uint32_t>((iteration / kStages) & 1)};
 }
 
+// The tiles a CTA takes, round by round: round r deals tiles [r G, r G + G) out to the G CTAs,
+// every other round in reverse, so that under the masks (tiles in heaviest-first order,
+// tile_order.cuh) the CTA that took one round's heaviest tile takes the next one's lightest.
+// -1 past the last tile. With one CTA per tile, round 0 is the only one.
+__device__ __forceinline__ int64_t tile_of_round(const ForwardTiles& tiles, int64_t round) {
+  const int64_t ctas = gridDim.x;
+  const int64_t index = round * ctas + ((round & 1) ? ctas - 1 - blockIdx.x : blockIdx.x);
+  return index < tiles.tiles ? index : -1;
+}
+
 // The producer thread: every load of every tile of this CTA, in the order the consumers
 // read them, each as soon as its buffer is free.
 template <typename Cfg>
@@ -133,7 +143,7 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     for (int panel = 0; panel < Cfg::kPanels; ++panel)
       tma_load(dst + panel * Cfg::kBlockN * 128, map, panel * 64, static_cast<int32_t>(row), head, batch, full);
   };
-  for (int64_t index = blockIdx.x; index < tiles.tiles; index += gridDim.x) {
+  for (int64_t round = 0, index; (index = tile_of_round(tiles, round)) >= 0; ++round) {
     const Tile<Cfg> tile(tiles, index);
     if (tile.rows_here <= 0) continue;
     const int hk = tile.h / tiles.p.group_size();
@@ -206,7 +216,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   if (consumer == 1) pass_turn();
 
   int tile_count = 0, k_iteration = 0, v_iteration = 0;
-  for (int64_t index = blockIdx.x; index < tiles.tiles; index += gridDim.x) {
+  for (int64_t round = 0, index; (index = tile_of_round(tiles, round)) >= 0; ++round) {
     const Tile<Cfg> tile(tiles, index);
     if (tile.rows_here <= 0) continue;
     const int64_t m0 = tile.m0;
