@@ -3,7 +3,8 @@
 # suite built side by side, the suite run (default dispatch; WS_FORCED_SM90=1: again with
 # FLASHATTN_CUDA_FORWARD=sm90), compute-sanitizer on a forward sweep (WS_SANITIZERS, default
 # memcheck racecheck synccheck), then bench/forward.py over the grid with the peers, and the
-# causal points again on FLASHATTN_SM90_FORWARD_GRID=persistent (WS_SKIP_GRID_AB=1: not).
+# causal points again on FLASHATTN_SM90_FORWARD_GRID=persistent (WS_SKIP_GRID_AB=1: not);
+# WS_EXTRA=1: bench/overhead.py and a sample of upstream's tests (dev/upstream_tests.sh).
 # WS_SKIP_TESTS=1: the package and the benchmarks only. WS_BENCH_ARGS: extra bench/forward.py arguments (e.g. "--hdims 128 --seqlens 8192 16384").
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -46,5 +47,14 @@ if [ -z "${WS_SKIP_GRID_AB:-}" ]; then  # the causal points again on the persist
     --peers '' >"$out/bench_persistent.log" 2>&1
   stamp "bench/forward.py causal, FLASHATTN_SM90_FORWARD_GRID=persistent: $?"
 fi
+if [ -n "${WS_EXTRA:-}" ]; then  # issue 28's figures: small calls' cost, upstream's test file
+  timeout 100 "$py" overhead.py --out "$out/overhead" >"$out/overhead.log" 2>&1
+  stamp "bench/overhead.py: $?"
+  (cd .. && [ -d upstream ] && OUT="$out/upstream" timeout 120 bash dev/upstream_tests.sh run "${WS_UPSTREAM_N:-200}" 1 \
+    -k "not dropout" >"$out/upstream.log" 2>&1)
+  stamp "upstream tests: $? $(tail -1 "$out/upstream/upstream_pytest.log" 2>/dev/null)"
+fi
 tail -38 "$out/bench.log"
+[ -f "$out/overhead.log" ] && { echo "== overhead"; tail -14 "$out/overhead.log"; }
+[ -f "$out/upstream/upstream_failures.txt" ] && { echo "== upstream failures"; head -12 "$out/upstream/upstream_failures.txt"; }
 [ -f "$out/bench_persistent.log" ] && { echo "== causal, persistent grid"; tail -20 "$out/bench_persistent.log"; }
