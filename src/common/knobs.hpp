@@ -71,7 +71,8 @@ inline bool sm90_forward_uses_tma() {
 // FLASHATTN_SM90_FORWARD_GRID=persistent|per-tile: the grid of the TMA forward under causal
 // and windowed masks, where tiles differ in work: one CTA per SM walking its share of the
 // tiles, or one CTA per tile started by the hardware as SMs free up. Unset: the default of
-// forward_configs.cuh (chosen by measurement). Calls without those masks are persistent.
+// forward_configs.cuh (ws_forward_ctas, chosen by measurement). Calls without those masks
+// are persistent either way.
 enum class Sm90ForwardGrid { Default, Persistent, PerTile };
 inline Sm90ForwardGrid sm90_forward_grid() {
   const char* set = value(kSm90ForwardGrid);

@@ -80,10 +80,17 @@ inline unsigned forward_ctas(const ForwardTiles& tiles) {
   return static_cast<unsigned>(tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent);
 }
 
-// The TMA kernel's grid: as forward_ctas, or persistent under the masks as well
-// (FLASHATTN_SM90_FORWARD_GRID; its tile_of_round then evens out the CTAs' work).
+// The TMA kernel's grid: as forward_ctas, or persistent under the masks as well (its
+// tile_of_round then evens out the CTAs' work). Persistent by default where a sequence has at
+// most 4 query blocks: there a tile is a few key blocks and a CTA's start and Q load weigh
+// most (H200, 2026-12-03, bench/forward.py causal bf16, persistent against one CTA per tile:
+// 1.23-1.25x at 512 at head dims 64 and 128, 1.04x at 256; 0.71-0.98x at 1k-4k, 0.99-1.01x
+// at 16k: beyond 512 the static deal leaves SMs idle at the end). FLASHATTN_SM90_FORWARD_GRID
+// chooses either everywhere.
 inline unsigned ws_forward_ctas(const ForwardTiles& tiles) {
-  const bool persistent = knobs::sm90_forward_grid() == knobs::Sm90ForwardGrid::Persistent;
+  const knobs::Sm90ForwardGrid chosen = knobs::sm90_forward_grid();
+  const bool persistent = chosen == knobs::Sm90ForwardGrid::Persistent ||
+                          (chosen == knobs::Sm90ForwardGrid::Default && tiles.m_blocks <= 4);
   return persistent ? static_cast<unsigned>(std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count())))
                     : forward_ctas(tiles);
 }
