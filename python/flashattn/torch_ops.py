@@ -243,10 +243,15 @@ class _EagerAttention(torch.autograd.Function):
         ctx.args = (dropout_p, softmax_scale, causal, window_left, window_right, softcap)
         ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
+        # No zero-filled gradient for lse (a kernel and an allocation per backward): the
+        # backward reads dout alone, and a dout that is None means a zero gradient.
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        if dout is None:
+            return (None,) * 14
         q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
         dq, dk, dv = ctx.impls[1](dout, q, k, v, out, lse, *ctx.extra, ctx.rng_state,
                                   *ctx.args, alibi_slopes, ctx.deterministic)

@@ -39,13 +39,16 @@
 
 namespace flashattn::detail::cuda::sm90 {
 
-template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_>
+template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, bool kHasGeneral_ = true>
 struct WsForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;  // a multiple of 64: whole 128-byte panels
   static constexpr int kBlockN = kBlockN_;    // keys per block: an N of wgmma.cuh
   static constexpr int kStages = kStages_;    // K and V buffers each
   static constexpr bool kPingPong = kPingPong_;
+  // Whether the general variant (softcap, ALiBi, dropout ...) is compiled for this shape; a
+  // shape without it takes plain calls only.
+  static constexpr bool kHasGeneral = kHasGeneral_;
   static constexpr int kConsumers = 2;        // warpgroups of 64 query rows
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
