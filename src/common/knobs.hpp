@@ -21,7 +21,7 @@ inline constexpr char kCudaBackward[] = "FLASHATTN_CUDA_BACKWARD";
 inline constexpr char kCudaSmemLimit[] = "FLASHATTN_CUDA_SMEM_LIMIT";
 inline constexpr char kSm90ForwardLoads[] = "FLASHATTN_SM90_FORWARD_LOADS";
 inline constexpr char kSm90ForwardGrid[] = "FLASHATTN_SM90_FORWARD_GRID";
-inline constexpr char kSm90ForwardKeys[] = "FLASHATTN_SM90_FORWARD_KEYS";
+inline constexpr char kSm90ForwardShape[] = "FLASHATTN_SM90_FORWARD_SHAPE";
 inline constexpr char kCudaDqAtomics[] = "FLASHATTN_CUDA_DQ_ATOMICS";
 // Read only in tuning builds (-DFLASHATTN_SM80_TUNING=ON).
 inline constexpr char kCudaGrid[] = "FLASHATTN_CUDA_GRID";
@@ -83,15 +83,17 @@ inline Sm90ForwardGrid sm90_forward_grid() {
   throw Error(ErrorCode::InvalidArgument, kSm90ForwardGrid, "persistent, per-tile or unset", std::string(set));
 }
 
-// FLASHATTN_SM90_FORWARD_KEYS=128|192: the keys per block of the TMA forward at head dim 64 in
-// its plain variant, for every call (the tests run the suite on each). Unset: the choice of
-// forward_configs.cuh (launch_tuned_forward_ws, by the padding of the last key block).
-inline std::optional<int> sm90_forward_keys() {
-  const char* set = value(kSm90ForwardKeys);
+// FLASHATTN_SM90_FORWARD_SHAPE=128x128|192x128: the TMA forward's tile (query rows x keys per
+// block) at head dim 64 for plain calls: two consumer warpgroups or three (the tests run the
+// suite on each). Unset: the choice of forward_configs.cuh (launch_tuned_forward_ws).
+enum class Sm90ForwardShape { Rows128Keys128, Rows192Keys128 };
+inline std::optional<Sm90ForwardShape> sm90_forward_shape() {
+  const char* set = value(kSm90ForwardShape);
   if (set == nullptr || *set == '\0') return std::nullopt;
-  if (std::string_view(set) == "128") return 128;
-  if (std::string_view(set) == "192") return 192;
-  throw Error(ErrorCode::InvalidArgument, kSm90ForwardKeys, "128, 192 or unset", std::string(set));
+  const std::string_view chosen(set);
+  if (chosen == "128x128") return Sm90ForwardShape::Rows128Keys128;
+  if (chosen == "192x128") return Sm90ForwardShape::Rows192Keys128;
+  throw Error(ErrorCode::InvalidArgument, kSm90ForwardShape, "128x128, 192x128 or unset", std::string(set));
 }
 
 // FLASHATTN_CUDA_SMEM_LIMIT=<bytes> lowers the shared memory per block that the launchers

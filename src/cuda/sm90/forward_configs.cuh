@@ -42,15 +42,17 @@ struct TunedWsForward {
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   using Config = WsForwardConfig<E, kHeadDim, kBlockN, 2, kHeadDim <= 128>;
 };
-// At 64 a second shape with 192-key blocks (S 96 + P 48 + O 32 registers; 112 KiB), plain
-// calls only (the general variant spills there): a block's fixed costs (the waits, the turn,
-// the row max's shuffles, O's rescale) are spread over half as many keys again. H200,
-// 2026-12-03, bf16, ours against the 128-key shape: non-causal 0.96x at 1k, 1.07x at 4k,
-// 1.11x at 16k; causal 0.94x, 1.05x, 1.09x: the last block's padding (up to 191 keys) costs
-// what the longer blocks give below about 4k keys.
+// At 64 plain calls (the general variant spills at 160 registers) take a second shape with
+// three consumer warpgroups: 192 query rows x 128 keys, registers 32 / 160 (S 64 + P 32 + O 32),
+// 112 KiB. Each K/V tile read serves half as many rows again, and the turn passes round three
+// warpgroups, so that two softmaxes run under one warpgroup's matrix products: at 64 the
+// softmax is as long as the two GEMMs. H200, 2026-12-03, bf16, eager TFLOP/s against the
+// two-consumer shapes it replaced (128 x 128 to 2k keys, 128 x 192 from 4k): non-causal 1.20x
+// at 512, 1.18x at 1k, 1.26x at 2k, 1.16-1.18x at 4k-16k; causal 1.00-1.01x at 512-1k, 1.16x at
+// 2k, 1.09-1.13x at 4k-16k. Dropped after the same run: 128 x 192 (0.85-0.91x of this shape
+// from 4k) and 192 x 96 (0.84-1.01x).
 template <typename E>
-using WideWsForward = WsForwardConfig<E, 64, 192, 2, true, false>;
-inline constexpr int64_t kWideBlocksFromKeys = 4096;
+using TallWsForward = WsForwardConfig<E, 64, 128, 2, true, false, 3>;
 
 // Whether the sm90 kernel for Cfg can run here: its sm_90a code is what the current device
 // loaded (a Hopper GPU and a build that has sm_90a; elsewhere the kernel is only a trap) and
@@ -158,14 +160,13 @@ bool launch_forward_ws(const ForwardParams& p) {
   return true;
 }
 
-// The TMA kernel of a (dtype, bucket) for the call: at head dim 64 the 192-key shape for plain
-// calls with at least kWideBlocksFromKeys keys (FLASHATTN_SM90_FORWARD_KEYS forces either).
+// The TMA kernel of a (dtype, bucket) for the call: at head dim 64 the three-consumer shape
+// where it takes the call (FLASHATTN_SM90_FORWARD_SHAPE=128x128 keeps plain calls on two).
 template <typename E, int kHeadDim>
 bool launch_tuned_forward_ws(const ForwardParams& p) {
   if constexpr (kHeadDim == 64) {
-    const std::optional<int> forced = knobs::sm90_forward_keys();
-    const bool wide = forced ? *forced == 192 : p.seqlen_k >= kWideBlocksFromKeys;
-    if (wide && launch_forward_ws<WideWsForward<E>>(p)) return true;
+    const bool tall = knobs::sm90_forward_shape() != knobs::Sm90ForwardShape::Rows128Keys128;
+    if (tall && launch_forward_ws<TallWsForward<E>>(p)) return true;
   }
   return launch_forward_ws<typename TunedWsForward<E, kHeadDim>::Config>(p);
 }

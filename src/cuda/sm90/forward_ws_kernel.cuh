@@ -1,24 +1,25 @@
 // The warp-specialised sm90 (Hopper) forward kernel, FlashAttention-3's design on our own
 // primitives (cuda/sm90/pipeline.cuh, cuda/common/wgmma.cuh).
 //
-// A CTA has three warpgroups. Warpgroup 0 is the producer: it gives most of its registers
-// back (setmaxnreg) and one of its threads issues every load as a TMA copy (cuda/sm90/
-// tensor_maps.hpp) into shared memory: Q once per tile, K and V block after block into rings
-// of kStages buffers, each buffer guarded by a "full" mbarrier (the copy has landed) and an
-// "empty" one (both consumers are done with it). Warpgroups 1 and 2 are the consumers: they
-// take the registers the producer gave back, and each owns 64 of the tile's kBlockM = 128
-// query rows. Per key block n a consumer
+// A CTA has one producer warpgroup and two or three consumers. Warpgroup 0 is the producer:
+// it gives most of its registers back (setmaxnreg) and one of its threads issues every load
+// as a TMA copy (cuda/sm90/tensor_maps.hpp) into shared memory: Q once per tile, K and V
+// block after block into rings of kStages buffers, each buffer guarded by a "full" mbarrier
+// (the copy has landed) and an "empty" one (every consumer is done with it). The consumers
+// take the registers the producer gave back, and each owns 64 of the tile's kBlockM = 128 or
+// 192 query rows. Per key block n a consumer
 //
 //   waits for K(n), then (ping-pong) for its turn at the tensor cores;
 //   issues S(n) = Q K(n)^T and O += P(n - 1) V(n - 1) back to back, and passes the turn on;
 //   waits for S(n) only, releases K(n), and runs block n's mask and online softmax while
-//       its P V still runs (and, with ping-pong, while the other consumer's wgmmas run);
+//       its P V still runs (and, with ping-pong, while the other consumers' wgmmas run);
 //   waits for V(n), then for P V, releases V(n - 1), rescales O and turns S(n) into P(n).
 //
-// The turn (two named barriers) makes the consumers issue their wgmmas alternately, so that
-// one's softmax (MUFU and FMA work) overlaps the other's matrix products. The producer runs
-// ahead by up to kStages blocks and into the next tile. Each warp writes its 16 rows of O
-// into a shared buffer in the swizzled layout and one of its threads stores them with TMA.
+// The turn (a named barrier per consumer, passed round a ring) makes the consumers issue
+// their wgmmas one after another, so that one's softmax (MUFU and FMA work) overlaps the
+// others' matrix products. The producer runs ahead by up to kStages blocks and into the next
+// tile. Each warp writes its 16 rows of O into a shared buffer in the swizzled layout and one
+// of its threads stores them with TMA.
 // Where shared memory holds a buffer for O beside Q (head dims up to 192), Q is released
 // after the tile's last S and the next tile's Q loads under the last P V and the epilogue;
 // at 256 O is staged in the warp's own rows of Q, released after the store has read them.
@@ -39,7 +40,8 @@
 
 namespace flashattn::detail::cuda::sm90 {
 
-template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, bool kHasGeneral_ = true>
+template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, bool kHasGeneral_ = true,
+          int kConsumers_ = 2>
 struct WsForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;  // a multiple of 64: whole 128-byte panels
@@ -49,7 +51,7 @@ struct WsForwardConfig {
   // Whether the general variant (softcap, ALiBi, dropout ...) is compiled for this shape; a
   // shape without it takes plain calls only.
   static constexpr bool kHasGeneral = kHasGeneral_;
-  static constexpr int kConsumers = 2;        // warpgroups of 64 query rows
+  static constexpr int kConsumers = kConsumers_;  // warpgroups of 64 query rows: 2 or 3
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kPanels = kHeadDim / 64;
@@ -63,9 +65,12 @@ struct WsForwardConfig {
   static constexpr bool kSeparateO = kBaseBytes + 1024 + kQBytes <= 227 * 1024;
   static_assert(kBarrierBytes <= 1024, "the barriers fit one atom");
   static constexpr int kSharedBytes = kBaseBytes + (kSeparateO ? 1024 + kQBytes : kBarrierBytes);
-  // Registers per thread: 128 x 24 + 256 x 240 = 64,512 of the 65,536 of the SM.
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kBlockN % 64 == 0 && kBlockN <= 256, "shapes");
+  // Registers per thread: 128 x 24 + 256 x 240 = 64,512 of the 65,536 of the SM with two
+  // consumers, 128 x 32 + 384 x 160 = 65,536 with three.
+  static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kBlockN % 32 == 0 && kBlockN <= 256, "shapes");
   static_assert(sizeof(Element) == 2, "16-bit elements: 64 of them fill a 128-byte row");
 };
 
@@ -169,8 +174,9 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
   }
 }
 
-// The named barriers of the consumers' turn at the tensor cores: consumer c waits on
-// kTurnBarrier + c, and passes the turn by arriving on the other's.
+// The named barriers of the consumers' turn at the tensor cores, passed round a ring:
+// consumer c waits on kTurnBarrier + c (its 128 threads and the 128 of the one before it),
+// and passes the turn by arriving on the next one's.
 inline constexpr int kTurnBarrier = 1;
 
 template <typename Cfg, bool kGeneral>
@@ -182,7 +188,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   constexpr int kSTiles = kBlockN / 8;   // n8 tiles of S per row pair
   constexpr int kOTiles = kHeadDim / 8;  // n8 tiles of O
   constexpr float kLog2e = 1.4426950408889634f;
-  constexpr int kTurnThreads = 128 * Cfg::kConsumers;
+  constexpr int kTurnThreads = 2 * 128;
   const ForwardTiles& tiles = args.tiles;
   const ForwardParams& p = tiles.p;
 
@@ -208,15 +214,19 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     if constexpr (Cfg::kPingPong) named_barrier_sync(kTurnBarrier + consumer, kTurnThreads);
   };
   const auto pass_turn = [&] {
-    if constexpr (Cfg::kPingPong) named_barrier_arrive(kTurnBarrier + 1 - consumer, kTurnThreads);
+    // (With two consumers the other's barrier as 1 - consumer: ptxas allocates the h128
+    // general variant without a spill that way, not with the ring's expression.)
+    if constexpr (Cfg::kPingPong && Cfg::kConsumers == 2) named_barrier_arrive(kTurnBarrier + 1 - consumer, kTurnThreads);
+    if constexpr (Cfg::kPingPong && Cfg::kConsumers == 3)
+      named_barrier_arrive(kTurnBarrier + (consumer == 2 ? 0 : consumer + 1), kTurnThreads);
   };
   const auto issue_pv = [&](float (&o)[kOTiles * 4], const uint32_t (&pf)[kBlockN / 16][4], int stage) {
     const uint64_t v_stage = v_desc + ((stage * Cfg::kTileBytes) >> 4);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
   };
-  // Consumer 0 takes the first turn.
-  if (consumer == 1) pass_turn();
+  // Consumer 0 takes the first turn (the last one passes it a turn it did not take).
+  if (consumer == Cfg::kConsumers - 1) pass_turn();
 
   int tile_count = 0, k_iteration = 0, v_iteration = 0;
   for (int64_t round = 0, index; (index = tile_of_round(tiles, round)) >= 0; ++round) {
@@ -410,8 +420,8 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     ++tile_count;
   }
   if (lane == 0) ptx::bulk_wait_all();  // the stores complete before the CTA's memory goes
-  // Consumer 1 passed the turn once more than consumer 0 took it (its first pass_turn had
-  // no turn before it): consumer 0 takes that last one, so both barriers end balanced.
+  // The last consumer passed the turn once more than consumer 0 took it (its first pass_turn
+  // had no turn before it): consumer 0 takes that last one, so every barrier ends balanced.
   if (consumer == 0) take_turn();
 }
 
