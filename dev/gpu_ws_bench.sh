@@ -8,7 +8,7 @@
 # WS_SKIP_TESTS=1: the package and the benchmarks only. WS_BENCH_ARGS: extra bench/forward.py arguments (e.g. "--hdims 128 --seqlens 8192 16384").
 # WS_TEST_ENVS="VAR=value ...": the forward suite again under each setting. WS_AB="VAR=value ...":
 # bench/forward.py (ours alone, WS_AB_ARGS) again under each setting. WS_SKIP_GRID=1: no peer
-# grid. WS_UPSTREAM_K: upstream's -k filter (default "not dropout"). WS_EXTRA also runs
+# grid. WS_UPSTREAM_K: upstream's -k filter (none by default; UPSTREAM_IDS passes through). WS_EXTRA also runs
 # dev/overhead_breakdown.py. WS_SANITIZER_ENV="VAR=value": the sanitizer runs under it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -66,7 +66,7 @@ if [ -n "${WS_EXTRA:-}" ]; then  # issue 28's figures: small calls' cost, upstre
   timeout 120 "$py" ../dev/overhead_breakdown.py --out "$out/breakdown" >"$out/breakdown.log" 2>&1
   stamp "dev/overhead_breakdown.py: $?"
   (cd .. && [ -d upstream ] && OUT="$out/upstream" timeout "${WS_UPSTREAM_TIMEOUT:-120}" bash dev/upstream_tests.sh run "${WS_UPSTREAM_N:-200}" 1 \
-    -k "${WS_UPSTREAM_K:-not dropout}" >"$out/upstream.log" 2>&1)
+    ${WS_UPSTREAM_K:+-k "$WS_UPSTREAM_K"} >"$out/upstream.log" 2>&1)
   stamp "upstream tests: $? $(tail -1 "$out/upstream/upstream_pytest.log" 2>/dev/null)"
 fi
 [ -f "$out/bench.log" ] && tail -38 "$out/bench.log"

@@ -88,6 +88,28 @@ def main() -> int:
         rows[f"fwd (grad): sdpa {name}, no backward"] = per_call_us(lambda: sdpa(qg, kg, vg, backend), args.calls)
         rows[f"step: sdpa {name} + autograd.grad"] = per_call_us(
             lambda: torch.autograd.grad(sdpa(qg, kg, vg, backend), (qg, kg, vg), dout), args.calls)
+    # The step as bench/overhead.py times it: on a side stream, rotating through 4 input sets.
+    sets = [tuple(torch.randn_like(q).requires_grad_() for _ in range(3)) + (torch.randn_like(q),)
+            for _ in range(4)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    turn = [0]
+
+    def rotating(forward):
+        def step():
+            a, b, c, d = sets[turn[0] % 4]
+            turn[0] += 1
+            return torch.autograd.grad(forward(a, b, c), (a, b, c), d)
+        return step
+    with torch.cuda.stream(side):
+        rows["step, side stream: flash_attn_func + autograd.grad"] = per_call_us(
+            lambda: torch.autograd.grad(flashattn.flash_attn_func(qg, kg, vg), (qg, kg, vg), dout), args.calls)
+        rows["step, side stream, 4 sets: flash_attn_func"] = per_call_us(
+            rotating(flashattn.flash_attn_func), args.calls)
+        for name, backend in (("flash", B.FLASH_ATTENTION), ("cudnn", B.CUDNN_ATTENTION)):
+            rows[f"step, side stream, 4 sets: sdpa {name}"] = per_call_us(
+                rotating(lambda a, b, c, backend=backend: sdpa(a, b, c, backend)), args.calls)
+    torch.cuda.synchronize()
     # autograd alone: a trivial differentiable op of the same shape.
     rows["step: q * 2 + autograd.grad (autograd's own cost)"] = per_call_us(
         lambda: torch.autograd.grad(qg * 2, (qg,), dout), args.calls)
@@ -123,6 +145,13 @@ def main() -> int:
             torch.autograd.grad(flashattn.flash_attn_func(qg, kg, vg), (qg, kg, vg), dout)
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    step = rotating(flashattn.flash_attn_func)
+    with torch.cuda.stream(side), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof3:
+        for _ in range(200):
+            step()
+        torch.cuda.synchronize()
+    table += "\n\nThe same on a side stream, 4 input sets:\n" + prof3.key_averages().table(
+        sort_by="self_cpu_time_total", row_limit=25)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof2:
         for _ in range(200):
             flashattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=seqlens)
