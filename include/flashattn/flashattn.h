@@ -70,6 +70,7 @@ typedef struct fa_execution {
   int32_t backend; /* fa_backend */
   void* stream;    /* cudaStream_t for the CUDA backend */
   int32_t num_threads;
+  int32_t trust_devices; /* 1: each tensor's device is where its memory lives (Execution) */
 } fa_execution;
 
 typedef struct fa_run_info {

@@ -125,6 +125,11 @@ struct Execution {
   Backend backend = Backend::Auto;  // Auto: CUDA when the tensors live on a GPU, else CPU
   void* stream = nullptr;           // cudaStream_t for the CUDA backend; ignored on the CPU
   int32_t num_threads = 0;          // CPU threads; 0 = all available
+  // The caller vouches that every tensor's device (type and index) is where its memory lives,
+  // as a framework's tensors guarantee: the library then skips the per-pointer CUDA query
+  // (about 1 us each) that otherwise turns a host pointer described as GPU memory, or the
+  // like, into an InvalidArgument error instead of a fault.
+  bool trust_devices = false;
 };
 
 // Ragged batches: sequence b occupies rows cu_seqlens[b] .. cu_seqlens[b+1]-1.

@@ -78,7 +78,10 @@ def _is_torch(x) -> bool:
     # By the class alone: torch.compile traces this function, and a sys.modules lookup while
     # tracing made dynamo iterate that dict as imports changed it ("dictionary changed size
     # during iteration", seen on the H200 run). Tensor subclasses (Parameter, ...) count too.
-    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in type(x).__mro__)
+    cls = type(x)
+    if cls.__name__ == "Tensor" and cls.__module__ == "torch":  # the common case, without the loop
+        return True
+    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in cls.__mro__)
 
 
 def _window(window_size):

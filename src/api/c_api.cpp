@@ -67,6 +67,7 @@ flashattn::Execution to_execution(const fa_execution* e) {
   execution.backend = static_cast<flashattn::Backend>(e->backend);
   execution.stream = e->stream;
   execution.num_threads = e->num_threads;
+  execution.trust_devices = e->trust_devices != 0;
   return execution;
 }
 

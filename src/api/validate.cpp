@@ -201,8 +201,8 @@ void check_rows_aligned(const std::string& name, const TensorView& t, int64_t he
                            : std::string()));
 }
 
-void check_pointer_location(const std::string& name, const TensorView& t) {
-  if (t.data == nullptr || t.numel() == 0) return;
+void check_pointer_location(const Execution& execution, const std::string& name, const TensorView& t) {
+  if (execution.trust_devices || t.data == nullptr || t.numel() == 0) return;
   const cuda::PointerLocation where = cuda::locate(t.data);
   if (where.kind == cuda::PointerLocation::Unknown) return;
   if (t.device.type == DeviceType::CPU && where.kind == cuda::PointerLocation::Device)
@@ -684,9 +684,9 @@ Backend check_backend_memory(const Execution& execution, const TensorView& q, in
   const Backend backend = resolve_backend(execution, q);
   if (backend == Backend::CUDA)
     for (const Argument& t : copied_by_rows) check_rows_aligned(t.name, *t.view, head_dim);
-  for (const Argument& in : inputs) check_pointer_location(in.name, *in.view);
-  check_pointer_location("out", *out.view);
-  if (lse) check_pointer_location("lse", *lse);
+  for (const Argument& in : inputs) check_pointer_location(execution, in.name, *in.view);
+  check_pointer_location(execution, "out", *out.view);
+  if (lse) check_pointer_location(execution, "lse", *lse);
   return backend;
 }
 
@@ -959,8 +959,8 @@ ValidatedCall validate_probabilities(const TensorView& q, const TensorView& k,
 
   // The CUDA kernel reads and writes element by element: no 16-byte rows needed.
   call.backend = resolve_backend(execution, q);
-  for (const Argument& in : inputs) check_pointer_location(in.name, *in.view);
-  check_pointer_location("probs", probs);
+  for (const Argument& in : inputs) check_pointer_location(execution, in.name, *in.view);
+  check_pointer_location(execution, "probs", probs);
   return call;
 }
 
@@ -1022,7 +1022,7 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
     // The kernels read dout and write the gradients in 16-byte (dq) and 4-byte chunks.
     for (const Argument& t : checked) check_rows_aligned(t.name, *t.view, call.head_dim);
   }
-  for (const Argument& t : checked) check_pointer_location(t.name, *t.view);
+  for (const Argument& t : checked) check_pointer_location(execution, t.name, *t.view);
   return call;
 }
 
