@@ -5,6 +5,7 @@
 # memcheck racecheck synccheck), then bench/forward.py over the grid with the peers, and the
 # causal points again on FLASHATTN_SM90_FORWARD_GRID=persistent (WS_SKIP_GRID_AB=1: not);
 # WS_EXTRA=1: bench/overhead.py and a sample of upstream's tests (dev/upstream_tests.sh).
+# WS_PYTEST=1: tests/python (CUDA cases included) on the installed package.
 # WS_SKIP_TESTS=1: the package and the benchmarks only. WS_BENCH_ARGS: extra bench/forward.py arguments (e.g. "--hdims 128 --seqlens 8192 16384").
 # WS_TEST_ENVS="VAR=value ...": the forward suite again under each setting. WS_AB="VAR=value ...":
 # bench/forward.py (ours alone, WS_AB_ARGS) again under each setting. WS_SKIP_GRID=1: no peer
@@ -44,6 +45,11 @@ done
 fi  # WS_SKIP_TESTS
 wait $pip_pid
 stamp "pip install: $(cat "$out/pip.rc")"; tail -3 "$out/pip.log"
+if [ -n "${WS_PYTEST:-}" ]; then  # the Python package's tests, its CUDA cases included
+  (cd tests/python && timeout "${WS_PYTEST_TIMEOUT:-200}" "$py" -m pytest -q -p no:cacheprovider >"$out/pytest.log" 2>&1)
+  stamp "pytest tests/python: $? $(tail -1 "$out/pytest.log")"
+  grep -E "^FAILED|^ERROR" "$out/pytest.log" | head -10
+fi
 cd bench || exit
 if [ -z "${WS_SKIP_GRID:-}" ]; then
   timeout 300 "$py" forward.py --out "$out/grid" ${WS_BENCH_ARGS:-} >"$out/bench.log" 2>&1
