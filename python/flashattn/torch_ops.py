@@ -74,11 +74,11 @@ def _execution(t: Tensor) -> dict:
     # so no device guard is needed here; the stream is that GPU's current one. A torch tensor's
     # device is where its memory lives, so the library's per-pointer check (a CUDA query of
     # about 1 us per tensor) is skipped: trust_devices.
-    if t.is_cuda:
-        if _raw_stream is not None:
-            return {"stream": _raw_stream(t.get_device()), "trust_devices": True}
-        return {"stream": torch.cuda.current_stream(t.device).cuda_stream, "trust_devices": True}
-    return {"trust_devices": True}
+    if not t.is_cuda:
+        return {"trust_devices": True}
+    stream = (_raw_stream(t.get_device()) if _raw_stream is not None
+              else torch.cuda.current_stream(t.device).cuda_stream)
+    return {"stream": stream, "trust_devices": True}
 
 
 def _contiguous_last(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -150,8 +150,13 @@ def _plain_eager(*tensors: Optional[Tensor]) -> bool:
 _PLAIN_TYPES = frozenset((Tensor, torch.nn.Parameter, type(None), bool, int, float))
 
 
-def _wants_grad(*tensors: Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def _wants_grad(*tensors: Optional[Tensor]) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:  # a loop, not any(generator): this runs on every eager call
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------- dense
@@ -561,10 +566,8 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, *rest,
     (rest: fwd_kvcache's arguments after v; want_lse as forward()'s). The op has no autograd
     formula: a call that wants a gradient takes the op, so that it refuses the backward as the
     op does."""
-    if not _plain_eager(q, k_cache, v_cache, cache_seqlens, k, v, *rest) or (
-            torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad
-                                         or v_cache.requires_grad or (k is not None and k.requires_grad)
-                                         or (v is not None and v.requires_grad))):
+    if not _plain_eager(q, k_cache, v_cache, cache_seqlens, k, v, *rest) or _wants_grad(
+            q, k_cache, v_cache, k, v):
         return fwd_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, *rest)
     out, lse = _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, *rest,
                                  want_lse=want_lse)

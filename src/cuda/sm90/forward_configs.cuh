@@ -87,26 +87,29 @@ inline ForwardTiles forward_tiles(const ForwardParams& p, int block_m) {
 // tiles' work differs, and a static share leaves SMs idle at the end (H200: -3 to -30 % at
 // 512-4k causal): one CTA per tile, started by the hardware as SMs free up (up to the grid's
 // x extent, 2^31 - 1; past it the persistent grid takes those calls too).
+inline unsigned persistent_ctas(const ForwardTiles& tiles) {
+  return static_cast<unsigned>(std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count())));
+}
 inline unsigned forward_ctas(const ForwardTiles& tiles) {
-  const int64_t persistent = std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count()));
-  return static_cast<unsigned>(tiles.heads_first && tiles.tiles <= INT32_MAX ? tiles.tiles : persistent);
+  return tiles.heads_first && tiles.tiles <= INT32_MAX ? static_cast<unsigned>(tiles.tiles) : persistent_ctas(tiles);
 }
 
 // The TMA kernel's grid: as forward_ctas, or persistent under the masks as well (its
 // tile_of_round then evens out the CTAs' work). Persistent by default where a sequence has at
-// most persistent_blocks query blocks: there a tile is a few key blocks and a CTA's start and
+// most kPersistentBlocks query blocks: there a tile is a few key blocks and a CTA's start and
 // Q load weigh most. H200, bench/forward.py causal bf16, persistent against one CTA per tile:
 // two consumers (128-row tiles, 2026-12-03): 1.23-1.25x at 512 at head dims 64 and 128, 1.04x
 // at 256; 0.71-0.98x at 1k-4k, 0.99-1.01x at 16k: beyond 4 blocks the static deal leaves SMs
 // idle at the end. Three consumers (192-row tiles at head dim 64, 2026-12-04): 1.03x at 512,
 // 1.17x at 1k, 1.07x at 2k, 1.04x at 4k, 0.99-1.00x at 8k-16k: persistent up to 4096 rows (22
 // blocks). FLASHATTN_SM90_FORWARD_GRID chooses either everywhere.
-inline unsigned ws_forward_ctas(const ForwardTiles& tiles, int persistent_blocks) {
+template <typename Cfg>
+unsigned ws_forward_ctas(const ForwardTiles& tiles) {
+  constexpr int kPersistentBlocks = Cfg::kConsumers == 3 ? (4096 + Cfg::kBlockM - 1) / Cfg::kBlockM : 4;
   const knobs::Sm90ForwardGrid chosen = knobs::sm90_forward_grid();
   const bool persistent = chosen == knobs::Sm90ForwardGrid::Persistent ||
-                          (chosen == knobs::Sm90ForwardGrid::Default && tiles.m_blocks <= persistent_blocks);
-  return persistent ? static_cast<unsigned>(std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count())))
-                    : forward_ctas(tiles);
+                          (chosen == knobs::Sm90ForwardGrid::Default && tiles.m_blocks <= kPersistentBlocks);
+  return persistent ? persistent_ctas(tiles) : forward_ctas(tiles);
 }
 
 template <typename Cfg>
@@ -157,8 +160,7 @@ bool launch_forward_ws(const ForwardParams& p) {
   });
   const auto kernel = needs_general_variant(p) ? general_kernel : forward_ws_kernel<Cfg, false>;
   args.tiles = forward_tiles(p, Cfg::kBlockM);
-  constexpr int kPersistentBlocks = Cfg::kConsumers == 3 ? (4096 + Cfg::kBlockM - 1) / Cfg::kBlockM : 4;
-  kernel<<<ws_forward_ctas(args.tiles, kPersistentBlocks), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
+  kernel<<<ws_forward_ctas<Cfg>(args.tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
       args);
   return true;
 }
