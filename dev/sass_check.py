@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Reads the SASS of the sm90 forward kernels and says, per kernel, whether the softmax
-overlaps P V inside a warpgroup: whether MUFU.EX2 instructions sit between a
-`WARPGROUP.DEPBAR.LE gsb0, 0x1` (S is done, P V still runs) and the next
-`WARPGROUP.DEPBAR.LE gsb0, 0x0` (P V is done). Also counts spill instructions (STL/LDL).
+"""Reads the SASS of the sm90 forward kernels and of the TMA backward kernel and says, per
+kernel, whether the exponentials overlap a matrix product inside a warpgroup: whether
+MUFU.EX2 instructions sit between a `WARPGROUP.DEPBAR.LE gsb0, 0x1` (one group is done,
+the next still runs: P V in the forward, dP^T in the backward) and the next
+`WARPGROUP.DEPBAR` (that group is done). Also counts spill instructions (STL/LDL).
 
     python3 dev/sass_check.py OBJECT_OR_CUBIN [...]   (cuobjdump and nvdisasm on PATH; the
     PyPI wheels nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm have them)
@@ -32,15 +33,13 @@ def kernels(path):
 
 
 def overlap_windows(lines):
-    """(EX2 inside windows opened by a wait for 1 and closed by a wait for 0, windows seen)."""
+    """(EX2 inside windows opened by a wait for 1 and closed by the next wait, windows seen)."""
     inside, ex2, windows = False, 0, 0
     for line in lines:
         m = DEPBAR.search(line)
         if m:
-            if m.group(1) == "1":
-                inside, windows = True, windows + 1
-            else:
-                inside = False
+            inside = m.group(1) == "1"
+            windows += inside
         elif inside and "MUFU.EX2" in line:
             ex2 += 1
     return ex2, windows
@@ -50,7 +49,7 @@ def main(paths):
     bad = 0
     for path in paths:
         for name, lines in kernels(path):
-            if "sm90" not in name or "forward" not in name:
+            if "sm90" not in name or ("forward" not in name and "backward_ws" not in name):
                 continue
             ex2, windows = overlap_windows(lines)
             spills = sum(1 for line in lines if re.search(r"\b(STL|LDL)\b", line))

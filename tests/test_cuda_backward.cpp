@@ -313,6 +313,32 @@ TEST(CudaBackward, DropoutKeepBitsEqualTheCpuBitForBit) {
     }
 }
 
+// Sets an environment variable for one test and restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// The default mode's stats: D indexed like lse (rows floats), or, where the Hopper TMA kernel
+// takes the call (dense plain calls at buckets 64 and 128 on an sm_90a build), D and
+// lse log2(e) per (batch, head) in rows rounded up to 64 (cuda/backward.cu).
+size_t default_stats_bytes(size_t rows, size_t batch_heads, size_t seqlen_q, bool tma) {
+  return tma ? 2 * batch_heads * ((seqlen_q + 63) / 64 * 64) * 4 : rows * 4;
+}
+
 TEST(CudaBackward, RunsOnTheGivenStreamAndReportsItsWorkspace) {
   Case c;
   c.batch = 2;
@@ -333,12 +359,25 @@ TEST(CudaBackward, RunsOnTheGivenStreamAndReportsItsWorkspace) {
   Execution e = on(Backend::CUDA);
   e.stream = stream;
   const size_t rows = 2 * 4 * 100;
-  for (bool deterministic : {false, true}) {
-    p.o.deterministic = deterministic;
-    const RunInfo info = d.backward(p.o, e);
-    EXPECT_EQ(info.workspace_bytes, deterministic ? rows * 4 : rows * 4 * (64 + 1));
-    EXPECT_EQ(info.deterministic, deterministic);
-    expect_gradients_match_reference(p, deterministic ? "deterministic" : "default");
+  for (const char* loads : {"cp.async", "tma"}) {
+    ScopedEnv forced("FLASHATTN_SM90_BACKWARD_LOADS", loads);
+    for (bool deterministic : {false, true}) {
+      p.o.deterministic = deterministic;
+      const RunInfo info = d.backward(p.o, e);
+      if (deterministic) {
+        EXPECT_EQ(info.workspace_bytes, rows * 4);
+      } else {
+        const size_t accum = rows * 4 * 64, cp_async = accum + default_stats_bytes(rows, 8, 100, false),
+                     tma = accum + default_stats_bytes(rows, 8, 100, true);
+        // cp.async forced: never the TMA kernel's; else that one on an H100/H200.
+        if (loads[0] == 'c')
+          EXPECT_EQ(info.workspace_bytes, cp_async) << loads;
+        else
+          EXPECT_TRUE(info.workspace_bytes == cp_async || info.workspace_bytes == tma) << info.workspace_bytes;
+      }
+      EXPECT_EQ(info.deterministic, deterministic);
+      expect_gradients_match_reference(p, std::string(loads) + (deterministic ? " deterministic" : " default"));
+    }
   }
   cuda_check(cudaStreamSynchronize(stream), "sync");
   cuda_check(cudaStreamDestroy(stream), "destroy");
@@ -366,8 +405,14 @@ TEST(CudaBackward, OddHeadDimReportsItsPaddedCopies) {
   for (bool deterministic : {false, true}) {
     p.o.deterministic = deterministic;
     const RunInfo info = d.backward(p.o);
-    EXPECT_EQ(info.workspace_bytes,
-              copies + (deterministic ? query_rows * 4 : query_rows * 4 * (64 + 1)));
+    if (deterministic) {
+      EXPECT_EQ(info.workspace_bytes, copies + query_rows * 4);
+    } else {
+      const size_t accum = copies + query_rows * 4 * 64;
+      EXPECT_TRUE(info.workspace_bytes == accum + default_stats_bytes(query_rows, 8, 100, false) ||
+                  info.workspace_bytes == accum + default_stats_bytes(query_rows, 8, 100, true))
+          << info.workspace_bytes;
+    }
     expect_gradients_match_reference(p, deterministic ? "deterministic" : "default");
   }
 }
@@ -464,24 +509,6 @@ TEST(CudaBackwardErrors, Fp32IsRejectedClearly) {
   }
 }
 
-// Sets an environment variable for one test and restores it after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // A kernel-family override that names no family is an error naming the variable, before any
 // kernel runs (a typo would otherwise silently measure or test the default kernels).
@@ -503,6 +530,23 @@ TEST(CudaBackwardErrors, UnknownKernelFamilyOverrideIsRejected) {
     cuda_check(cudaDeviceSynchronize(), "sync");
     d.out.download();
     for (size_t n = 0; n < p.out.bytes.size(); ++n) ASSERT_EQ(p.out.bytes[n], 0xff) << "out written at byte " << n;
+  }
+  {
+    ScopedEnv forced("FLASHATTN_SM90_BACKWARD_LOADS", "bulk");
+    d.dq.poison();
+    try {
+      flashattn::backward(d.q.view(), d.k.view(), d.v.view(), d.out.view(), d.dout.view(),
+                          d.lse.view(), d.dq.view(), d.dk.view(), d.dv.view(), {},
+                          on(Backend::CUDA));
+      ADD_FAILURE() << "FLASHATTN_SM90_BACKWARD_LOADS=bulk was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_EQ(e.argument(), "FLASHATTN_SM90_BACKWARD_LOADS") << e.what();
+      EXPECT_EQ(e.given(), "bulk") << e.what();
+    }
+    cuda_check(cudaDeviceSynchronize(), "sync");
+    d.dq.download();
+    for (size_t n = 0; n < p.dq.bytes.size(); ++n) ASSERT_EQ(p.dq.bytes[n], 0xff) << "dq written at byte " << n;
   }
   {
     ScopedEnv forced("FLASHATTN_CUDA_BACKWARD", "sm90");  // the backward can force sm80 only

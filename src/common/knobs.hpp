@@ -22,6 +22,7 @@ inline constexpr char kCudaSmemLimit[] = "FLASHATTN_CUDA_SMEM_LIMIT";
 inline constexpr char kSm90ForwardLoads[] = "FLASHATTN_SM90_FORWARD_LOADS";
 inline constexpr char kSm90ForwardGrid[] = "FLASHATTN_SM90_FORWARD_GRID";
 inline constexpr char kSm90ForwardShape[] = "FLASHATTN_SM90_FORWARD_SHAPE";
+inline constexpr char kSm90BackwardLoads[] = "FLASHATTN_SM90_BACKWARD_LOADS";
 inline constexpr char kCudaDqAtomics[] = "FLASHATTN_CUDA_DQ_ATOMICS";
 // Read only in tuning builds (-DFLASHATTN_SM80_TUNING=ON).
 inline constexpr char kCudaGrid[] = "FLASHATTN_CUDA_GRID";
@@ -67,6 +68,17 @@ inline bool sm90_forward_uses_tma() {
   if (set == nullptr || *set == '\0' || std::string_view(set) == "tma") return true;
   if (std::string_view(set) == "cp.async") return false;
   throw Error(ErrorCode::InvalidArgument, kSm90ForwardLoads, "tma, cp.async or unset", std::string(set));
+}
+
+// FLASHATTN_SM90_BACKWARD_LOADS=cp.async keeps the sm90 backward on its cp.async kernel (all
+// threads load, no warp specialisation) where the TMA kernel would run (the tests run the CUDA
+// backward suite both ways; the benchmarks compare them). =tma or unset: the TMA kernel
+// wherever it covers the call.
+inline bool sm90_backward_uses_tma() {
+  const char* set = value(kSm90BackwardLoads);
+  if (set == nullptr || *set == '\0' || std::string_view(set) == "tma") return true;
+  if (std::string_view(set) == "cp.async") return false;
+  throw Error(ErrorCode::InvalidArgument, kSm90BackwardLoads, "tma, cp.async or unset", std::string(set));
 }
 
 // FLASHATTN_SM90_FORWARD_GRID=persistent|per-tile: the grid of the TMA forward under causal

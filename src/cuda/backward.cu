@@ -2,15 +2,20 @@
 // the call's dtype and head-dim bucket, and the dQ conversion.
 //
 //   1. preprocess:  D_i = rowsum(dO_i o O_i) in fp32 (O as the forward wrote it, dropout
-//                   included), and the fp32 dQ accumulator zeroed (default mode);
-//   2. sm80 kernels (backward_kernel.cuh): dK and dV; dQ into the accumulator with atomics
-//                   (default), or dQ straight into dq by a query-parallel kernel
+//                   included), and the fp32 dQ accumulator zeroed (default mode); for the
+//                   sm90 TMA kernel D and lse log2(e) into padded copies instead;
+//   2. the kernels: on Hopper the sm90 ones where they cover the call (the TMA kernel,
+//                   sm90/backward_ws_kernel.cuh, for dense plain calls at buckets 64 and 128;
+//                   the cp.async one, sm90/backward_kernel.cuh, for the other plain calls),
+//                   else the sm80 kernels (backward_kernel.cuh): dK and dV; dQ into the
+//                   accumulator (default), or dQ straight into dq by a query-parallel kernel
 //                   (deterministic mode);
 //   3. convert:     dq = softmax_scale * accumulator in dq's dtype (default mode).
 //
 // The workspace (accumulator, rows x bucket floats, and D, one float per row, both indexed
-// like lse) is allocated and freed stream-ordered on the caller's stream: no device-wide
-// synchronisation, and freed on every path out of this function.
+// like lse; or for the TMA kernel the padded D and lse copies instead of D) is allocated and
+// freed stream-ordered on the caller's stream: no device-wide synchronisation, and freed on
+// every path out of this function.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -24,6 +29,7 @@
 #include "cuda/head_dim_padding.hpp"
 #include "cuda/sm80/backward_configs.cuh"
 #include "cuda/sm90/backward_kernel.cuh"
+#include "cuda/sm90/backward_ws_kernel.cuh"
 
 namespace flashattn::detail::cuda {
 #ifdef FLASHATTN_SM80_TUNING
@@ -56,6 +62,7 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
   const int64_t i = int64_t{blockIdx.x} * kRowsPerCta + threadIdx.x / kThreadsPerRow;
   const int part = threadIdx.x % kThreadsPerRow;
   const bool valid = i < seq.seqlen_q;
+  const bool padded = kp.lse_log2 != nullptr;  // the TMA kernel's stats, dense calls only
   float sum = 0.0f;
   if (valid) {
     const Element* out = static_cast<const Element*>(p.out) + b * p.out_batch_stride +
@@ -77,9 +84,16 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
 #pragma unroll
   for (int offset = 1; offset < kThreadsPerRow; offset *= 2)
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (!valid) return;
   const int64_t at = sm80::row_index(p, b, h, seq.q_row0, i);
-  if (part == 0) kp.delta[at] = sum;
+  if (padded && part == 0 && i < kp.padded_rows) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float lse = valid ? p.lse[at] : -INFINITY;
+    const int64_t padded_at = (int64_t{b} * p.heads + h) * kp.padded_rows + i;
+    kp.lse_log2[padded_at] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    kp.delta_padded[padded_at] = valid ? sum : 0.0f;
+  }
+  if (!valid) return;
+  if (!padded && part == 0) kp.delta[at] = sum;
   if (kp.dq_accum != nullptr) {
     float4* row = reinterpret_cast<float4*>(kp.dq_accum + at * kp.accum_dim);
     for (int n = part; n < kp.accum_dim / 4; n += kThreadsPerRow)
@@ -113,15 +127,33 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
   }
 }
 
-// The sm90 key-parallel kernel takes plain calls (no softcap, ALiBi or dropout) in the default
-// (atomic dQ) mode with head-dim buckets 64, 128 and 256, on a GPU that loaded its sm_90a code.
-// FLASHATTN_CUDA_BACKWARD=sm80 keeps every call on the sm80 kernels.
+// The sm90 kernels take plain calls (no softcap, ALiBi or dropout) in the default (atomic dQ)
+// mode, on a GPU that loaded their sm_90a code. FLASHATTN_CUDA_BACKWARD=sm80 keeps every call
+// on the sm80 kernels.
+bool sm90_may_take(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
+  const ForwardParams& p = kp.bp.fwd;
+  return forced != knobs::KernelFamily::Sm80 && !kp.bp.deterministic && !kp.has_dropout && p.softcap <= 0.0f &&
+         p.alibi_slopes == nullptr;
+}
+
+// The TMA kernel: dense calls at buckets 64 and 128 whose tensors TMA can describe (args gets
+// their maps); FLASHATTN_SM90_BACKWARD_LOADS=cp.async leaves them to the cp.async kernel.
+template <typename Element>
+bool prepare_sm90_ws(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced, sm90::WsBackwardArgs& args) {
+  const ForwardParams& p = kp.bp.fwd;
+  if (!sm90_may_take(kp, forced) || p.is_varlen() || !knobs::sm90_backward_uses_tma()) return false;
+  switch (head_dim_bucket(p.head_dim)) {
+    case 64: return sm90::prepare_backward_ws<Element, 64>(kp, args);
+    case 128: return sm90::prepare_backward_ws<Element, 128>(kp, args);
+  }
+  return false;
+}
+
+// The cp.async key-parallel kernel: plain calls at buckets 64, 128 and 256.
 template <typename Element>
 bool run_sm90(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
   const ForwardParams& p = kp.bp.fwd;
-  if (forced == knobs::KernelFamily::Sm80 || kp.bp.deterministic || kp.has_dropout || p.softcap > 0.0f ||
-      p.alibi_slopes != nullptr)
-    return false;
+  if (!sm90_may_take(kp, forced)) return false;
   switch (head_dim_bucket(p.head_dim)) {
     case 64: return sm90::run_backward<Element, 64>(kp);
     case 128: return sm90::run_backward<Element, 128>(kp);
@@ -138,21 +170,33 @@ void run_bucket(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced
   });
 }
 
+// ws: the TMA kernel's tensor maps where it takes the call (kp has its padded stats), else null.
 template <typename Element>
-void run_all(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
+void run_all(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced, sm90::WsBackwardArgs* ws) {
   const ForwardParams& p = kp.bp.fwd;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  const dim3 rows_grid(static_cast<unsigned>((p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta),
-                       static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+  const auto rows_grid = [&](int64_t rows) {
+    return dim3(static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>(p.heads),
+                static_cast<unsigned>(p.batch));
+  };
   constexpr int kThreads = kRowsPerCta * kThreadsPerRow;
   if (p.seqlen_q > 0)
-    backward_preprocess_kernel<Element><<<rows_grid, kThreads, 0, stream>>>(kp);
+    backward_preprocess_kernel<Element>
+        <<<rows_grid(ws != nullptr ? kp.padded_rows : p.seqlen_q), kThreads, 0, stream>>>(kp);
+  if (ws != nullptr) {
+    ws->kp = kp;
+    if (head_dim_bucket(p.head_dim) == 64)
+      sm90::launch_backward_ws<Element, 64>(*ws);
+    else
+      sm90::launch_backward_ws<Element, 128>(*ws);
+  } else {
 #ifdef FLASHATTN_SM80_TUNING
-  if (!sm80::run_backward_tuning_candidate(kp))
+    if (!sm80::run_backward_tuning_candidate(kp))
 #endif
-    run_bucket<Element>(kp, forced);
+      run_bucket<Element>(kp, forced);
+  }
   if (kp.dq_accum != nullptr && p.seqlen_q > 0)
-    backward_convert_dq_kernel<Element><<<rows_grid, kThreads, 0, stream>>>(kp);
+    backward_convert_dq_kernel<Element><<<rows_grid(p.seqlen_q), kThreads, 0, stream>>>(kp);
 }
 
 // The backward of a call whose head dim is a multiple of 8 (backward() pads the others).
@@ -165,24 +209,35 @@ size_t run_backward(const BackwardParams& bp, knobs::KernelFamily forced) {
     kp.dropout = make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p);
     kp.has_dropout = true;
   }
+  sm90::WsBackwardArgs ws_args;
+  const bool ws = p.dtype == DType::Float16 ? prepare_sm90_ws<__half>(kp, forced, ws_args)
+                                            : prepare_sm90_ws<__nv_bfloat16>(kp, forced, ws_args);
   // Rows of the lse-shaped buffers: B H Sq dense, H total_q varlen.
   const int64_t rows = p.is_varlen() ? int64_t{p.heads} * p.lse_head_stride
                                      : int64_t{p.batch} * p.lse_batch_stride;
   const size_t accum_bytes =
       bp.deterministic ? 0 : static_cast<size_t>(rows) * kp.accum_dim * sizeof(float);
-  const size_t delta_bytes = static_cast<size_t>(rows) * sizeof(float);
+  // D indexed like lse, or (TMA kernel) D and lse log2(e) per (b, h) in whole 64-row steps.
+  kp.padded_rows = ws ? (p.seqlen_q + 63) / 64 * 64 : 0;
+  const size_t padded_bytes = static_cast<size_t>(int64_t{p.batch} * p.heads * kp.padded_rows) * sizeof(float);
+  const size_t stats_bytes = ws ? 2 * padded_bytes : static_cast<size_t>(rows) * sizeof(float);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  StreamAllocation workspace(accum_bytes + delta_bytes, stream, "backward workspace");
+  StreamAllocation workspace(accum_bytes + stats_bytes, stream, "backward workspace");
   char* base = static_cast<char*>(workspace.data());
   kp.dq_accum = accum_bytes > 0 ? reinterpret_cast<float*>(base) : nullptr;
-  kp.delta = reinterpret_cast<float*>(base + accum_bytes);
+  if (ws) {
+    kp.lse_log2 = reinterpret_cast<float*>(base + accum_bytes);
+    kp.delta_padded = reinterpret_cast<float*>(base + accum_bytes + padded_bytes);
+  } else {
+    kp.delta = reinterpret_cast<float*>(base + accum_bytes);
+  }
 
   if (p.dtype == DType::Float16)
-    run_all<__half>(kp, forced);
+    run_all<__half>(kp, forced, ws ? &ws_args : nullptr);
   else
-    run_all<__nv_bfloat16>(kp, forced);
+    run_all<__nv_bfloat16>(kp, forced, ws ? &ws_args : nullptr);
   throw_if_failed(cudaGetLastError(), "successful kernel launches");
-  return accum_bytes + delta_bytes;
+  return accum_bytes + stats_bytes;
 }
 
 }  // namespace

@@ -84,6 +84,9 @@ __device__ __forceinline__ uint2 ld_shared_64(uint32_t shared_src) {
   asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(shared_src));
   return v;
 }
+__device__ __forceinline__ void st_shared_64(uint32_t shared_dst, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(shared_dst), "f"(a), "f"(b));
+}
 __device__ __forceinline__ void st_shared_128(uint32_t shared_dst, uint4 value) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_dst), "r"(value.x),
                "r"(value.y), "r"(value.z), "r"(value.w));

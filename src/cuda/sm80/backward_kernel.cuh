@@ -60,6 +60,13 @@ struct BackwardKernelParams {
   // sm_90: the key-parallel kernel adds dQ with bulk reductions from Cfg::kDqStagingBytes of
   // extra shared memory (set at launch where that fits) instead of per-element atomics.
   bool bulk_dq = false;
+  // The sm90 TMA kernel (sm90/backward_ws_kernel.cuh) reads the stats from padded copies that
+  // the preprocess writes instead of delta: lse log2(e) (+inf where a row saw no key and for
+  // rows past the sequence) and D (0 there), the rows of (b, h) from (b H + h) padded_rows on,
+  // padded_rows a whole number of its steps. Null for the other kernels.
+  float* lse_log2 = nullptr;
+  float* delta_padded = nullptr;
+  int64_t padded_rows = 0;
 };
 
 // Row i of sequence b, head h in lse-shaped buffers (dense (B, H, Sq); varlen (H, total_q)).

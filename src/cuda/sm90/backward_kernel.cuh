@@ -229,8 +229,9 @@ __device__ __forceinline__ void load_keys_and_values(const ForwardParams& p, con
 // keys key0 and key0 + 8 of the block starting at j0): column c is query row m0 + c, with its
 // lse at lse_cols[c] in shared memory (+inf, so that P = 0, for a row that saw no key). Where the step needs the
 // mask (BackwardBlock::needs_mask), key j sees the rows rows_seeing_keys(j, j + 1) and keys
-// past the sequence see none; elsewhere the loop is the exponentials alone.
-template <int kCols>
+// past the sequence see none; elsewhere the loop is the exponentials alone. kLog2Lse: lse_cols
+// holds lse log2(e) already, +inf where a row saw no key (the TMA kernel's padded copy).
+template <int kCols, bool kLog2Lse = false>
 __device__ __forceinline__ void probabilities_from_scores(float (&st)[kCols / 2], const float* lse_cols,
                                                           const BackwardBlock& blk, const ForwardParams& p,
                                                           int64_t m0, int key0, float score_scale,
@@ -243,7 +244,7 @@ __device__ __forceinline__ void probabilities_from_scores(float (&st)[kCols / 2]
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const float lse = lse_cols[t * 8 + quad_col + e];
-      lse2[2 * t + e] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      lse2[2 * t + e] = kLog2Lse ? lse : (lse == -INFINITY ? INFINITY : lse * kLog2e);
     }
   if (!needs_mask) {
 #pragma unroll

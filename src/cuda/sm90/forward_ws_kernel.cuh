@@ -108,18 +108,6 @@ struct WsShared {
 };
 inline constexpr int kKeysRing = 0, kValuesRing = 1;
 
-// Position in a ring: buffer `stage`, used for the `use`-th time; a full barrier's waiters pass
-// parity use & 1, the producer waiting for the buffer to be empty the opposite one (a fresh
-// barrier counts as having completed the phase before its first).
-struct RingSlot {
-  int stage;
-  uint32_t parity;
-};
-template <int kStages>
-__device__ __forceinline__ RingSlot ring_slot(int iteration) {
-  return {iteration % kStages, static_cast<uint32_t>((iteration / kStages) & 1)};
-}
-
 // The tiles a CTA takes, round by round: round r deals tiles [r G, r G + G) out to the G CTAs,
 // every other round in reverse, so that under the masks (tiles in heaviest-first order,
 // tile_order.cuh) the CTA that took one round's heaviest tile takes the next one's lightest.

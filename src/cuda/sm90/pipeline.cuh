@@ -41,6 +41,18 @@ struct Mbarrier {
   }
 };
 
+// Position in a ring: buffer `stage`, used for the `use`-th time; a full barrier's waiters pass
+// parity use & 1, the producer waiting for the buffer to be empty the opposite one (a fresh
+// barrier counts as having completed the phase before its first).
+struct RingSlot {
+  int stage;
+  uint32_t parity;
+};
+template <int kStages>
+__device__ __forceinline__ RingSlot ring_slot(int iteration) {
+  return {iteration % kStages, static_cast<uint32_t>((iteration / kStages) & 1)};
+}
+
 // Makes the barriers' initialisation visible to the async proxy (the TMA unit) before any
 // copy completes on them; the CTA-wide barrier after it makes it visible to the other threads.
 __device__ __forceinline__ void fence_barrier_init() {
@@ -56,6 +68,14 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const void* map, int32_t 
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(map), "r"(col), "r"(row), "r"(head), "r"(batch),
       "r"(static_cast<uint32_t>(__cvta_generic_to_shared(full.word)))
+      : "memory");
+}
+// `bytes` (a multiple of 16) from global memory at `src` into shared memory at `dst` (both
+// 16-byte aligned) as one bulk copy, completing on `full`. Issued by one thread.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, const Mbarrier& full) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(full.word)))
       : "memory");
 }
 // One box from shared memory at `src` into a 4-D tensor map's tensor (the parts of the box

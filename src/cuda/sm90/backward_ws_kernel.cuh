@@ -1,0 +1,427 @@
+// The warp-specialised sm90 (Hopper) backward kernel: FlashAttention-3's backward on our own
+// primitives (cuda/sm90/pipeline.cuh, cuda/common/wgmma.cuh). The arithmetic is the
+// key-parallel kernel's (backward_kernel.cuh says it in full: S^T, dP^T, P^T, dS^T, dV, dK
+// and dQ per step, keys as wgmma's M); what differs is who loads and who adds dQ.
+//
+// A CTA owns kBlockN = 128 keys of one (batch, kv head) and has three warpgroups:
+//   warpgroup 0, the producer, gives most of its registers back (setmaxnreg). One thread of
+//     its warp 0 loads K and V once and then, step after step, Q with lse log2(e) and dO
+//     with D into a two-stage ring, all through TMA, each stage guarded by a full and an
+//     empty mbarrier. Its warp 1 adds each step's dQ tile to the fp32 accumulator with bulk
+//     reductions (cp.reduce.async.bulk, one per row) from shared memory. Warps 2-3 exit.
+//   warpgroups 1 and 2, the consumers, 64 keys each, take the registers given back. Per step:
+//       S^T = K Q^T, then dP^T = V dO^T (two commit groups); P^T while dP^T runs;
+//       dV += P^T dO; dS^T = P^T o (dP^T - D), to shared memory;
+//       (both consumers' dS^T written) dQ = dS K, this consumer's half of the head dim;
+//       dK += dS^T Q while dQ's tile goes to shared memory for the writer warp.
+//     Q and dO are released as soon as the wgmmas that read them are done, so the producer
+//     loads step it + 2 while step it + 1 runs.
+// Named barriers: the consumers meet once per step (every dS^T written before dQ reads it),
+// and the writer warp and the consumers hand the dQ tile back and forth.
+//
+// It takes dense calls (no cu_seqlens): their tensors are the 4-D boxes TMA reads, rows past
+// a sequence's end filled with zeros. The stats come from the preprocess in a padded copy
+// (BackwardKernelParams::lse_log2, delta_padded), rows rounded up to whole 64-row steps, so
+// that each step's 256 bytes are one bulk copy inside the buffer and rows past the end give
+// P = 0 (lse log2(e) = +inf there).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/kernel_code.cuh"
+#include "cuda/common/per_device.hpp"
+#include "cuda/common/tile_order.cuh"
+#include "cuda/devices.hpp"
+#include "cuda/sm90/backward_kernel.cuh"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/tensor_maps.hpp"
+
+namespace flashattn::detail::cuda::sm90 {
+
+template <typename Element_, int kHeadDim_>
+struct WsBackwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;  // 64 or 128: dK and dV of 64 keys in registers
+  static constexpr int kBlockN = 128;         // keys per CTA: 64 per consumer
+  static constexpr int kBlockM = 64;          // query rows per step
+  static constexpr int kStages = 2;           // Q and dO buffers each
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kPanels = kHeadDim / 64;
+  static constexpr int kKBytes = kBlockN * kHeadDim * 2;  // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // Q or dO, per stage
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T: [key][row], one 128-byte panel
+  static constexpr int kStatBytes = kBlockM * 4;          // lse log2(e) or D, per stage
+  // The dQ tile in fp32, rows padded by 8 floats: a warp's float2 stores (8 rows x 4 lanes)
+  // then fall on distinct banks in each half; rows stay 16-byte aligned for the reductions.
+  static constexpr int kDqRowBytes = (kHeadDim + 8) * 4;
+  static constexpr int kDqBytes = kBlockM * kDqRowBytes;
+  static constexpr int kBarriers = 1 + 4 * kStages;  // kv_full, then q/do full/empty per stage
+  // 1 KiB to align the base to a swizzle atom; K, V, the Q and dO rings and dS^T (each a
+  // multiple of 1 KiB), the dQ tile, the stats, the barriers. 100 KiB at 64, 182 KiB at 128.
+  static constexpr int kSharedBytes =
+      1024 + 2 * kKBytes + 2 * kStages * kQBytes + kDsBytes + kDqBytes + 2 * kStages * kStatBytes + 8 * kBarriers;
+  // The launch gives every thread 168 registers (64,512 of the SM's 65,536 for 384 threads);
+  // setmaxnreg moves them: 128 x 24 + 256 x 240 = 64,512. (A consumer's claim waits until the
+  // producer has given back enough: asking more than the launch gave hangs the CTA.)
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head-dim buckets 64 and 128");
+  static_assert(sizeof(Element) == 2, "16-bit elements: 64 of them fill a 128-byte row");
+};
+
+// The kernel's parameters: the tensor maps of q and dout (boxes of a step's 64 rows), k and v
+// (the CTA's 128 keys), and the call.
+struct WsBackwardArgs {
+  CUtensorMap q, k, v, dout;
+  BackwardKernelParams kp;
+};
+
+template <typename Cfg>
+struct WsBackwardShared {
+  uint32_t k, v, q, dout, ds, dq, lse, delta;  // shared addresses; q, dout, lse, delta: kStages each
+  unsigned char* generic;                       // k's generic address
+  uint64_t* barriers;
+
+  __device__ explicit WsBackwardShared(unsigned char* raw) {
+    const uint32_t base = ptx::shared_address(raw);
+    generic = raw + (((base + 1023) & ~1023u) - base);
+    k = ptx::shared_address(generic);
+    v = k + Cfg::kKBytes;
+    q = v + Cfg::kKBytes;
+    dout = q + Cfg::kStages * Cfg::kQBytes;
+    ds = dout + Cfg::kStages * Cfg::kQBytes;
+    dq = ds + Cfg::kDsBytes;
+    lse = dq + Cfg::kDqBytes;
+    delta = lse + Cfg::kStages * Cfg::kStatBytes;
+    barriers = reinterpret_cast<uint64_t*>(generic + (delta + Cfg::kStages * Cfg::kStatBytes - k));
+  }
+  __device__ Mbarrier kv_full() const { return {barriers}; }
+  __device__ Mbarrier q_full(int stage) const { return {barriers + 1 + 4 * stage}; }
+  __device__ Mbarrier q_empty(int stage) const { return {barriers + 2 + 4 * stage}; }
+  __device__ Mbarrier do_full(int stage) const { return {barriers + 3 + 4 * stage}; }
+  __device__ Mbarrier do_empty(int stage) const { return {barriers + 4 + 4 * stage}; }
+  __device__ const float* stats(uint32_t at) const {  // a generic pointer into lse or delta
+    return reinterpret_cast<const float*>(generic + (at - k));
+  }
+};
+
+// The named barriers (0 is __syncthreads): every dS^T of a step written (the consumers' 256
+// threads), and the dQ tile handed to the writer warp and back (those and its 32).
+inline constexpr int kDsWrittenBarrier = 1, kDqFullBarrier = 2, kDqEmptyBarrier = 3;
+inline constexpr int kConsumerThreads = 256, kDqHandoffThreads = 256 + 32;
+
+// The padded stats' first row of a step: rows of (b, h) from ((b H + h) padded_rows) on.
+__device__ __forceinline__ int64_t padded_stats_row(const BackwardKernelParams& kp, int b, int head, int64_t m0) {
+  return (int64_t{b} * kp.bp.fwd.heads + head) * kp.padded_rows + m0;
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void produce_backward(const WsBackwardArgs& args, const WsBackwardShared<Cfg>& sh,
+                                                 const BackwardBlock& blk) {
+  const BackwardKernelParams& kp = args.kp;
+  prefetch_tensor_map(&args.q);
+  prefetch_tensor_map(&args.k);
+  prefetch_tensor_map(&args.v);
+  prefetch_tensor_map(&args.dout);
+  const int32_t j0 = static_cast<int32_t>(blk.j0);
+  sh.kv_full().arrive_expect_bytes(2 * Cfg::kKBytes);
+#pragma unroll
+  for (int panel = 0; panel < Cfg::kPanels; ++panel) {
+    tma_load(sh.k + panel * Cfg::kBlockN * 128, &args.k, panel * 64, j0, blk.hk, blk.b, sh.kv_full());
+    tma_load(sh.v + panel * Cfg::kBlockN * 128, &args.v, panel * 64, j0, blk.hk, blk.b, sh.kv_full());
+  }
+  // The steps as two loops (heads of the group, then query blocks), their stats as pointers
+  // that move by a block: the producer has 24 registers.
+  int it = 0;
+  const int m_end = static_cast<int>(blk.m_first) + blk.m_blocks;
+#pragma unroll 1
+  for (int head = blk.hk * blk.group; head < (blk.hk + 1) * blk.group; ++head) {
+    const int64_t first_stats = padded_stats_row(kp, blk.b, head, blk.m_first * Cfg::kBlockM);
+    const float* lse_src = kp.lse_log2 + first_stats;
+    const float* delta_src = kp.delta_padded + first_stats;
+#pragma unroll 1
+    for (int m = static_cast<int>(blk.m_first); m < m_end; ++m, ++it) {
+      const RingSlot slot = ring_slot<Cfg::kStages>(it);
+      const auto load = [&](const void* map, uint32_t ring, uint32_t stats, const float* stats_src, Mbarrier full,
+                            Mbarrier empty) {
+        empty.wait(slot.parity ^ 1);
+        full.arrive_expect_bytes(Cfg::kQBytes + Cfg::kStatBytes);
+        const uint32_t dst = ring + slot.stage * Cfg::kQBytes;
+#pragma unroll
+        for (int panel = 0; panel < Cfg::kPanels; ++panel)
+          tma_load(dst + panel * Cfg::kBlockM * 128, map, panel * 64, m * Cfg::kBlockM, head, blk.b, full);
+        bulk_load(stats + slot.stage * Cfg::kStatBytes, stats_src, Cfg::kStatBytes, full);
+      };
+      load(&args.q, sh.q, sh.lse, lse_src, sh.q_full(slot.stage), sh.q_empty(slot.stage));
+      load(&args.dout, sh.dout, sh.delta, delta_src, sh.do_full(slot.stage), sh.do_empty(slot.stage));
+      lse_src += Cfg::kBlockM;
+      delta_src += Cfg::kBlockM;
+    }
+  }
+}
+
+// The writer warp: each step's dQ tile from shared memory into the accumulator, one bulk
+// reduction per row within the sequence (each lane its rows), then the tile back to the
+// consumers once the reductions have read it.
+template <typename Cfg>
+__device__ __forceinline__ void write_dq(const WsBackwardArgs& args, const WsBackwardShared<Cfg>& sh,
+                                         const BackwardBlock& blk, int lane) {
+  const BackwardKernelParams& kp = args.kp;
+  if (blk.steps == 0) return;
+  named_barrier_arrive(kDqEmptyBarrier, kDqHandoffThreads);  // the tile starts free
+  BackwardBlock::Step step = blk.first_step();
+  for (int it = 0; it < blk.steps; ++it, step = blk.next(step)) {
+    const int64_t m0 = blk.first_row<Cfg::kBlockM>(step);
+    float* accum = kp.dq_accum + sm80::row_index(kp.bp.fwd, blk.b, step.head, 0, m0) * kp.accum_dim;
+    named_barrier_sync(kDqFullBarrier, kDqHandoffThreads);
+    for (int r = lane; r < Cfg::kBlockM; r += 32)
+      if (m0 + r < blk.seq.seqlen_q)
+        ptx::bulk_reduce_add_f32(accum + int64_t{r} * kp.accum_dim, sh.dq + r * Cfg::kDqRowBytes, Cfg::kHeadDim * 4);
+    ptx::bulk_wait_read();
+    __syncwarp();
+    // The last step's tile is not handed back: every arrival then has its wait.
+    if (it + 1 < blk.steps) named_barrier_arrive(kDqEmptyBarrier, kDqHandoffThreads);
+  }
+  ptx::bulk_wait_all();  // the reductions complete before the CTA's shared memory goes
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, const WsBackwardShared<Cfg>& sh,
+                                                 const BackwardBlock& blk, int consumer) {
+  using Element = typename Cfg::Element;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  using TMma = ptx::Wgmma<Element, kBlockM>;       // S^T, dP^T: 64 keys x 64 rows
+  using KvMma = ptx::Wgmma<Element, kHeadDim>;     // dV, dK: 64 keys x head dim
+  using QMma = ptx::Wgmma<Element, kHeadDim / 2>;  // dQ: 64 rows x half the head dim
+  constexpr int kTTiles = kBlockM / 8;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const BackwardKernelParams& kp = args.kp;
+  const ForwardParams& p = kp.bp.fwd;
+
+  const int thread = static_cast<int>(threadIdx.x) % 128;
+  const int warp = thread / 32, lane = thread % 32;
+  const bool releases = thread == 0;  // one arrival per consumer on the empty barriers
+  const int quad_col = (lane % 4) * 2;
+  const int key0 = consumer * 64 + warp * 16 + lane / 4;  // this lane's keys: key0, key0 + 8
+
+  // Descriptors as in the key-parallel kernel (a k-step or a stage moves the start only).
+  const uint64_t k_a = ptx::wgmma_descriptor(sh.k + consumer * 64 * 128, 16, 1024);
+  const uint64_t v_a = ptx::wgmma_descriptor(sh.v + consumer * 64 * 128, 16, 1024);
+  const uint64_t q_b = ptx::wgmma_descriptor(sh.q, 16, 1024), do_b = ptx::wgmma_descriptor(sh.dout, 16, 1024);
+  const uint64_t q_mn = ptx::wgmma_descriptor(sh.q, kBlockM * 128, 1024);
+  const uint64_t do_mn = ptx::wgmma_descriptor(sh.dout, kBlockM * 128, 1024);
+  const uint64_t ds_a = ptx::wgmma_descriptor(sh.ds, 1024, 1024);
+  const int dq_col0 = consumer * (kHeadDim / 2);
+  const uint64_t k_mn =
+      ptx::wgmma_descriptor(sh.k + dq_col0 / 64 * kBlockN * 128 + dq_col0 % 64 * 2, kBlockN * 128, 1024);
+
+  float dk[kHeadDim / 2] = {}, dv[kHeadDim / 2] = {};
+  uint32_t pf[kBlockM / 16][4] = {}, dsf[kBlockM / 16][4] = {};
+  const float score_scale = p.softmax_scale * kLog2e;
+
+  if (blk.steps > 0) sh.kv_full().wait(0);
+  BackwardBlock::Step step = blk.first_step();
+  for (int it = 0; it < blk.steps; ++it) {
+    const RingSlot slot = ring_slot<Cfg::kStages>(it);
+    const int stage = slot.stage;
+    const int64_t m0 = blk.first_row<kBlockM>(step);
+    const uint64_t stage_offset = (stage * Cfg::kQBytes) >> 4;
+    // Declared per step: the wgmmas that overwrite them take them as read-write operands, so
+    // declared outside the loop they would stay live from one step to the next (96 registers
+    // at head dim 128, and a spill).
+    float st[kBlockM / 2] = {}, dpt[kBlockM / 2] = {};
+    float dq[kHeadDim / 4] = {};
+
+    // S^T = K Q^T, then dP^T = V dO^T in a second group: P^T is computed while dP^T runs.
+    sh.q_full(stage).wait(slot.parity);
+    ptx::wgmma_hold(st);
+    ptx::wgmma_hold(dpt);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      TMma::ss(st, k_a + panel_step(kk, kBlockN), q_b + stage_offset + panel_step(kk, kBlockM), kk > 0);
+    ptx::wgmma_commit();
+    sh.do_full(stage).wait(slot.parity);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      TMma::ss(dpt, v_a + panel_step(kk, kBlockN), do_b + stage_offset + panel_step(kk, kBlockM), kk > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<1>();  // S^T
+    ptx::wgmma_hold(st);
+
+    const float* lse_cols = sh.stats(sh.lse + stage * Cfg::kStatBytes);
+    probabilities_from_scores<kBlockM, true>(st, lse_cols, blk, p, m0, key0, score_scale, blk.needs_mask(step));
+    // P^T as A fragments (16 rows of the block each), then dV += P^T dO.
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pf[kk][i] = ptx::pack2<Element>(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+    ptx::wgmma_hold(dv);
+    ptx::wgmma_hold(pf);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) KvMma::rs(dv, pf[kk], do_mn + stage_offset + kk * kRows16);
+    ptx::wgmma_commit();
+
+    // dS^T = P^T o (dP^T - D), D per column; into A fragments and, for dQ, shared memory.
+    ptx::wgmma_wait<1>();  // dP^T
+    ptx::wgmma_hold(dpt);
+    const float* d_cols = sh.stats(sh.delta + stage * Cfg::kStatBytes);
+#pragma unroll
+    for (int t = 0; t < kTTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dpt[4 * t + i] = st[4 * t + i] * (dpt[4 * t + i] - d_cols[t * 8 + quad_col + i % 2]);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dsf[kk][i] = ptx::pack2<Element>(dpt[8 * kk + 2 * i], dpt[8 * kk + 2 * i + 1]);
+    // The stores' addresses from an opaque copy of key0: computed from key0 itself, the
+    // compiler hoists all 16 out of the loop, where they hold registers (and spill).
+    int ds_key = key0;
+    asm volatile("" : "+r"(ds_key));
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int t = 0; t < kTTiles; ++t)
+        ptx::st_shared_32(sh.ds + swizzled_offset<kBlockN>(ds_key + r * 8, t * 8) + quad_col * 2,
+                          dsf[t / 2][(t % 2) * 2 + r]);
+    ptx::fence_proxy_async_shared();
+    named_barrier_sync(kDsWrittenBarrier, kConsumerThreads);  // both consumers' dS^T
+
+    // dQ (64 rows x this consumer's half of the head dim) = dS K over all 128 keys.
+    ptx::wgmma_hold(dq);
+    ptx::wgmma_hold(dsf);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) QMma::ss_mn(dq, ds_a + kk * kRows16, k_mn + kk * kRows16, kk > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<1>();  // dV (and dP^T before it): dO is free
+    ptx::wgmma_hold(dv);
+    ptx::wgmma_hold(pf);
+    if (releases) sh.do_empty(stage).arrive();
+    // dK += dS^T Q while dQ's tile goes to the writer warp.
+    ptx::wgmma_hold(dk);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) KvMma::rs(dk, dsf[kk], q_mn + stage_offset + kk * kRows16);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<1>();  // dQ
+    ptx::wgmma_hold(dq);
+    named_barrier_sync(kDqEmptyBarrier, kDqHandoffThreads);  // the writer has read the last tile
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t row = sh.dq + (warp * 16 + lane / 4 + r * 8) * Cfg::kDqRowBytes + (dq_col0 + quad_col) * 4;
+#pragma unroll
+      for (int t = 0; t < kHeadDim / 16; ++t) ptx::st_shared_64(row + t * 32, dq[4 * t + 2 * r], dq[4 * t + 2 * r + 1]);
+    }
+    ptx::fence_proxy_async_shared();
+    named_barrier_arrive(kDqFullBarrier, kDqHandoffThreads);
+    ptx::wgmma_wait<0>();  // dK: Q is free
+    ptx::wgmma_hold(dk);
+    ptx::wgmma_hold(dsf);
+    if (releases) sh.q_empty(stage).arrive();
+    step = blk.next(step);
+  }
+
+  const int64_t keys_out = blk.stored_k - blk.j0 < kBlockN ? blk.stored_k - blk.j0 : kBlockN;
+  store_dk_dv<Element, kHeadDim>(kp, blk, key0, 0, keys_out, dk, dv);
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) backward_ws_kernel(const __grid_constant__ WsBackwardArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) unsigned char backward_ws_shared[];  // aligned to 1 KiB below
+  const WsBackwardShared<Cfg> sh(backward_ws_shared);
+  const BackwardBlock blk = backward_block<Cfg::kBlockN, Cfg::kBlockM>(args.kp.bp.fwd);
+  if (blk.j0 >= blk.stored_k) return;  // the whole CTA: a key block past the sequence
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  if (threadIdx.x == 0) {
+    sh.kv_full().init(1);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      sh.q_full(s).init(1);
+      sh.do_full(s).init(1);
+      sh.q_empty(s).init(Cfg::kConsumers);
+      sh.do_empty(s).init(Cfg::kConsumers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (warpgroup == 0) {
+    release_registers<Cfg::kProducerRegisters>();
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    if (warp == 0 && threadIdx.x == 0 && blk.steps > 0) produce_backward<Cfg>(args, sh, blk);
+    if (warp == 1) write_dq<Cfg>(args, sh, blk, static_cast<int>(threadIdx.x) % 32);
+    return;
+  }
+  claim_registers<Cfg::kConsumerRegisters>();
+  consume_backward<Cfg>(args, sh, blk, warpgroup - 1);
+#else
+  __trap();  // compiled for sm_90a only; the host launches it only where that code is loaded
+#endif
+}
+
+// Whether the kernel for Cfg can take the call here (its sm_90a code loaded, its shared memory
+// fits, every tensor TMA-describable), encoding the tensor maps into `args` if so.
+template <typename Cfg>
+bool prepare_ws_backward(const BackwardKernelParams& kp, WsBackwardArgs& args) {
+  static PerDevice<bool> sm90_code;
+  if (!sm90_code.get([] { return kernel_ptx_version(backward_ws_kernel<Cfg>) >= 90; }) ||
+      Cfg::kSharedBytes > shared_bytes_per_block_limit())
+    return false;
+  const ForwardParams& p = kp.bp.fwd;
+  const BackwardParams& bp = kp.bp;
+  const TiledTensor q{p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch,
+                      p.q_row_stride, p.q_head_stride, p.q_batch_stride};
+  const TiledTensor k{p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_k, p.batch,
+                      p.k_row_stride, p.k_head_stride, p.k_batch_stride};
+  const TiledTensor v{p.v, p.dtype, p.head_dim_v, p.seqlen_k, p.heads_k, p.batch,
+                      p.v_row_stride, p.v_head_stride, p.v_batch_stride};
+  const TiledTensor dout{bp.dout, p.dtype, p.head_dim_v, p.seqlen_q, p.heads, p.batch,
+                         bp.dout_row_stride, bp.dout_head_stride, bp.dout_batch_stride};
+  return encode_tiled(args.q, q, Cfg::kBlockM) && encode_tiled(args.k, k, Cfg::kBlockN) &&
+         encode_tiled(args.v, v, Cfg::kBlockN) && encode_tiled(args.dout, dout, Cfg::kBlockM);
+}
+
+// One CTA per key block (heavier first under the masks, tile_order.cuh), as the cp.async kernel.
+template <typename Cfg>
+void launch_ws_backward(const WsBackwardArgs& args) {
+  static PerDevice<bool> shared_bytes_allowed;
+  shared_bytes_allowed.get([] {
+    allow_shared_bytes(backward_ws_kernel<Cfg>, Cfg::kSharedBytes);
+    return true;
+  });
+  const ForwardParams& p = args.kp.bp.fwd;
+  if (p.seqlen_k == 0) return;
+  const dim3 grid = attention_grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_k, p.batch,
+                                   blocks_work_differs(p.window_left, p.window_right));
+  backward_ws_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(args);
+}
+
+// The TMA kernel takes buckets 64 and 128; at 256 dK and dV of 64 keys do not fit a
+// consumer's registers, and the cp.async kernel's split layout runs there.
+constexpr bool has_ws_backward(int head_dim_bucket) { return head_dim_bucket == 64 || head_dim_bucket == 128; }
+template <typename Element, int kHeadDim>
+bool prepare_ws_backward_for(const BackwardKernelParams& kp, WsBackwardArgs& args) {
+  if constexpr (has_ws_backward(kHeadDim))
+    return prepare_ws_backward<WsBackwardConfig<Element, kHeadDim>>(kp, args);
+  else
+    return false;
+}
+template <typename Element, int kHeadDim>
+void launch_ws_backward_for(const WsBackwardArgs& args) {
+  if constexpr (has_ws_backward(kHeadDim)) launch_ws_backward<WsBackwardConfig<Element, kHeadDim>>(args);
+}
+
+// Defined once per (dtype, bucket) in its own generated file (the two above): false, and no
+// launch, at the buckets without the kernel. The caller fills args.kp (the padded stats, the
+// accumulator) between the two.
+template <typename Element, int kHeadDim>
+bool prepare_backward_ws(const BackwardKernelParams& kp, WsBackwardArgs& args);
+template <typename Element, int kHeadDim>
+void launch_backward_ws(const WsBackwardArgs& args);
+
+}  // namespace flashattn::detail::cuda::sm90
