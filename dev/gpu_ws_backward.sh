@@ -5,7 +5,7 @@
 # FLASHATTN_SM90_BACKWARD_LOADS=cp.async; compute-sanitizer (BWD_SANITIZERS, default memcheck
 # racecheck synccheck) on a backward sweep; then, only if every test passed, bench/backward.py
 # over the grid with the peers (BWD_BENCH_ARGS), and ours alone on the cp.async kernel
-# (BWD_SKIP_AB=1: not; BWD_AB_ARGS: its bench arguments). BWD_SKIP_GRID=1: no peer grid.
+# (BWD_SKIP_AB=1: not; BWD_SKIP_CPASYNC=1: no cp.async suite run; BWD_AB_ARGS: its bench arguments). BWD_SKIP_GRID=1: no peer grid.
 # Each stage starts only while the call has time for it (BWD_LIMIT_S, default 560 s). Logs
 # come back in logs.tar.gz.
 set -uo pipefail
@@ -34,12 +34,12 @@ run_tests() {  # LABEL SECONDS FILTER ENV...
   grep -E '^\[  FAILED|Failure|max abs' "$out/bwd_$label.log" | head -12
 }
 run_tests smoke 60 'BackwardPlainCalls*:CudaBackward.RunsOnTheGivenStream*'
-[ $failed -eq 0 ] && run_tests default 180 '*'
-[ $failed -eq 0 ] && run_tests cpasync 90 'BackwardPlainCalls*:BackwardHeadDims*:CudaBackward.*' FLASHATTN_SM90_BACKWARD_LOADS=cp.async
+[ $failed -eq 0 ] && run_tests default 150 '*'
+[ $failed -eq 0 ] && [ -z "${BWD_SKIP_CPASYNC:-}" ] && run_tests cpasync 90 'BackwardPlainCalls*:BackwardHeadDims*:CudaBackward.*' FLASHATTN_SM90_BACKWARD_LOADS=cp.async
 BWD='BackwardPlainCalls*/1:BackwardPlainCalls*/3:BackwardHeadDims*:CudaBackward.DefaultModeAgreesWithDeterministicMode'
 if [ $failed -eq 0 ]; then
   for tool in ${BWD_SANITIZERS:-memcheck racecheck synccheck}; do
-    timeout 80 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
+    timeout 60 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
       --gtest_filter="$BWD" >"$out/san_bwd_$tool.log" 2>&1
     rc=$?; [ $rc -ne 0 ] && failed=1
     stamp "$tool backward: $rc $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_bwd_$tool.log" | tail -1) $(grep -c '^\[       OK' "$out/san_bwd_$tool.log") ok"

@@ -115,8 +115,11 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
                 (seq.q_row0 + i) * kp.bp.dq_row_stride + h * kp.bp.dq_head_stride;
   for (int col = (threadIdx.x % kThreadsPerRow) * 8; col < p.head_dim;
        col += kThreadsPerRow * 8) {
-    const float4 a = *reinterpret_cast<const float4*>(acc + col);
-    const float4 c = *reinterpret_cast<const float4*>(acc + col + 4);
+    const int chunk = col / 4;  // and chunk + 1: where they lie (in place, or swizzled)
+    const int first = kp.dq_accum_swizzled ? sm90::dq_chunk(chunk, i) : chunk;
+    const int second = kp.dq_accum_swizzled ? sm90::dq_chunk(chunk + 1, i) : chunk + 1;
+    const float4 a = *reinterpret_cast<const float4*>(acc + first * 4);
+    const float4 c = *reinterpret_cast<const float4*>(acc + second * 4);
     const float s = p.softmax_scale;
     uint4 packed;
     packed.x = ptx::pack2<Element>(a.x * s, a.y * s);
@@ -226,6 +229,7 @@ size_t run_backward(const BackwardParams& bp, knobs::KernelFamily forced) {
   char* base = static_cast<char*>(workspace.data());
   kp.dq_accum = accum_bytes > 0 ? reinterpret_cast<float*>(base) : nullptr;
   if (ws) {
+    kp.dq_accum_swizzled = true;
     kp.lse_log2 = reinterpret_cast<float*>(base + accum_bytes);
     kp.delta_padded = reinterpret_cast<float*>(base + accum_bytes + padded_bytes);
   } else {

@@ -67,6 +67,9 @@ struct BackwardKernelParams {
   float* lse_log2 = nullptr;
   float* delta_padded = nullptr;
   int64_t padded_rows = 0;
+  // The TMA kernel's accumulator holds each row's 16-byte chunks swizzled
+  // (sm90::dq_chunk); the conversion reads them back in place.
+  bool dq_accum_swizzled = false;
 };
 
 // Row i of sequence b, head h in lse-shaped buffers (dense (B, H, Sq); varlen (H, total_q)).

@@ -11,9 +11,10 @@
 //     reductions (cp.reduce.async.bulk, one per row) from shared memory. Warps 2-3 exit.
 //   warpgroups 1 and 2, the consumers, 64 keys each, take the registers given back. Per step:
 //       S^T = K Q^T, then dP^T = V dO^T (two commit groups); P^T while dP^T runs;
-//       dV += P^T dO; dS^T = P^T o (dP^T - D), to shared memory;
+//       dS^T = P^T o (dP^T - D), to shared memory; dV += P^T dO (P^T from registers);
 //       (both consumers' dS^T written) dQ = dS K, this consumer's half of the head dim;
-//       dK += dS^T Q while dQ's tile goes to shared memory for the writer warp.
+//       dK += dS^T Q (dS^T from shared memory) while dQ's tile goes to shared memory for
+//       the writer warp.
 //     Q and dO are released as soon as the wgmmas that read them are done, so the producer
 //     loads step it + 2 while step it + 1 runs.
 // Named barriers: the consumers meet once per step (every dS^T written before dQ reads it),
@@ -55,10 +56,12 @@ struct WsBackwardConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // Q or dO, per stage
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T: [key][row], one 128-byte panel
   static constexpr int kStatBytes = kBlockM * 4;          // lse log2(e) or D, per stage
-  // The dQ tile in fp32, rows padded by 8 floats: a warp's float2 stores (8 rows x 4 lanes)
-  // then fall on distinct banks in each half; rows stay 16-byte aligned for the reductions.
-  static constexpr int kDqRowBytes = (kHeadDim + 8) * 4;
+  // The dQ tile in fp32, rows as in the accumulator (kHeadDim floats), so that one bulk
+  // reduction adds the whole tile; 16-byte chunks swizzled (dq_chunk) in both.
+  static constexpr int kDqRowBytes = kHeadDim * 4;
   static constexpr int kDqBytes = kBlockM * kDqRowBytes;
+  static constexpr int kDsOffset = 2 * kKBytes + 2 * kStages * kQBytes;  // dS^T, from K's start
+  static constexpr int kDqOffset = kDsOffset + kDsBytes;                 // the dQ tile, likewise
   static constexpr int kBarriers = 1 + 4 * kStages;  // kv_full, then q/do full/empty per stage
   // 1 KiB to align the base to a swizzle atom; K, V, the Q and dO rings and dS^T (each a
   // multiple of 1 KiB), the dQ tile, the stats, the barriers. 100 KiB at 64, 182 KiB at 128.
@@ -93,8 +96,8 @@ struct WsBackwardShared {
     v = k + Cfg::kKBytes;
     q = v + Cfg::kKBytes;
     dout = q + Cfg::kStages * Cfg::kQBytes;
-    ds = dout + Cfg::kStages * Cfg::kQBytes;
-    dq = ds + Cfg::kDsBytes;
+    ds = k + Cfg::kDsOffset;
+    dq = k + Cfg::kDqOffset;
     lse = dq + Cfg::kDqBytes;
     delta = lse + Cfg::kStages * Cfg::kStatBytes;
     barriers = reinterpret_cast<uint64_t*>(generic + (delta + Cfg::kStages * Cfg::kStatBytes - k));
@@ -113,6 +116,15 @@ struct WsBackwardShared {
 // threads), and the dQ tile handed to the writer warp and back (those and its 32).
 inline constexpr int kDsWrittenBarrier = 1, kDqFullBarrier = 2, kDqEmptyBarrier = 3;
 inline constexpr int kConsumerThreads = 256, kDqHandoffThreads = 256 + 32;
+
+// Where the 16-byte chunk `chunk` (4 floats) of query row i of dQ lies in the tile and in
+// the accumulator (BackwardKernelParams::dq_accum_swizzled): within each group of 8 chunks
+// (128 bytes) at chunk ^ (i % 8). A warp's float2 stores (8 rows x 4 lanes at one column
+// pair) then fall on distinct banks but for the two wavefronts they need anyway; the
+// conversion reads the chunks back in place (cuda/backward.cu).
+__host__ __device__ __forceinline__ int dq_chunk(int chunk, int64_t i) {
+  return (chunk & ~7) | ((chunk ^ static_cast<int>(i & 7)) & 7);
+}
 
 // The padded stats' first row of a step: rows of (b, h) from ((b H + h) padded_rows) on.
 __device__ __forceinline__ int64_t padded_stats_row(const BackwardKernelParams& kp, int b, int head, int64_t m0) {
@@ -164,9 +176,9 @@ __device__ __forceinline__ void produce_backward(const WsBackwardArgs& args, con
   }
 }
 
-// The writer warp: each step's dQ tile from shared memory into the accumulator, one bulk
-// reduction per row within the sequence (each lane its rows), then the tile back to the
-// consumers once the reductions have read it.
+// The writer warp: each step's dQ tile from shared memory into the accumulator as one bulk
+// reduction of its rows within the sequence (the tile's rows are the accumulator's, 64
+// consecutive rows of one head), then the tile back to the consumers once it has been read.
 template <typename Cfg>
 __device__ __forceinline__ void write_dq(const WsBackwardArgs& args, const WsBackwardShared<Cfg>& sh,
                                          const BackwardBlock& blk, int lane) {
@@ -176,17 +188,19 @@ __device__ __forceinline__ void write_dq(const WsBackwardArgs& args, const WsBac
   BackwardBlock::Step step = blk.first_step();
   for (int it = 0; it < blk.steps; ++it, step = blk.next(step)) {
     const int64_t m0 = blk.first_row<Cfg::kBlockM>(step);
-    float* accum = kp.dq_accum + sm80::row_index(kp.bp.fwd, blk.b, step.head, 0, m0) * kp.accum_dim;
     named_barrier_sync(kDqFullBarrier, kDqHandoffThreads);
-    for (int r = lane; r < Cfg::kBlockM; r += 32)
-      if (m0 + r < blk.seq.seqlen_q)
-        ptx::bulk_reduce_add_f32(accum + int64_t{r} * kp.accum_dim, sh.dq + r * Cfg::kDqRowBytes, Cfg::kHeadDim * 4);
-    ptx::bulk_wait_read();
+    if (lane == 0) {
+      const int64_t left = blk.seq.seqlen_q - m0;
+      const int rows = left < Cfg::kBlockM ? static_cast<int>(left) : Cfg::kBlockM;
+      ptx::bulk_reduce_add_f32(kp.dq_accum + sm80::row_index(kp.bp.fwd, blk.b, step.head, 0, m0) * kp.accum_dim,
+                               sh.dq, static_cast<uint32_t>(rows * Cfg::kDqRowBytes));
+      ptx::bulk_wait_read();
+    }
     __syncwarp();
     // The last step's tile is not handed back: every arrival then has its wait.
     if (it + 1 < blk.steps) named_barrier_arrive(kDqEmptyBarrier, kDqHandoffThreads);
   }
-  ptx::bulk_wait_all();  // the reductions complete before the CTA's shared memory goes
+  if (lane == 0) ptx::bulk_wait_all();  // the reduction completes before the CTA's memory goes
 }
 
 template <typename Cfg>
@@ -202,11 +216,17 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
   const BackwardKernelParams& kp = args.kp;
   const ForwardParams& p = kp.bp.fwd;
 
-  const int thread = static_cast<int>(threadIdx.x) % 128;
-  const int warp = thread / 32, lane = thread % 32;
-  const bool releases = thread == 0;  // one arrival per consumer on the empty barriers
-  const int quad_col = (lane % 4) * 2;
-  const int key0 = consumer * 64 + warp * 16 + lane / 4;  // this lane's keys: key0, key0 + 8
+  const bool releases = threadIdx.x % 128 == 0;  // one arrival per consumer on the empty barriers
+  // The thread index read afresh where the main loop needs values derived from it (this
+  // lane's keys, its store addresses): derived once at the start, they would be registers
+  // held through the loop, and at head dim 128 spilled. The shared base likewise.
+  const auto fresh_tid = [] {
+    uint32_t tid;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+    return static_cast<int>(tid);
+  };
+  // This lane's keys in the block: key0 (consumer * 64 + warp * 16 + lane / 4) and key0 + 8.
+  const auto lane_key0 = [](int tid) { return (tid - 128) / 32 * 16 + tid % 32 / 4; };
 
   // Descriptors as in the key-parallel kernel (a k-step or a stage moves the start only).
   const uint64_t k_a = ptx::wgmma_descriptor(sh.k + consumer * 64 * 128, 16, 1024);
@@ -214,13 +234,16 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
   const uint64_t q_b = ptx::wgmma_descriptor(sh.q, 16, 1024), do_b = ptx::wgmma_descriptor(sh.dout, 16, 1024);
   const uint64_t q_mn = ptx::wgmma_descriptor(sh.q, kBlockM * 128, 1024);
   const uint64_t do_mn = ptx::wgmma_descriptor(sh.dout, kBlockM * 128, 1024);
-  const uint64_t ds_a = ptx::wgmma_descriptor(sh.ds, 1024, 1024);
+  // dS^T: as dQ's A read MN-major (dS, all 128 keys), and as dK's A read K-major (this
+  // consumer's 64 keys, one 128-byte row of query rows each).
+  const uint64_t ds_mn = ptx::wgmma_descriptor(sh.ds, 1024, 1024);
+  const uint64_t ds_a = ptx::wgmma_descriptor(sh.ds + consumer * 64 * 128, 16, 1024);
   const int dq_col0 = consumer * (kHeadDim / 2);
   const uint64_t k_mn =
       ptx::wgmma_descriptor(sh.k + dq_col0 / 64 * kBlockN * 128 + dq_col0 % 64 * 2, kBlockN * 128, 1024);
 
   float dk[kHeadDim / 2] = {}, dv[kHeadDim / 2] = {};
-  uint32_t pf[kBlockM / 16][4] = {}, dsf[kBlockM / 16][4] = {};
+  uint32_t pf[kBlockM / 16][4] = {};
   const float score_scale = p.softmax_scale * kLog2e;
 
   if (blk.steps > 0) sh.kv_full().wait(0);
@@ -252,9 +275,32 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
     ptx::wgmma_commit();
     ptx::wgmma_wait<1>();  // S^T
     ptx::wgmma_hold(st);
-
     const float* lse_cols = sh.stats(sh.lse + stage * Cfg::kStatBytes);
-    probabilities_from_scores<kBlockM, true>(st, lse_cols, blk, p, m0, key0, score_scale, blk.needs_mask(step));
+    probabilities_from_scores<kBlockM, true>(st, lse_cols, blk, p, m0, lane_key0(fresh_tid()), score_scale,
+                                             blk.needs_mask(step));
+
+    // dS^T = P^T o (dP^T - D), D per column, into shared memory (16-bit) for dQ and dK. dV is
+    // issued after it, as in FlashAttention-3: P^T's fragments are then not held through it
+    // (the consumers' 240 registers hold dK, dV, S^T and dP^T at that point).
+    ptx::wgmma_wait<0>();  // dP^T
+    ptx::wgmma_hold(dpt);
+    // This lane's columns of D: t * 8 + 2 (lane % 4) + 0..1.
+    const float* d_cols = sh.stats(sh.delta + stage * Cfg::kStatBytes) + fresh_tid() % 4 * 2;
+#pragma unroll
+    for (int t = 0; t < kTTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dpt[4 * t + i] = st[4 * t + i] * (dpt[4 * t + i] - d_cols[t * 8 + i % 2]);
+    const int ds_tid = fresh_tid();  // the stores' addresses from it (see fresh_tid)
+    uint32_t ds_base = sh.k;
+    asm volatile("" : "+r"(ds_base));
+    const int ds_key = lane_key0(ds_tid);
+    ds_base += Cfg::kDsOffset + (ds_tid % 4) * 4;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int t = 0; t < kTTiles; ++t)
+        ptx::st_shared_32(ds_base + swizzled_offset<kBlockN>(ds_key + r * 8, t * 8),
+                          ptx::pack2<Element>(dpt[4 * t + 2 * r], dpt[4 * t + 2 * r + 1]));
     // P^T as A fragments (16 rows of the block each), then dV += P^T dO.
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
@@ -266,69 +312,56 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) KvMma::rs(dv, pf[kk], do_mn + stage_offset + kk * kRows16);
     ptx::wgmma_commit();
-
-    // dS^T = P^T o (dP^T - D), D per column; into A fragments and, for dQ, shared memory.
-    ptx::wgmma_wait<1>();  // dP^T
-    ptx::wgmma_hold(dpt);
-    const float* d_cols = sh.stats(sh.delta + stage * Cfg::kStatBytes);
-#pragma unroll
-    for (int t = 0; t < kTTiles; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dpt[4 * t + i] = st[4 * t + i] * (dpt[4 * t + i] - d_cols[t * 8 + quad_col + i % 2]);
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dsf[kk][i] = ptx::pack2<Element>(dpt[8 * kk + 2 * i], dpt[8 * kk + 2 * i + 1]);
-    // The stores' addresses from an opaque copy of key0: computed from key0 itself, the
-    // compiler hoists all 16 out of the loop, where they hold registers (and spill).
-    int ds_key = key0;
-    asm volatile("" : "+r"(ds_key));
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int t = 0; t < kTTiles; ++t)
-        ptx::st_shared_32(sh.ds + swizzled_offset<kBlockN>(ds_key + r * 8, t * 8) + quad_col * 2,
-                          dsf[t / 2][(t % 2) * 2 + r]);
     ptx::fence_proxy_async_shared();
     named_barrier_sync(kDsWrittenBarrier, kConsumerThreads);  // both consumers' dS^T
 
     // dQ (64 rows x this consumer's half of the head dim) = dS K over all 128 keys.
     ptx::wgmma_hold(dq);
-    ptx::wgmma_hold(dsf);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) QMma::ss_mn(dq, ds_a + kk * kRows16, k_mn + kk * kRows16, kk > 0);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) QMma::ss_mn(dq, ds_mn + kk * kRows16, k_mn + kk * kRows16, kk > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<1>();  // dV (and dP^T before it): dO is free
+    ptx::wgmma_wait<1>();  // dV: dO is free
     ptx::wgmma_hold(dv);
     ptx::wgmma_hold(pf);
     if (releases) sh.do_empty(stage).arrive();
-    // dK += dS^T Q while dQ's tile goes to the writer warp.
+    // dK += dS^T Q (dS^T of this consumer's keys from shared memory) while dQ's tile goes to
+    // the writer warp.
     ptx::wgmma_hold(dk);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) KvMma::rs(dk, dsf[kk], q_mn + stage_offset + kk * kRows16);
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      KvMma::ss_kmn(dk, ds_a + ((kk * 32) >> 4), q_mn + stage_offset + kk * kRows16, 1);
     ptx::wgmma_commit();
     ptx::wgmma_wait<1>();  // dQ
     ptx::wgmma_hold(dq);
     named_barrier_sync(kDqEmptyBarrier, kDqHandoffThreads);  // the writer has read the last tile
+    // Addresses from the thread index read afresh, as for dS^T above. Row i = warp * 16 +
+    // lane / 4 + 8 r, so i % 8 = lane / 4; column dq_col0 + 8 t + quad_col is chunk
+    // dq_col0 / 4 + 2 t + quad_col / 4, at byte (quad_col % 4) * 4 = (lane % 2) * 8 within it.
+    const int dq_tid = fresh_tid();
+    uint32_t dq_base = sh.k;
+    asm volatile("" : "+r"(dq_base));
+    const int dq_lane = dq_tid % 32, dq_first_col = (dq_tid / 128 - 1) * (kHeadDim / 2);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint32_t row = sh.dq + (warp * 16 + lane / 4 + r * 8) * Cfg::kDqRowBytes + (dq_col0 + quad_col) * 4;
+      const uint32_t row = dq_base + Cfg::kDqOffset + (dq_tid % 128 / 32 * 16 + dq_lane / 4 + r * 8) * Cfg::kDqRowBytes +
+                           (dq_lane % 2) * 8;
 #pragma unroll
-      for (int t = 0; t < kHeadDim / 16; ++t) ptx::st_shared_64(row + t * 32, dq[4 * t + 2 * r], dq[4 * t + 2 * r + 1]);
+      for (int t = 0; t < kHeadDim / 16; ++t)
+        ptx::st_shared_64(row + dq_chunk(dq_first_col / 4 + 2 * t + (dq_lane % 4) / 2, dq_lane / 4) * 16,
+                          dq[4 * t + 2 * r], dq[4 * t + 2 * r + 1]);
     }
     ptx::fence_proxy_async_shared();
     named_barrier_arrive(kDqFullBarrier, kDqHandoffThreads);
-    ptx::wgmma_wait<0>();  // dK: Q is free
+    ptx::wgmma_wait<0>();  // dK: Q and this consumer's dS^T are free
     ptx::wgmma_hold(dk);
-    ptx::wgmma_hold(dsf);
     if (releases) sh.q_empty(stage).arrive();
     step = blk.next(step);
   }
 
   const int64_t keys_out = blk.stored_k - blk.j0 < kBlockN ? blk.stored_k - blk.j0 : kBlockN;
-  store_dk_dv<Element, kHeadDim>(kp, blk, key0, 0, keys_out, dk, dv);
+  store_dk_dv<Element, kHeadDim>(kp, blk, lane_key0(fresh_tid()), 0, keys_out, dk, dv);
 }
 
 template <typename Cfg>
