@@ -407,16 +407,14 @@ bool prepare_ws_backward(const BackwardKernelParams& kp, WsBackwardArgs& args) {
     return false;
   const ForwardParams& p = kp.bp.fwd;
   const BackwardParams& bp = kp.bp;
-  const TiledTensor q{p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch,
-                      p.q_row_stride, p.q_head_stride, p.q_batch_stride};
-  const TiledTensor k{p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_k, p.batch,
-                      p.k_row_stride, p.k_head_stride, p.k_batch_stride};
-  const TiledTensor v{p.v, p.dtype, p.head_dim_v, p.seqlen_k, p.heads_k, p.batch,
-                      p.v_row_stride, p.v_head_stride, p.v_batch_stride};
-  const TiledTensor dout{bp.dout, p.dtype, p.head_dim_v, p.seqlen_q, p.heads, p.batch,
-                         bp.dout_row_stride, bp.dout_head_stride, bp.dout_batch_stride};
-  return encode_tiled(args.q, q, Cfg::kBlockM) && encode_tiled(args.k, k, Cfg::kBlockN) &&
-         encode_tiled(args.v, v, Cfg::kBlockN) && encode_tiled(args.dout, dout, Cfg::kBlockM);
+  // dout is addressed like out, with its own strides.
+  TiledTensor dout = tiled_out(p);
+  dout.base = bp.dout;
+  dout.row_stride = bp.dout_row_stride;
+  dout.head_stride = bp.dout_head_stride;
+  dout.batch_stride = bp.dout_batch_stride;
+  return encode_tiled(args.q, tiled_q(p), Cfg::kBlockM) && encode_tiled(args.k, tiled_k(p), Cfg::kBlockN) &&
+         encode_tiled(args.v, tiled_v(p), Cfg::kBlockN) && encode_tiled(args.dout, dout, Cfg::kBlockM);
 }
 
 // One CTA per key block (heavier first under the masks, tile_order.cuh), as the cp.async kernel.

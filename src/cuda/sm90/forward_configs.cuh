@@ -139,16 +139,8 @@ bool launch_forward_ws(const ForwardParams& p) {
       Cfg::kSharedBytes > shared_bytes_per_block_limit())
     return false;
   WsForwardArgs args{};
-  const TiledTensor q{p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch,
-                      p.q_row_stride, p.q_head_stride, p.q_batch_stride};
-  const TiledTensor k{p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_k, p.batch,
-                      p.k_row_stride, p.k_head_stride, p.k_batch_stride};
-  const TiledTensor v{p.v, p.dtype, p.head_dim_v, p.seqlen_k, p.heads_k, p.batch,
-                      p.v_row_stride, p.v_head_stride, p.v_batch_stride};
-  const TiledTensor out{p.out, p.dtype, p.head_dim_v, p.seqlen_q, p.heads, p.batch,
-                        p.out_row_stride, p.out_head_stride, p.out_batch_stride};
-  if (!encode_tiled(args.q, q, Cfg::kBlockM) || !encode_tiled(args.k, k, Cfg::kBlockN) ||
-      !encode_tiled(args.v, v, Cfg::kBlockN) || !encode_tiled(args.out, out, kOutBoxRows))
+  if (!encode_tiled(args.q, tiled_q(p), Cfg::kBlockM) || !encode_tiled(args.k, tiled_k(p), Cfg::kBlockN) ||
+      !encode_tiled(args.v, tiled_v(p), Cfg::kBlockN) || !encode_tiled(args.out, tiled_out(p), kOutBoxRows))
     return false;
   // The general variant's kernel where the shape compiles one (else the plain one twice).
   constexpr auto general_kernel = forward_ws_kernel<Cfg, Cfg::kHasGeneral>;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "common/params.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn::detail::cuda::sm90 {
@@ -22,6 +23,21 @@ struct TiledTensor {
   int64_t cols = 0, rows = 0, heads = 0, batch = 0;
   int64_t row_stride = 0, head_stride = 0, batch_stride = 0;  // elements
 };
+
+// A dense call's q, k and v (and out) as such tensors.
+inline TiledTensor tiled_q(const ForwardParams& p) {
+  return {p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride};
+}
+inline TiledTensor tiled_k(const ForwardParams& p) {
+  return {p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_k, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride};
+}
+inline TiledTensor tiled_v(const ForwardParams& p) {
+  return {p.v, p.dtype, p.head_dim_v, p.seqlen_k, p.heads_k, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride};
+}
+inline TiledTensor tiled_out(const ForwardParams& p) {
+  return {p.out, p.dtype, p.head_dim_v, p.seqlen_q, p.heads, p.batch,
+          p.out_row_stride, p.out_head_stride, p.out_batch_stride};
+}
 
 // Encodes `tensor` with boxes of 64 x box_rows into `map`. False where TMA cannot describe
 // the tensor (a base or stride not a multiple of 16 bytes, a size past its limits) or the
