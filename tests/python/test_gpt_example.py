@@ -53,3 +53,18 @@ def test_train_and_generate_run_end_to_end(tmp_path, capsys):
     assert generate.main(["--checkpoint", str(tmp_path / "model.pt"), "--tokens", "8",
                           "--prompt", "def "]) == 0
     assert capsys.readouterr().out.startswith("def ")
+
+
+def test_benchmark_smoke_run(tmp_path, capsys):
+    """benchmark.py's whole path on tiny shapes: both attentions train from the same weights
+    on the same batches (the same losses up to rounding) and generate."""
+    import benchmark
+    assert benchmark.main(["--sizes", "tiny", "--seqlens", "32", "--device", "cpu", "--dtype", "fp32",
+                           "--attentions", "flashattn", "sdpa-math", "--steps", "2", "--warmup", "1",
+                           "--gen-batches", "2", "--gen-tokens", "4", "--prompt-tokens", "8",
+                           "--tokens-per-step", "64", "--corpus-mb", "0.25", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "benchmark.json").read_text())
+    ours, sdpa = result["training"]
+    assert len(ours["losses"]) == 3 and ours["losses"] == pytest.approx(sdpa["losses"], rel=1e-4)
+    assert [r["attention"] for r in result["generation"]] == ["flashattn", "sdpa-math"]
+    assert "| tiny | 32 | 2 | flashattn |" in (tmp_path / "benchmark.md").read_text()
