@@ -111,17 +111,25 @@ class InferenceParams:
     ``seqlen_offset`` is how many positions every sequence already has in the cache (0 at the
     prefill); ``lengths_per_sample``, a (batch,) int32 tensor, replaces it where sequences
     differ (and keeps decode steps CUDA-graph capturable: update it in place). The caller
-    advances them after each step of the whole model.
+    advances them after each step of the whole model. ``page_size`` makes the caches paged
+    (pages of that many positions, addressed through ``block_table``).
     """
 
     def __init__(self, max_seqlen: int, max_batch_size: int, seqlen_offset: int = 0,
-                 lengths_per_sample: Optional[torch.Tensor] = None):
+                 lengths_per_sample: Optional[torch.Tensor] = None, page_size: Optional[int] = None):
         if max_seqlen <= 0 or max_batch_size <= 0:
             raise ValueError(f"max_seqlen, max_batch_size: expected positive sizes, given "
                              f"{max_seqlen}, {max_batch_size}")
+        if page_size is not None and page_size <= 0:
+            raise ValueError(f"page_size: expected a positive number of positions per page, given {page_size}")
         self.max_seqlen, self.max_batch_size = int(max_seqlen), int(max_batch_size)
         self.seqlen_offset = int(seqlen_offset)
         self.lengths_per_sample = lengths_per_sample
+        # A paged cache: (pages, page_size, heads_kv, head_dim) per layer, sequence b's position
+        # p in page block_table[b, p // page_size]. Each sequence gets its own pages here (a
+        # serving engine would share a pool through its own block_table).
+        self.page_size = None if page_size is None else int(page_size)
+        self.block_table: Optional[torch.Tensor] = None
         self.key_value_memory_dict: dict = {}
 
     def reset(self, max_seqlen: Optional[int] = None, max_batch_size: Optional[int] = None):
@@ -283,7 +291,15 @@ class MHA(nn.Module):
             raise ValueError("layer_idx: expected this layer's index for inference with a cache, given None")
         cache = params.key_value_memory_dict.get(self.layer_idx)
         if cache is None:
-            shape = (params.max_batch_size, params.max_seqlen, self.num_heads_kv, self.head_dim)
+            if params.page_size is None:
+                shape = (params.max_batch_size, params.max_seqlen, self.num_heads_kv, self.head_dim)
+            else:
+                pages_per_sequence = -(-params.max_seqlen // params.page_size)
+                if params.block_table is None:
+                    params.block_table = torch.arange(params.max_batch_size * pages_per_sequence, device=x.device,
+                                                      dtype=torch.int32).view(params.max_batch_size, -1)
+                shape = (params.max_batch_size * pages_per_sequence, params.page_size, self.num_heads_kv,
+                         self.head_dim)
             cache = (torch.zeros(shape, device=x.device, dtype=x.dtype),
                      torch.zeros(shape, device=x.device, dtype=x.dtype))
             params.key_value_memory_dict[self.layer_idx] = cache
@@ -310,8 +326,12 @@ class MHA(nn.Module):
             # Without the causal mask the kernel rotates every row of q at the first new
             # position; rotated here, q's rows keep their own positions, as in training.
             q, k = self.rotary_emb(q, k, seqlen_offset=offset, max_seqlen=params.max_seqlen)
-        out = flash_attn_with_kvcache(q, k_cache[:b], v_cache[:b], k=k, v=v, cache_seqlens=offset,
-                                      causal=self.causal, **rotary, **self._attention_args())
+        if params.page_size is None:
+            caches = dict(k_cache=k_cache[:b], v_cache=v_cache[:b])
+        else:
+            caches = dict(k_cache=k_cache, v_cache=v_cache, block_table=params.block_table[:b])
+        out = flash_attn_with_kvcache(q, k=k, v=v, cache_seqlens=offset, causal=self.causal, **caches, **rotary,
+                                      **self._attention_args())
         return self.out_proj(out.flatten(-2))
 
 

@@ -160,6 +160,25 @@ def test_cached_generation_equals_recomputation(config):
     assert torch.count_nonzero(k_cache[:, 12:]) == 0  # nothing written past the sequence
 
 
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_paged_cache_generation_equals_recomputation(page_size):
+    torch.manual_seed(6)
+    mha = MHA(64, num_heads=4, num_heads_kv=2, causal=True, rotary_emb_dim=16, layer_idx=1).eval()
+    x = torch.randn(3, 11, 64)
+    full = mha(x)
+    params = InferenceParams(max_seqlen=14, max_batch_size=3, page_size=page_size)
+    with torch.no_grad():
+        steps = [mha(x[:, :6], inference_params=params)]
+        params.seqlen_offset = 6
+        for t in range(6, 11):
+            steps.append(mha(x[:, t:t + 1], inference_params=params))
+            params.seqlen_offset += 1
+    assert_close(torch.cat(steps, dim=1), full.detach().double(), rel=1e-5, what="paged")
+    k_pages, _ = params.key_value_memory_dict[1]
+    assert k_pages.shape == (3 * -(-14 // page_size), page_size, 2, 16)
+    assert params.block_table.shape == (3, -(-14 // page_size))
+
+
 def test_cached_generation_with_per_sequence_lengths():
     """Sequences at different lengths share one decode step through lengths_per_sample."""
     torch.manual_seed(4)
