@@ -176,18 +176,22 @@ KV_FILTER='KvCachePlain.*:KvCache.EverySplitCountMatchesTheReference:KvCache.Nan
 # packed, causal call.
 PROBS_FILTER='Probabilities.VarlenMatchTheReferenceTheForwardAndTheBackward:Probabilities.PackedQkvAndNegativeScale'
 KV_GUARD_FILTER='KvCacheGuard.*'
-# tool, test binary, forward kernel family (default: the dispatch's choice; sm80: what GPUs
-# before Hopper run), filter.
+# tool, test binary, environment (default: the dispatch's choice; else one VAR=value, e.g. the
+# sm80 forward that GPUs before Hopper run, or the sm90 backward's cp.async kernel), filter.
+# The sm90 backward's plain calls take its TMA kernel (named barriers and mbarriers: synccheck
+# too) by default.
 SANITIZER_RUNS=(
   "memcheck test_forward_cuda default $FWD_FILTER"
   "racecheck test_forward_cuda default $FWD_FILTER"
   "synccheck test_forward_cuda default $FWD_FILTER"
-  "memcheck test_forward_cuda sm80 $FWD_FILTER"
+  "memcheck test_forward_cuda FLASHATTN_CUDA_FORWARD=sm80 $FWD_FILTER"
   "memcheck test_backward_cuda default $BWD_FILTER"
   "racecheck test_backward_cuda default $BWD_FILTER"
   "synccheck test_backward_cuda default $BWD_FILTER"
   "memcheck test_backward_cuda default $SM90_BWD_FILTER"
   "racecheck test_backward_cuda default $SM90_BWD_FILTER"
+  "synccheck test_backward_cuda default $SM90_BWD_FILTER"
+  "memcheck test_backward_cuda FLASHATTN_SM90_BACKWARD_LOADS=cp.async $SM90_BWD_FILTER"
   "memcheck test_kvcache_cuda default $KV_FILTER"
   "racecheck test_kvcache_cuda default $KV_FILTER"
   "synccheck test_kvcache_cuda default $KV_FILTER"
@@ -195,9 +199,9 @@ SANITIZER_RUNS=(
   "racecheck test_probabilities_cuda default $PROBS_FILTER"
   "memcheck test_kvcache_cuda default $KV_GUARD_FILTER"
 )
-sanitize_one() {  # TOOL TEST FAMILY FILTER
+sanitize_one() {  # TOOL TEST ENVIRONMENT FILTER
   local forced=()
-  [ "$3" = default ] || forced=("FLASHATTN_CUDA_FORWARD=$3")
+  [ "$3" = default ] || forced=("$3")
   env "${forced[@]}" timeout "${SANITIZE_TIMEOUT:-520}" compute-sanitizer --tool "$1" --error-exitcode 99 \
     "build-gpu/tests/$2" --gtest_filter="$4"
   local status=$? summary passed
@@ -213,7 +217,7 @@ run_sanitize() {
   for i in "${!SANITIZER_RUNS[@]}"; do
     read -r tool test family filter <<<"${SANITIZER_RUNS[$i]}"
     label="$tool ${test%_cuda}"
-    [ "$family" = default ] || label+=" ($family forward)"
+    [ "$family" = default ] || label+=" ($family)"
     [ "$filter" = "$SM90_BWD_FILTER" ] && label+=" (sm90 calls)"
     [ "$filter" = "$KV_GUARD_FILTER" ] && label+=" (guards)"
     # SANITIZE_ONLY: an extended regex over "TOOL TEST": the runs a change concerns.
@@ -284,8 +288,8 @@ run_profile() {
   pass=${args[0]}
   local ours peer peer_regex
   case $pass in
-    fwd) ours=forward_kernel; peer=flash; peer_regex=flash_fwd ;;
-    bwd) ours=backward_dkdv_kernel; peer=flash; peer_regex=flash_bwd_dq_dk_dv ;;
+    fwd) ours='forward_(ws_)?kernel'; peer=flash; peer_regex=flash_fwd ;;
+    bwd) ours='backward_(dkdv|ws)_kernel'; peer=flash; peer_regex=flash_bwd_dq_dk_dv ;;
     dec) ours=kvcache_kernel; peer=cudnn; peer_regex='sdpa|fmha|cudnn' ;;
     *) printf 'profile\tFAIL\t0\tPROFILE_ARGS: unknown pass %s (fwd, bwd or dec)\t-\n' "$pass" >>"$rows"; return 1 ;;
   esac
