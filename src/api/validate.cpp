@@ -201,8 +201,18 @@ void check_rows_aligned(const std::string& name, const TensorView& t, int64_t he
                            : std::string()));
 }
 
-void check_pointer_location(const Execution& execution, const std::string& name, const TensorView& t) {
-  if (execution.trust_devices || t.data == nullptr || t.numel() == 0) return;
+// Every pointer the engines will dereference, on every backend: element-aligned (they read and
+// write the elements as their type), and, where the CUDA runtime can tell, in the memory its
+// view's device names (a host pointer handed to a kernel, or a GPU pointer to the CPU engine,
+// would fault).
+void check_pointer(const Execution& execution, const std::string& name, const TensorView& t) {
+  if (t.data == nullptr || t.numel() == 0) return;
+  const size_t elem = dtype_size(t.dtype);
+  const uintptr_t address = reinterpret_cast<uintptr_t>(t.data);
+  if (address % elem != 0)
+    fail(name, "an element-aligned pointer (a multiple of " + std::to_string(elem) + " bytes)",
+         "a pointer misaligned by " + std::to_string(address % elem) + " bytes");
+  if (execution.trust_devices) return;
   const cuda::PointerLocation where = cuda::locate(t.data);
   if (where.kind == cuda::PointerLocation::Unknown) return;
   if (t.device.type == DeviceType::CPU && where.kind == cuda::PointerLocation::Device)
@@ -675,8 +685,7 @@ void check_outputs_disjoint(const std::vector<Argument>& inputs, const Argument&
 }
 
 // The backend, then the memory it needs: the rows the CUDA backend copies (check_rows_aligned),
-// and each pointer where its view says (when the CUDA runtime can tell): a host pointer
-// handed to a kernel, or a GPU pointer to the CPU engine, would fault.
+// and every pointer element-aligned and where its view says (check_pointer).
 Backend check_backend_memory(const Execution& execution, const TensorView& q, int64_t head_dim,
                              const std::vector<Argument>& copied_by_rows,
                              const std::vector<Argument>& inputs, const Argument& out,
@@ -684,9 +693,9 @@ Backend check_backend_memory(const Execution& execution, const TensorView& q, in
   const Backend backend = resolve_backend(execution, q);
   if (backend == Backend::CUDA)
     for (const Argument& t : copied_by_rows) check_rows_aligned(t.name, *t.view, head_dim);
-  for (const Argument& in : inputs) check_pointer_location(execution, in.name, *in.view);
-  check_pointer_location(execution, "out", *out.view);
-  if (lse) check_pointer_location(execution, "lse", *lse);
+  for (const Argument& in : inputs) check_pointer(execution, in.name, *in.view);
+  check_pointer(execution, "out", *out.view);
+  if (lse) check_pointer(execution, "lse", *lse);
   return backend;
 }
 
@@ -959,8 +968,8 @@ ValidatedCall validate_probabilities(const TensorView& q, const TensorView& k,
 
   // The CUDA kernel reads and writes element by element: no 16-byte rows needed.
   call.backend = resolve_backend(execution, q);
-  for (const Argument& in : inputs) check_pointer_location(execution, in.name, *in.view);
-  check_pointer_location(execution, "probs", probs);
+  for (const Argument& in : inputs) check_pointer(execution, in.name, *in.view);
+  check_pointer(execution, "probs", probs);
   return call;
 }
 
@@ -1022,7 +1031,7 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
     // The kernels read dout and write the gradients in 16-byte (dq) and 4-byte chunks.
     for (const Argument& t : checked) check_rows_aligned(t.name, *t.view, call.head_dim);
   }
-  for (const Argument& t : checked) check_pointer_location(execution, t.name, *t.view);
+  for (const Argument& t : checked) check_pointer(execution, t.name, *t.view);
   return call;
 }
 

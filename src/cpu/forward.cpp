@@ -60,8 +60,9 @@ KeyRows KeyRows::of_sequence(const ForwardParams& p, int32_t b, const SequenceVi
   const int64_t v_offset = (p.is_paged() ? 0 : b * p.v_batch_stride + seq.k_row0 * p.v_row_stride) +
                            hk * p.v_head_stride;
   const size_t elem = dtype_size(p.dtype);
-  r.k = static_cast<const char*>(p.k) + k_offset * static_cast<int64_t>(elem);
-  r.v = static_cast<const char*>(p.v) + v_offset * static_cast<int64_t>(elem);
+  // Null only for empty keys (validation), which no loop reads: no offset is applied to them.
+  if (p.k != nullptr) r.k = static_cast<const char*>(p.k) + k_offset * static_cast<int64_t>(elem);
+  if (p.v != nullptr) r.v = static_cast<const char*>(p.v) + v_offset * static_cast<int64_t>(elem);
   r.k_row_stride = p.k_row_stride;
   r.v_row_stride = p.v_row_stride;
   if (p.is_paged()) {
@@ -77,8 +78,8 @@ KeyRows KeyRows::of_cache(const KvCacheParams& p, int32_t b, const KvSequence& s
   const ForwardParams& a = p.attn;
   KeyRows r;
   const size_t elem = dtype_size(a.dtype);
-  r.k = static_cast<const char*>(a.k) + hk * a.k_head_stride * static_cast<int64_t>(elem);
-  r.v = static_cast<const char*>(a.v) + hk * a.v_head_stride * static_cast<int64_t>(elem);
+  if (a.k != nullptr) r.k = static_cast<const char*>(a.k) + hk * a.k_head_stride * static_cast<int64_t>(elem);
+  if (a.v != nullptr) r.v = static_cast<const char*>(a.v) + hk * a.v_head_stride * static_cast<int64_t>(elem);
   r.k_row_stride = a.k_row_stride;
   r.v_row_stride = a.v_row_stride;
   r.cache = &p;
