@@ -6,13 +6,16 @@ and the loss curves overlaid.
     python examples/gpt/benchmark.py --sizes tiny --seqlens 64 --device cpu --dtype fp32 \\
         --attentions flashattn sdpa-math --steps 3 --gen-batches 1 --gen-tokens 8   # a smoke run
 
-Training: --tokens-per-step tokens a step (batch = tokens / seqlen), AdamW, autocast in
---dtype, --warmup untimed steps then --steps timed ones (each synchronised), the attentions'
-steps interleaved step by step so that clock changes touch all alike. Model FLOPs per token are
-Config.flops_per_token (6 per weight, 6 L S d for causal attention); MFU divides by
---peak-tflops (the H200's dense bf16 datasheet figure by default: say which in any table).
-Generation: a --prompt-tokens prefill, then --gen-tokens one-token steps, eager, per batch
-size. Writes benchmark.json, benchmark.md and, with matplotlib, loss.png in --out.
+Training: --tokens-per-step tokens a step (batch = tokens / seqlen) in micro-batches of at
+most --micro-tokens, AdamW, autocast in --dtype, --warmup untimed steps then --steps timed ones
+(each synchronised). The attentions train one after the other from the same initial weights
+on the same batches (one model resident at a time: 1.3B parameters with AdamW take 21 GB).
+Model FLOPs per token are Config.flops_per_token (6 per weight, 6 L S d for causal attention);
+MFU divides by --peak-tflops (the H100/H200 SXM dense bf16 datasheet figure by default: say
+which in any table). Generation: greedy, from the initial weights, a --prompt-tokens prefill
+then --gen-tokens one-token steps per batch size, eager for every attention and, on CUDA,
+flashattn with each step replayed from a CUDA graph (its tokens checked against its eager
+run). Writes benchmark.json, benchmark.md and, with matplotlib, loss.png in --out.
 """
 from __future__ import annotations
 
@@ -35,67 +38,106 @@ def synchronize(device):
         torch.cuda.synchronize()
 
 
-def train_all(args, size, seqlen, data):
-    """Every attention's model from one initial state on the same batches, step by step."""
+def train_all(args, size, seqlen, data, initial):
+    """Every attention's model from the same initial weights on the same batches, one after
+    the other (only one model and its optimizer state are resident: the 1.3B one with AdamW
+    holds 21 GB). A step of --tokens-per-step tokens runs as micro-batches of at most
+    --micro-tokens (gradients accumulated), so that activations fit at every length."""
     cfg = SIZES[size]
     batch = max(1, args.tokens_per_step // seqlen)
-    torch.manual_seed(args.seed)
-    models = {}
-    for attention in args.attentions:
-        model = GPT(cfg, attention)
-        if models:
-            model.load_state_dict(next(iter(models.values()))[0].state_dict())
-        model = model.to(args.device)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-        models[attention] = (model, opt)
-    stream = batches(data, batch, seqlen, torch.Generator().manual_seed(args.seed))
+    micro = max(1, min(batch, args.micro_tokens // seqlen))
     device_type = torch.device(args.device).type
-    losses = {a: [] for a in args.attentions}
-    seconds = {a: 0.0 for a in args.attentions}
-    for step in range(args.warmup + args.steps):
-        x, y = (t.to(args.device) for t in next(stream))
-        for attention, (model, opt) in models.items():
+    rows = []
+    for attention in args.attentions:
+        model = load(cfg, attention, initial, args.device)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        stream = batches(data, batch, seqlen, torch.Generator().manual_seed(args.seed))
+        losses, seconds = [], 0.0
+        for step in range(args.warmup + args.steps):
+            x, y = (t.to(args.device) for t in next(stream))
             synchronize(args.device)
             start = time.perf_counter()
-            with autocast(device_type, DTYPES[args.dtype]):
-                logits = model(x)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            step_loss = torch.zeros((), device=args.device)
+            for xs, ys in zip(x.split(micro), y.split(micro)):
+                with autocast(device_type, DTYPES[args.dtype]):
+                    logits = model(xs)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), ys.flatten()) * (len(xs) / batch)
+                loss.backward()
+                step_loss += loss.detach()
             opt.step()
             synchronize(args.device)
             if step >= args.warmup:
-                seconds[attention] += time.perf_counter() - start
-            losses[attention].append(loss.item())
-    rows = []
-    for attention in args.attentions:
-        rate = args.steps * batch * seqlen / seconds[attention]
+                seconds += time.perf_counter() - start
+            losses.append(step_loss.item())
+        del model, opt
+        free_memory(args.device)
+        rate = args.steps * batch * seqlen / seconds
         tflops = rate * cfg.flops_per_token(seqlen) / 1e12
-        rows.append({"size": size, "seqlen": seqlen, "batch": batch, "attention": attention,
+        rows.append({"size": size, "seqlen": seqlen, "batch": batch, "micro_batch": micro, "attention": attention,
                      "parameters": cfg.parameters(), "tokens_per_s": rate, "model_tflops": tflops,
-                     "mfu": tflops / args.peak_tflops, "losses": losses[attention]})
-    return rows, {a: m for a, (m, _) in models.items()}
+                     "mfu": tflops / args.peak_tflops, "losses": losses})
+    return rows
 
 
-def generate_all(args, size, models):
+def generate_all(args, size, initial):
+    """Greedy generation from the initial weights (speed does not depend on training), each
+    attention eagerly, and flashattn also with every step replayed from a CUDA graph (its
+    tokens checked against its eager run)."""
+    cfg = SIZES[size]
+    device_type = torch.device(args.device).type
+    modes = [(a, False) for a in args.attentions]
+    if device_type == "cuda" and "flashattn" in args.attentions:
+        modes.append(("flashattn", True))
     rows = []
     for gen_batch in args.gen_batches:
-        prompt = torch.randint(0, 256, (gen_batch, args.prompt_tokens), device=args.device,
-                               generator=torch.Generator(device=args.device).manual_seed(args.seed))
-        for attention, model in models.items():
-            model.eval()
-            with autocast(torch.device(args.device).type, DTYPES[args.dtype]):
-                model.generate(prompt, 4, temperature=0)  # warm-up
+        prompt = torch.randint(0, cfg.vocab, (gen_batch, args.prompt_tokens),
+                               generator=torch.Generator().manual_seed(args.seed)).to(args.device)
+        eager_tokens = {}
+        for attention, graphed in modes:
+            model = load(cfg, attention, initial, args.device).eval()
+            with autocast(device_type, DTYPES[args.dtype]):
+                model.generate(prompt, 4, temperature=0, cuda_graph=graphed)  # warm-up
                 synchronize(args.device)
                 start = time.perf_counter()
-                model.generate(prompt, args.gen_tokens, temperature=0)
+                tokens = model.generate(prompt, args.gen_tokens, temperature=0, cuda_graph=graphed)
                 synchronize(args.device)
             seconds = time.perf_counter() - start
-            rows.append({"size": size, "attention": attention, "batch": gen_batch,
-                         "prompt_tokens": args.prompt_tokens, "new_tokens": args.gen_tokens,
-                         "tokens_per_s": gen_batch * args.gen_tokens / seconds})
-            model.train()
+            row = {"size": size, "attention": attention, "cuda_graph": graphed, "batch": gen_batch,
+                   "prompt_tokens": args.prompt_tokens, "new_tokens": args.gen_tokens,
+                   "tokens_per_s": gen_batch * args.gen_tokens / seconds}
+            if graphed:
+                row["same_tokens_as_eager"] = bool(torch.equal(tokens, eager_tokens[attention]))
+            else:
+                eager_tokens[attention] = tokens
+            rows.append(row)
+            del model
+            free_memory(args.device)
     return rows
+
+
+def initial_weights(cfg, args):
+    """One seeded initialisation, drawn on the device (fast for 1.3B) and kept on the host."""
+    torch.manual_seed(args.seed)
+    with torch.device(args.device):
+        model = GPT(cfg, "flashattn")
+    initial = {k: v.cpu() for k, v in model.state_dict().items()}
+    del model
+    free_memory(args.device)
+    return initial
+
+
+def load(cfg, attention, initial, device):
+    """The model for one attention on the device, with the shared initial weights."""
+    with torch.device(device):
+        model = GPT(cfg, attention)
+    model.load_state_dict(initial)
+    return model
+
+
+def free_memory(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def main(argv=None) -> int:
@@ -104,8 +146,10 @@ def main(argv=None) -> int:
     p.add_argument("--seqlens", nargs="+", type=int, default=[2048, 8192])
     p.add_argument("--attentions", nargs="+", default=["flashattn", "sdpa-cudnn", "sdpa-flash"], choices=ATTENTIONS)
     p.add_argument("--tokens-per-step", type=int, default=65536)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--micro-tokens", type=int, default=16384,
+                   help="tokens per forward/backward (the step accumulates its gradients)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--device", default="cuda")
@@ -121,20 +165,22 @@ def main(argv=None) -> int:
     data = corpus(args.corpus_mb)
     training, generation = [], []
     for size in args.sizes:
-        models = None
         for seqlen in args.seqlens:
             if seqlen > SIZES[size].max_seqlen:
                 raise SystemExit(f"--seqlens: {seqlen} is past {size}'s max_seqlen {SIZES[size].max_seqlen}")
-            rows, models = train_all(args, size, seqlen, data)
+        initial = initial_weights(SIZES[size], args)
+        for seqlen in args.seqlens:
+            rows = train_all(args, size, seqlen, data, initial)
             training += rows
             for r in rows:
                 print(f"train {size} s{seqlen} b{r['batch']} {r['attention']}: {r['tokens_per_s']:,.0f} tokens/s, "
                       f"{r['model_tflops']:.1f} TFLOP/s, MFU {r['mfu']:.3f}, loss {r['losses'][0]:.3f} -> "
                       f"{r['losses'][-1]:.3f}", flush=True)
-        generation += generate_all(args, size, models)
-        del models
-        if torch.device(args.device).type == "cuda":
-            torch.cuda.empty_cache()
+        rows = generate_all(args, size, initial)
+        generation += rows
+        for r in rows:
+            print(f"generate {size} b{r['batch']} {r['attention']}{' graph' if r['cuda_graph'] else ''}: "
+                  f"{r['tokens_per_s']:,.1f} tokens/s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else args.device,
             "torch": torch.__version__, "dtype": args.dtype, "peak_tflops": args.peak_tflops,
@@ -147,8 +193,10 @@ def main(argv=None) -> int:
         first = next(x for x in training if x["size"] == r["size"] and x["seqlen"] == r["seqlen"])
         lines.append(f"| {r['size']} | {r['seqlen']} | {r['batch']} | {r['attention']} | {r['tokens_per_s']:,.0f} | "
                      f"{r['model_tflops']:.1f} | {r['mfu']:.3f} | {r['tokens_per_s'] / first['tokens_per_s']:.2f}x |")
-    lines += ["", "| size | batch | attention | generated tokens/s |", "|---|---:|---|---:|"]
-    lines += [f"| {r['size']} | {r['batch']} | {r['attention']} | {r['tokens_per_s']:,.1f} |" for r in generation]
+    lines += ["", "| size | batch | attention | decode | generated tokens/s |", "|---|---:|---|---|---:|"]
+    lines += [f"| {r['size']} | {r['batch']} | {r['attention']} | "
+              f"{'CUDA graph' + ('' if r['same_tokens_as_eager'] else ' (tokens differ from eager!)') if r['cuda_graph'] else 'eager'} | "
+              f"{r['tokens_per_s']:,.1f} |" for r in generation]
     table = "\n".join(lines) + "\n"
     (args.out / "benchmark.md").write_text(table)
     try:

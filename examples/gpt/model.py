@@ -141,9 +141,12 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, cuda_graph: bool = False) -> torch.Tensor:
         """prompt (B, S) bytes -> (B, S + new_tokens): one prefill, then one token a step
-        through the layers' caches."""
+        through the layers' caches. cuda_graph=True replays each step from one CUDA graph
+        (flashattn only: the step reads its cache lengths from a device tensor)."""
+        if cuda_graph:
+            return self._generate_graphed(prompt, new_tokens, temperature, top_k, generator)
         b, s = prompt.shape
         params = InferenceParams(max_seqlen=s + new_tokens, max_batch_size=b)
         logits = self(prompt, params)[:, -1]
@@ -154,6 +157,50 @@ class GPT(nn.Module):
             if t + 1 < new_tokens:
                 logits = self(tokens[-1], params)[:, -1]
                 params.seqlen_offset += 1
+        return torch.cat(tokens, dim=1)
+
+    def _generate_graphed(self, prompt, new_tokens, temperature, top_k, generator):
+        if self.attention != "flashattn" or prompt.device.type != "cuda":
+            raise ValueError(f"cuda_graph: expected attention 'flashattn' on a CUDA device, given "
+                             f"{self.attention!r} on {prompt.device} (SDPA's cache here is sliced to "
+                             f"its length, which changes every step)")
+        b, s = prompt.shape
+        # The cache lengths live in a device tensor that the captured step advances itself, so
+        # one graph serves every step; the prefill runs eagerly with lengths 0.
+        lengths = torch.zeros(b, dtype=torch.int32, device=prompt.device)
+        params = InferenceParams(max_seqlen=s + new_tokens, max_batch_size=b, lengths_per_sample=lengths)
+        logits = self(prompt, params)[:, -1]
+        lengths.fill_(s)
+        token = sample(logits, temperature, top_k, generator)
+        tokens = [prompt, token]
+        if new_tokens == 1:
+            return torch.cat(tokens, dim=1)
+        step_input = token.clone()
+
+        def step():
+            out = self(step_input, params)[:, -1]
+            lengths.add_(1)
+            return out
+
+        # autocast's cache of cast weights would be freed under a captured graph: capture
+        # without it, in the caller's autocast dtype.
+        cast = (torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+                if torch.is_autocast_enabled("cuda") else nullcontext())
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), cast:
+            for _ in range(2):  # warm-up before capture; it writes rows the real steps overwrite
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        lengths.fill_(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), cast:
+            step_logits = step()
+        lengths.fill_(s)  # capture does not run the step
+        for _ in range(new_tokens - 1):
+            step_input.copy_(tokens[-1])
+            graph.replay()
+            tokens.append(sample(step_logits, temperature, top_k, generator))
         return torch.cat(tokens, dim=1)
 
 

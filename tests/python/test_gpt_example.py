@@ -68,3 +68,21 @@ def test_benchmark_smoke_run(tmp_path, capsys):
     assert len(ours["losses"]) == 3 and ours["losses"] == pytest.approx(sdpa["losses"], rel=1e-4)
     assert [r["attention"] for r in result["generation"]] == ["flashattn", "sdpa-math"]
     assert "| tiny | 32 | 2 | flashattn |" in (tmp_path / "benchmark.md").read_text()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA-graph decode is not tested")
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cuda_graph_generation_equals_eager(batch):
+    torch.manual_seed(2)
+    model = GPT(SIZES["small"], "flashattn").cuda().eval()
+    prompt = torch.randint(0, 256, (batch, 11), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        eager = model.generate(prompt, 20, temperature=0)
+        graphed = model.generate(prompt, 20, temperature=0, cuda_graph=True)
+    assert torch.equal(graphed, eager)
+
+
+def test_cuda_graph_generation_refuses_sdpa():
+    model = GPT(SIZES["tiny"], "sdpa-math")
+    with pytest.raises(ValueError, match="cuda_graph"):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 2, cuda_graph=True)
