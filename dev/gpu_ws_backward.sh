@@ -5,7 +5,8 @@
 # FLASHATTN_SM90_BACKWARD_LOADS=cp.async; compute-sanitizer (BWD_SANITIZERS, default memcheck
 # racecheck synccheck) on a backward sweep; then, only if every test passed, bench/backward.py
 # over the grid with the peers (BWD_BENCH_ARGS), and ours alone on the cp.async kernel
-# (BWD_SKIP_AB=1: not; BWD_SKIP_CPASYNC=1: no cp.async suite run; BWD_AB_ARGS: its bench arguments). BWD_SKIP_GRID=1: no peer grid.
+# (BWD_SKIP_AB=1: not; BWD_SKIP_CPASYNC=1: no cp.async suite run; BWD_AB_ARGS: its bench arguments). BWD_SKIP_GRID=1: no peer grid;
+# BWD_SKIP_SUITE=1: only the smoke cases of the suite.
 # Each stage starts only while the call has time for it (BWD_LIMIT_S, default 560 s). Logs
 # come back in logs.tar.gz.
 set -uo pipefail
@@ -34,7 +35,7 @@ run_tests() {  # LABEL SECONDS FILTER ENV...
   grep -E '^\[  FAILED|Failure|max abs' "$out/bwd_$label.log" | head -12
 }
 run_tests smoke 60 '*BackwardPlainCalls*:CudaBackward.RunsOnTheGivenStream*'
-[ $failed -eq 0 ] && run_tests default 150 '*'
+[ $failed -eq 0 ] && [ -z "${BWD_SKIP_SUITE:-}" ] && run_tests default 150 '*'
 [ $failed -eq 0 ] && [ -z "${BWD_SKIP_CPASYNC:-}" ] && run_tests cpasync 90 '*BackwardPlainCalls*:*BackwardHeadDims*:CudaBackward.*' FLASHATTN_SM90_BACKWARD_LOADS=cp.async
 # Test names carry their instantiation's prefix (HopperBuckets/BackwardPlainCalls...): hence the
 # leading '*'. Plain calls at head dims 64 and 128 (the TMA kernel), and the head-dim sweep.
