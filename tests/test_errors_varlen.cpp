@@ -83,6 +83,23 @@ std::vector<VarlenCase> varlen_cases() {
       {"cu_seqlens_q_stride_2",
        [](Var& c) { c.varlen.cu_seqlens_q = restrided(c.varlen.cu_seqlens_q, {3}, {2}); },
        kInvalid, "cu_seqlens_q", {"contiguous"}, {"(2)"}},
+      // Misaligned index tensors are refused before their values are read (fuzz_varlen found
+      // the validator loading cu_seqlens through a pointer one byte off: undefined behaviour).
+      {"cu_seqlens_q_misaligned_by_one_byte",
+       [](Var& c) { c.varlen.cu_seqlens_q.data = static_cast<char*>(c.varlen.cu_seqlens_q.data) + 1; },
+       kInvalid, "cu_seqlens_q", {"element-aligned pointer", "a multiple of 4 bytes"}, {},
+       "a pointer misaligned by 1 bytes"},
+      {"cu_seqlens_k_misaligned_by_two_bytes",
+       [](Var& c) { c.varlen.cu_seqlens_k.data = static_cast<char*>(c.varlen.cu_seqlens_k.data) + 2; },
+       kInvalid, "cu_seqlens_k", {"element-aligned pointer", "a multiple of 4 bytes"}, {},
+       "a pointer misaligned by 2 bytes"},
+      {"seqused_k_misaligned_by_three_bytes",
+       [](Var& c) {
+         c.set_seqused_k({3, 5});
+         c.varlen.seqused_k->data = static_cast<char*>(c.varlen.seqused_k->data) + 3;
+       },
+       kInvalid, "seqused_k", {"element-aligned pointer", "a multiple of 4 bytes"}, {},
+       "a pointer misaligned by 3 bytes"},
       {"cu_seqlens_q_on_cuda", [](Var& c) { c.varlen.cu_seqlens_q.device = kCuda0; },
        kInvalid, "cu_seqlens_q", {"the device of q (cpu)"}, {}, "cuda:0"},
       {"cu_seqlens_k_on_cuda", [](Var& c) { c.varlen.cu_seqlens_k.device = kCuda0; },
@@ -267,6 +284,10 @@ std::vector<PagedCase> paged_cases() {
       {"keys_beyond_the_pages", [](Paged& c) { c.set_table({5, 0, 2, 4}, 2); }, kInvalid,
        "block_table", {"max_pages * page_size = 4", "max_pages 2 x page_size 2"},
        {"sequence 1 with 5 keys", "cu_seqlens_k"}},
+      {"keys_with_an_empty_block_table",  // (B, 0) with a null pointer: fuzz_varlen found it accepted
+       [](Paged& c) { c.varlen.block_table = TensorView::contiguous(nullptr, DType::Int32, {2, 0}); },
+       kInvalid, "block_table", {"max_pages * page_size = 0", "max_pages 0 x page_size 2"},
+       {"sequence 0 with 4 keys", "cu_seqlens_k"}},
       {"seqused_keys_beyond_the_pages",
        [](Paged& c) {
          c.set_table({5, 0, 2, 4}, 2);

@@ -201,17 +201,24 @@ void check_rows_aligned(const std::string& name, const TensorView& t, int64_t he
                            : std::string()));
 }
 
-// Every pointer the engines will dereference, on every backend: element-aligned (they read and
-// write the elements as their type), and, where the CUDA runtime can tell, in the memory its
-// view's device names (a host pointer handed to a kernel, or a GPU pointer to the CPU engine,
-// would fault).
-void check_pointer(const Execution& execution, const std::string& name, const TensorView& t) {
+// An element-aligned pointer (check_pointer below), alone: for the host index tensors whose
+// values are read before check_pointer runs.
+void check_element_aligned(const std::string& name, const TensorView& t) {
   if (t.data == nullptr || t.numel() == 0) return;
   const size_t elem = dtype_size(t.dtype);
   const uintptr_t address = reinterpret_cast<uintptr_t>(t.data);
   if (address % elem != 0)
     fail(name, "an element-aligned pointer (a multiple of " + std::to_string(elem) + " bytes)",
          "a pointer misaligned by " + std::to_string(address % elem) + " bytes");
+}
+
+// Every pointer the engines will dereference, on every backend: element-aligned (they read and
+// write the elements as their type), and, where the CUDA runtime can tell, in the memory its
+// view's device names (a host pointer handed to a kernel, or a GPU pointer to the CPU engine,
+// would fault).
+void check_pointer(const Execution& execution, const std::string& name, const TensorView& t) {
+  if (t.data == nullptr || t.numel() == 0) return;
+  check_element_aligned(name, t);
   if (execution.trust_devices) return;
   const cuda::PointerLocation where = cuda::locate(t.data);
   if (where.kind == cuda::PointerLocation::Unknown) return;
@@ -716,12 +723,17 @@ std::vector<Argument> expect_varlen(const Varlen& varlen, const TensorView& q, i
     fail("max_seqlen_q", "a length in [0, 2^31)", std::to_string(varlen.max_seqlen_q));
   if (varlen.max_seqlen_k < 0 || varlen.max_seqlen_k > kInt32Max)
     fail("max_seqlen_k", "a length in [0, 2^31)", std::to_string(varlen.max_seqlen_k));
+  // The values are read here, before check_backend_memory checks every pointer: a misaligned
+  // one must be refused first, not read (an int32 load off its alignment is undefined).
+  check_element_aligned("cu_seqlens_q", cq);
+  check_element_aligned("cu_seqlens_k", ck);
   check_cu_seqlens("cu_seqlens_q", cq, rows_q, varlen.max_seqlen_q, "max_seqlen_q");
   check_cu_seqlens("cu_seqlens_k", ck, rows_k, varlen.max_seqlen_k, "max_seqlen_k");
   if (!varlen.seqused_k) return checked;
   const TensorView& su = *varlen.seqused_k;
   append(checked, expect(q, {{.name = "seqused_k", .view = &su, .rank = 1, .dtypes = kInt32,
                               .shape = {batch}, .layout = "= (B)", .contiguous = true}}));
+  check_element_aligned("seqused_k", su);
   const int32_t* used = host_int32(su);
   const int32_t* ckv = host_int32(ck);
   for (int64_t b = 0; used != nullptr && ckv != nullptr && b < batch; ++b) {
@@ -744,7 +756,10 @@ void check_paged_lengths(const Varlen& varlen, int64_t batch, const TensorView& 
   const TensorView& table = *varlen.block_table;
   const int32_t* cu = host_int32(varlen.cu_seqlens_k);
   const int32_t* pages = host_int32(table);
-  if (cu == nullptr || pages == nullptr) return;
+  // A host table with no entries (max_pages = 0) may have a null pointer: its capacity, 0, is
+  // still checked (fuzz_varlen found one accepted for sequences with keys); only device memory
+  // goes unread. Its pages are looked up only for a sequence with keys.
+  if (cu == nullptr || table.device.type != DeviceType::CPU) return;
   const int32_t* used = varlen.seqused_k ? host_int32(*varlen.seqused_k) : nullptr;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t keys = used != nullptr ? used[b] : static_cast<int64_t>(cu[b + 1]) - cu[b];
@@ -756,7 +771,7 @@ void check_paged_lengths(const Varlen& varlen, int64_t batch, const TensorView& 
                ")",
            "sequence " + std::to_string(b) + " with " + std::to_string(keys) + " keys" +
                (used != nullptr ? " (seqused_k)" : " (cu_seqlens_k)"));
-    check_pages_used(pages, table, b, 0, keys, k.sizes[1], k.sizes[0]);
+    if (keys > 0) check_pages_used(pages, table, b, 0, keys, k.sizes[1], k.sizes[0]);
   }
 }
 

@@ -18,7 +18,9 @@ inline float exp_approx(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693145751953125f;  // ln2 with its low bits cleared: n*hi is exact
   constexpr float kLn2Lo = 1.42860682030941723e-6f;
-  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  // Written so that NaN fails both tests and lands on a bound: the conversion of n to int
+  // below is undefined for NaN (clang's UBSan float-cast-overflow; found by fuzz_kvcache).
+  const float clamped = x >= -87.0f ? (x <= 88.0f ? x : 88.0f) : -87.0f;
   const float n = (clamped * kLog2e + 12582912.0f) - 12582912.0f;  // round to nearest
   const float r = (clamped - n * kLn2Hi) - n * kLn2Lo;
   float p = 1.0f / 5040.0f;
