@@ -15,6 +15,11 @@
 #             "dec BATCH CACHE_LEN"
 #   tune      tile-shape candidates (dev/gpu_tune.sh, dev/gpu_tune_kvcache.sh):
 #             TUNE_ARGS="fwd CANDIDATE ..." or "kv [CANDIDATE ...]" (default "kv")
+#   sweep     scripts/gpu_sweep.py through the installed package: SWEEP_CALLS (default 500)
+#             seeded random hostile calls (odd shapes, every feature, bad index values, invalid
+#             calls) under compute-sanitizer memcheck (SWEEP_TIMEOUT seconds, default 900),
+#             then --huge (tensors past 2^31 elements, about 50 GB of GPU memory) without it;
+#             `gpu_sweep.py --seed 1 --only I` reruns call I; its JSON in logs.tar.gz (sweep/)
 # Environment: OUT (results, default ./gpu-results), FLASHATTN_CUDA_ARCHS (CUDA code to build on
 # a first configure, e.g. sm_90a on an H200: half the build time), BENCH_ARGS (extra arguments
 # of both benchmarks, e.g. --quick), PYTHON (default python3), GPU_SERIAL=1 (sanitizers after
@@ -32,8 +37,8 @@ stages=()
 for arg; do
   case $arg in
     -h|--help) usage; exit 0 ;;
-    test|sanitize|bench|profile|tune) stages+=("$arg") ;;
-    *) echo "gpu.sh: unknown stage '$arg' (stages: test, sanitize, bench, profile, tune; see --help)" >&2
+    test|sanitize|bench|profile|tune|sweep) stages+=("$arg") ;;
+    *) echo "gpu.sh: unknown stage '$arg' (stages: test, sanitize, bench, profile, tune, sweep; see --help)" >&2
        exit 2 ;;
   esac
 done
@@ -53,7 +58,7 @@ out=${OUT:-gpu-results}
 logs=$out/logs
 rows=$logs/steps.tsv
 # What an earlier call left in $OUT goes first: no stale result can pass for this call's.
-(cd "$out" 2>/dev/null && rm -rf logs grid decode profile tune summary.txt logs.tar.gz \
+(cd "$out" 2>/dev/null && rm -rf logs grid decode profile tune sweep summary.txt logs.tar.gz \
   h200_grid_latest.json grid_* decode_*)
 mkdir -p "$logs"
 : >"$rows"
@@ -309,6 +314,25 @@ run_tune() {
   esac
 }
 
+# ---- sweep
+sweep_memcheck() {
+  # No caching allocator: every torch tensor is its own cudaMalloc, so memcheck sees an access
+  # past any of them (inside a cached pool block it would not).
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SWEEP_TIMEOUT:-900}" compute-sanitizer \
+    --tool memcheck --error-exitcode 99 "$py" scripts/gpu_sweep.py --device cuda \
+    --calls "${SWEEP_CALLS:-500}" --seed 1 --out "$out/sweep"
+  local status=$? summary
+  summary=$(grep -hE 'ERROR SUMMARY' "$step_log" | tail -1 | sed 's/^=* *//')
+  echo "outcome: $(grep -h '^outcome: ' "$step_log" | tail -1 | cut -c10-90); ${summary:-no summary line}"
+  return $status
+}
+run_sweep() {
+  package || return 1
+  step "gpu_sweep memcheck (${SWEEP_CALLS:-500} calls)" sweep.log sweep_memcheck
+  step "gpu_sweep --huge" sweep_huge.log timeout 900 "$py" scripts/gpu_sweep.py --device cuda \
+    --huge --seed 1 --out "$out/sweep"
+}
+
 # ---- the call
 machine() {
   echo "== scripts/gpu.sh ${stages[*]}: $(date -u '+%Y-%m-%d %H:%M UTC')," \
@@ -357,6 +381,7 @@ else
       bench) run_bench ;;
       profile) run_profile ;;
       tune) run_tune ;;
+      sweep) run_sweep ;;
     esac
   done
 fi
@@ -374,7 +399,7 @@ summary >"$out/summary.txt" 2>&1
 cp "$out/summary.txt" "$logs/"
 failed=$(awk -F'\t' '$2 != "PASS"' "$rows" | wc -l)
 packed=()
-for dir in logs grid decode profile tune; do [ -d "$out/$dir" ] && packed+=("$dir"); done
+for dir in logs grid decode profile tune sweep; do [ -d "$out/$dir" ] && packed+=("$dir"); done
 tar czf "$out/logs.tar.gz" -C "$out" "${packed[@]}" && (cd "$out" && rm -rf "${packed[@]}")
 cat "$out/summary.txt"
 [ "$failed" -eq 0 ]
