@@ -85,17 +85,31 @@ def _is_torch(x) -> bool:
 
 
 def _window(window_size):
-    left, right = window_size
-    return int(left), int(right)
+    left, right = (int(x) for x in window_size)
+    # The library takes int32 key counts; past them the binding could not even say which
+    # argument it refused.
+    if max(left, right) >= 2 ** 31:
+        raise ValueError(f"window_size: expected -1 or a key count below 2^31 on each side, "
+                         f"given {tuple(window_size)}")
+    return left, right
+
+
+def _dropout(dropout_p) -> float:
+    """dropout_p as a float, refused unless in [0, 1): the calls below take dropout only when
+    dropout_p > 0, so a negative or NaN value would otherwise pass as "no dropout"."""
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p: expected a probability in [0, 1), given {dropout_p}")
+    return p
 
 
 def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
            deterministic, return_attn_probs):
     probs = None
+    dropout_p, (left, right) = _dropout(dropout_p), _window(window_size)
     if _is_torch(q):
         from . import torch_ops
 
-        left, right = _window(window_size)
         options = (float(dropout_p), softmax_scale, bool(causal), left, right, float(softcap),
                    alibi_slopes)
         out, lse, rng_state = torch_ops.forward(q, k, v, *options, bool(deterministic),
@@ -113,6 +127,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
             return_attn_probs, block_table):
     probs = None
+    dropout_p, (left, right) = _dropout(dropout_p), _window(window_size)
     if block_table is not None and return_attn_probs and dropout_p > 0:
         # S_dmask is a testing aid for dense keys; paged keys would need their own kernel.
         raise ValueError("return_attn_probs: expected False with block_table and dropout_p > 0 "
@@ -120,7 +135,6 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
     if _is_torch(q):
         from . import torch_ops
 
-        left, right = _window(window_size)
         lengths = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
         options = (float(dropout_p), softmax_scale, bool(causal), left, right, float(softcap),
                    alibi_slopes)

@@ -287,6 +287,38 @@ def test_varlen_paged_errors_carry_the_library_message():
                                block_table=table.to(torch.float32))
 
 
+@pytest.mark.parametrize("dropout_p", [-0.1, float("nan"), 1.0])
+def test_dropout_outside_its_range_is_refused(dropout_p):
+    # Found by scripts/gpu_sweep.py: a negative or NaN dropout_p ran without dropout.
+    q = torch.randn(1, 3, 2, 8)
+    for call in (lambda: flash_attn_func(q, q, q, dropout_p=dropout_p),
+                 lambda: flash_attn_varlen_func(q[0], q[0], q[0], torch.tensor([0, 3], dtype=torch.int32),
+                                                torch.tensor([0, 3], dtype=torch.int32), 3, 3,
+                                                dropout_p=dropout_p)):
+        with pytest.raises(ValueError, match=r"^dropout_p: expected a probability in \[0, 1\)"):
+            call()
+
+
+def test_a_window_past_int32_is_refused_naming_it():
+    q = torch.randn(1, 3, 2, 8)
+    with pytest.raises(ValueError, match=r"^window_size: expected .* below 2\^31"):
+        flash_attn_func(q, q, q, window_size=(2 ** 31, 0))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_no_queries_give_empty_outputs_and_lse(requires_grad):
+    # Found by scripts/gpu_sweep.py: torch gives an empty (3, 4, 0) lse the strides (4, 1, 1),
+    # which the library refused as not row-major.
+    q = torch.randn(3, 0, 4, 8, requires_grad=requires_grad)
+    k = torch.randn(3, 5, 4, 8, requires_grad=requires_grad)
+    out, lse, _ = flash_attn_func(q, k, k, return_attn_probs=True)
+    assert out.shape == (3, 0, 4, 8) and lse.shape == (3, 4, 0)
+    cu_q = torch.zeros(2, dtype=torch.int32)
+    cu_k = torch.tensor([0, 5], dtype=torch.int32)
+    out, lse, _ = flash_attn_varlen_func(q[0], k[0], k[0], cu_q, cu_k, 0, 5, return_attn_probs=True)
+    assert out.shape == (0, 4, 8) and lse.shape == (4, 0)
+
+
 def test_errors_carry_the_library_message():
     q, k = make((1, 8, 4, 32)), make((1, 8, 3, 32))
     with pytest.raises(ValueError, match=r"^k: expected .*given"):
