@@ -101,17 +101,20 @@ void expect_gradients_match_reference(GpuProblem& p, const std::string& what) {
                                                        p.o, nullptr,
                                                        reference::Arithmetic::InputDType);
   const double largest = reference::largest_magnitude(exact);
+  using reference::Gradient;
   const struct {
     const char* name;
+    Gradient which;
     TensorView actual;
     const std::vector<double>& exact;
     const std::vector<double>& low;
-  } grads[] = {{"dq", p.dq_view(), exact.dq, low.dq},
-               {"dk", p.dk_view(), exact.dk, low.dk},
-               {"dv", p.dv_view(), exact.dv, low.dv}};
+  } grads[] = {{"dq", Gradient::dQ, p.dq_view(), exact.dq, low.dq},
+               {"dk", Gradient::dK, p.dk_view(), exact.dk, low.dk},
+               {"dv", Gradient::dV, p.dv_view(), exact.dv, low.dv}};
   for (const auto& g : grads) {
     const reference::Check check = reference::check_backward(
-        p.c.dtype, reference::gather(g.actual), g.exact, g.low, largest);
+        p.c.dtype, reference::gather(g.actual), g.exact, g.low, largest,
+        reference::floor_scale(g.which, p.o, p.c.head_dim));
     EXPECT_TRUE(check.passed()) << what << " " << g.name << ": max abs error "
                                 << check.max_abs_error << " > tolerance " << check.tolerance;
   }

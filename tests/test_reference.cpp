@@ -161,6 +161,42 @@ TEST(Reference, AccuracyRuleCatchesNanMismatches) {
   EXPECT_FALSE(c.passed());  // 2e-5 > 1e-5 * 2
 }
 
+// The one-ulp floor of a gradient (check_backward) grows for dq and dk with |scale| sqrt(D),
+// the softmax scale over its default: dq = scale dS K and dk = scale dS^T Q. It stays at 1 for
+// dv, at and below the default scale, for a default (unset) scale and for a scale that is not
+// finite.
+TEST(Reference, BackwardFloorScalesWithTheSoftmaxScale) {
+  using reference::Gradient;
+  Options o;
+  EXPECT_EQ(reference::floor_scale(Gradient::dQ, o, 16), 1.0);
+  o.softmax_scale = 2.0f;
+  EXPECT_DOUBLE_EQ(reference::floor_scale(Gradient::dQ, o, 16), 8.0);
+  EXPECT_DOUBLE_EQ(reference::floor_scale(Gradient::dK, o, 16), 8.0);
+  EXPECT_EQ(reference::floor_scale(Gradient::dV, o, 16), 1.0);
+  o.softmax_scale = -2.0f;
+  EXPECT_DOUBLE_EQ(reference::floor_scale(Gradient::dK, o, 16), 8.0);
+  o.softmax_scale = 0.25f;  // the default at D = 16
+  EXPECT_EQ(reference::floor_scale(Gradient::dQ, o, 16), 1.0);
+  o.softmax_scale = 0.1f;
+  EXPECT_EQ(reference::floor_scale(Gradient::dQ, o, 16), 1.0);
+  o.softmax_scale = NAN;
+  EXPECT_EQ(reference::floor_scale(Gradient::dQ, o, 16), 1.0);
+  o.softmax_scale = INFINITY;
+  EXPECT_EQ(reference::floor_scale(Gradient::dQ, o, 16), 1.0);
+  // bf16: the floor is 3x the low-precision error plus 2^-7 x the call's largest gradient x
+  // the factor (the low-precision implementation exact here).
+  const std::vector<double> exact{0.0}, low{0.0};
+  const auto at_default = reference::check_backward(DType::BFloat16, {0.2}, exact, low, 20.0);
+  EXPECT_DOUBLE_EQ(at_default.tolerance, 20.0 * 0x1p-7);
+  EXPECT_FALSE(at_default.passed());
+  const auto scaled = reference::check_backward(DType::BFloat16, {0.2}, exact, low, 20.0, 8.0);
+  EXPECT_DOUBLE_EQ(scaled.tolerance, 8 * 20.0 * 0x1p-7);
+  EXPECT_TRUE(scaled.passed());
+  // fp32's rule is relative and has no such floor.
+  EXPECT_EQ(reference::check_backward(DType::Float32, {0.0}, exact, {}, 20.0, 8.0).tolerance,
+            1e-5 * 20.0);
+}
+
 }  // namespace
 }  // namespace flashattn::testing
 

@@ -61,8 +61,12 @@ __global__ void __launch_bounds__(kThreads)
       q_row[d] = element_to_float(q[d]) * p.softmax_scale;
     __syncthreads();
 
-    const KeyRange seen =
-        visible_keys(i, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    KeyRange seen = visible_keys(i, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    // A row holds max_seqlen_k keys (p.seqlen_k); a device cu_seqlens_k or seqused_k (not
+    // checked on the host) may give a sequence more. Keys past the row are not stored: that
+    // sequence's probabilities are wrong, but every write stays inside probs.
+    seen.end = seen.end < p.seqlen_k ? seen.end : p.seqlen_k;
+    seen.begin = seen.begin < seen.end ? seen.begin : seen.end;
     const float slope =
         p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.0f;
     float m = -INFINITY;

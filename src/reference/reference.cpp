@@ -462,19 +462,27 @@ Check check_forward(DType dtype, const std::vector<double>& actual,
 
 Check check_backward(DType dtype, const std::vector<double>& actual,
                      const std::vector<double>& exact, const std::vector<double>& low_precision,
-                     double call_magnitude) {
+                     double call_magnitude, double floor_scale) {
   Check c = check(dtype, actual, exact, low_precision, 3, call_magnitude);
   // A gradient can cancel to exactly 0 (one visible key: dS = P (dP - D), with D taken from
   // the stored, rounded output, as every flash backward does). The plain low-precision
   // implementation rounds dP and D to the same value and is exact by luck, so its error says
   // nothing there; the floor is then one unit in the last place of the call's largest
-  // gradient.
+  // gradient, at the default softmax scale. dq and dk get dS's error multiplied by the scale,
+  // so their floor grows with it (floor_scale, from reference::floor_scale).
   if (dtype != DType::Float32) {
     const double epsilon = dtype == DType::Float16 ? 0x1p-10 : 0x1p-7;
-    c.tolerance = std::max(c.tolerance,
-                           3 * max_abs_error(low_precision, exact) + epsilon * call_magnitude);
+    const double factor = std::isfinite(floor_scale) ? std::max(1.0, floor_scale) : 1.0;
+    c.tolerance = std::max(c.tolerance, 3 * max_abs_error(low_precision, exact) +
+                                            epsilon * call_magnitude * factor);
   }
   return c;
+}
+
+double floor_scale(Gradient which, const Options& options, int64_t head_dim) {
+  if (which == Gradient::dV || !options.softmax_scale || head_dim <= 0) return 1;
+  const double ratio = std::abs(double(*options.softmax_scale)) * std::sqrt(double(head_dim));
+  return std::isfinite(ratio) ? std::max(1.0, ratio) : 1.0;
 }
 
 double largest_magnitude(const Gradients& g) {

@@ -89,13 +89,27 @@ Check check_forward(DType dtype, const std::vector<double>& actual,
                     const std::vector<double>& exact, const std::vector<double>& low_precision);
 // The same for a gradient: fp32 within 1e-5 relative, fp16/bf16 within 3x the InputDType
 // implementation's error plus a floor (the larger of the forward's floor and one unit in the
-// last place of `call_magnitude`: see reference.cpp for the cancellation that needs it). For fp32, "relative" is to the largest exact element
-// of this gradient or `call_magnitude`, the largest of all three gradients of the call: they
-// share the loss's scale, and one of them can be exactly 0 by cancellation alone (with a
-// diagonal mask P = 1, so dS = dP - D = 0 up to fp32 rounding of two long dot products).
+// last place of `call_magnitude` times `floor_scale`: see reference.cpp for the cancellation
+// that needs it, and floor_scale below for the factor). For fp32, "relative" is to the largest
+// exact element of this gradient or `call_magnitude`, the largest of all three gradients of
+// the call: they share the loss's scale, and one of them can be exactly 0 by cancellation
+// alone (with a diagonal mask P = 1, so dS = dP - D = 0 up to fp32 rounding of two long dot
+// products).
 Check check_backward(DType dtype, const std::vector<double>& actual,
                      const std::vector<double>& exact, const std::vector<double>& low_precision,
-                     double call_magnitude = 1);
+                     double call_magnitude = 1, double floor_scale = 1);
+
+// The factor check_backward's one-unit-in-the-last-place floor takes for one gradient of a
+// call with these options and q's head dim D. The floor stands for dS's error where it
+// cancels (reference.cpp); dQ = scale dS K and dK = scale dS^T Q carry that error times the
+// softmax scale, and softcap's derivative 1 - tanh^2 <= 1 (ALiBi's bias has none) only
+// shrinks it, so for dq and dk the factor is |scale| / (1/sqrt(D)) = |scale| sqrt(D): 1 at the
+// default scale (the floor is unchanged there), never below 1 (the floor still covers a
+// low-precision error that is 0 by luck at any scale), and 1 for a scale that is not finite
+// (its gradients are NaN/Inf, matched exactly). dV = (P o M)^T dO does not involve dS or the
+// scale: always 1.
+enum class Gradient { dQ, dK, dV };
+double floor_scale(Gradient which, const Options& options, int64_t head_dim);
 // The largest finite magnitude of any of the gradients (call_magnitude above).
 double largest_magnitude(const Gradients& g);
 
