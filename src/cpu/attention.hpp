@@ -81,7 +81,7 @@ struct Tiles {
   float* q;    // kBlockQ x D, pre-multiplied by the softmax scale (and 1/softcap)
   float* kt;   // D x kBlockK: keys transposed, zero beyond the last key
   float* v;    // kBlockK x Dv
-  float* s;    // kBlockQ x kBlockK: scores, then probabilities
+  float* s;    // kTileRows x kBlockK: scores, then probabilities
   float* acc;  // kBlockQ x Dv: unnormalised output
   float* m;    // kBlockQ: running max of each row
   float* l;    // kBlockQ: running sum of exp(score - max) of each row

@@ -9,7 +9,7 @@
 // Pass 1, work item = (batch, key/value head, block of kBlockK keys): walks the query heads
 //   of the group and the query blocks that see the keys, accumulating
 //   dV += (P o M)^T dO and dK += dS^T Q in the item's own tiles, then writes them once.
-// Pass 2, work item = (batch, query head, block of kBlockQ query rows): walks the visible
+// Pass 2, work item = (batch, query head, block of kBackwardBlockQ query rows): walks the visible
 //   key blocks, accumulating dQ += dS K in its own tile, then writes it once.
 // No two work items write the same element and each sums in a fixed order, so the gradients
 // are bitwise the same on every run and for every thread count, with no atomics and no
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "common/mask.hpp"
@@ -35,7 +36,8 @@
 namespace flashattn::detail::cpu {
 namespace {
 
-static_assert(kBlockQ == kBlockK, "a transposed tile reuses the kBlockK row stride");
+// Query rows per backward work item (and per tile: pass 1 walks query blocks of this size).
+constexpr int kBackwardBlockQ = 64;
 
 constexpr int64_t kAlignFloats = 16;  // 64-byte alignment for every tile
 
@@ -43,20 +45,19 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // One thread's tiles, carved out of a single allocation (shared by both passes).
 struct Tiles {
-  float* q;     // kBlockQ x D, pre-multiplied by query_scale
-  float* dout;  // kBlockQ x Dv
+  float* q;     // kBackwardBlockQ x D, pre-multiplied by query_scale
+  float* dout;  // kBackwardBlockQ x Dv
   float* kt;    // D x kBlockK: keys transposed, zero beyond the last key
   float* k;     // kBlockK x D: keys (pass 2)
   float* vt;    // Dv x kBlockK: values transposed, zero beyond the last key
-  float* p;     // kBlockQ x kBlockK: scores, then P, then P o M
-  float* ds;    // kBlockQ x kBlockK: dP, then dS
-  float* grad;  // kBlockQ x kBlockK: softcap's derivative
-  float* mul;   // kBlockQ x kBlockK: dropout multipliers
-  float* tr;    // kBlockK x kBlockQ: a transposed P o M or dS (pass 1)
-  float* acc;   // kBlockK x D: dK (pass 1) or kBlockQ x D: dQ (pass 2)
+  float* p;     // kBackwardBlockQ x kBlockK: scores, then P, then P o M
+  float* ds;    // kBackwardBlockQ x kBlockK: dP, then dS
+  float* grad;  // kBackwardBlockQ x kBlockK: softcap's derivative
+  float* mul;   // kBackwardBlockQ x kBlockK: dropout multipliers
+  float* acc;   // kBlockK x D: dK (pass 1) or kBackwardBlockQ x D: dQ (pass 2)
   float* acc_v; // kBlockK x Dv: dV (pass 1)
-  float* lse;   // kBlockQ
-  float* d;     // kBlockQ: D_i = rowsum(dO o O)
+  float* lse;   // kBackwardBlockQ
+  float* d;     // kBackwardBlockQ: D_i = rowsum(dO o O)
   float* row;   // Dv: one row of out in fp32
 
   static int64_t floats(int head_dim, int head_dim_v, float* base = nullptr, Tiles* t = nullptr) {
@@ -66,9 +67,9 @@ struct Tiles {
       used += round_up(n, kAlignFloats);
     };
     float* unused = nullptr;
-    const int64_t tile = int64_t{kBlockQ} * kBlockK;
-    take(t ? t->q : unused, int64_t{kBlockQ} * head_dim);
-    take(t ? t->dout : unused, int64_t{kBlockQ} * head_dim_v);
+    const int64_t tile = int64_t{kBackwardBlockQ} * kBlockK;
+    take(t ? t->q : unused, int64_t{kBackwardBlockQ} * head_dim);
+    take(t ? t->dout : unused, int64_t{kBackwardBlockQ} * head_dim_v);
     take(t ? t->kt : unused, int64_t{kBlockK} * head_dim);
     take(t ? t->k : unused, int64_t{kBlockK} * head_dim);
     take(t ? t->vt : unused, int64_t{kBlockK} * head_dim_v);
@@ -76,11 +77,10 @@ struct Tiles {
     take(t ? t->ds : unused, tile);
     take(t ? t->grad : unused, tile);
     take(t ? t->mul : unused, tile);
-    take(t ? t->tr : unused, tile);
     take(t ? t->acc : unused, int64_t{kBlockK} * head_dim);
     take(t ? t->acc_v : unused, int64_t{kBlockK} * head_dim_v);
-    take(t ? t->lse : unused, kBlockQ);
-    take(t ? t->d : unused, kBlockQ);
+    take(t ? t->lse : unused, kBackwardBlockQ);
+    take(t ? t->d : unused, kBackwardBlockQ);
     take(t ? t->row : unused, head_dim_v);
     return used;
   }
@@ -186,17 +186,17 @@ struct Pass {
                       p.v_row_stride, cols, Dv, t.vt);
     }
     for (int32_t h = hk * p.group_size(); cols > 0 && h < (hk + 1) * p.group_size(); ++h) {
-      for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kBlockQ) {
-        const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.seqlen_q - i0));
+      for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kBackwardBlockQ) {
+        const int rows = static_cast<int>(std::min<int64_t>(kBackwardBlockQ, seq.seqlen_q - i0));
         const KeyRange seen = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
                                                    p.window_left, p.window_right);
         if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
         load_queries(seq, b, h, i0, rows, t);
         tile(seq, b, h, i0, rows, j0, cols, t);
-        transpose(t.p, rows, cols, t.tr);
-        accumulate_pv(t.tr, t.dout, t.acc_v, cols, rows, Dv);  // dV += (P o M)^T dO
-        transpose(t.ds, rows, cols, t.tr);
-        accumulate_pv(t.tr, t.q, t.acc, cols, rows, D);  // dK += dS^T (q * query_scale)
+        // The tiles read transposed: row j of (P o M)^T is column j of P o M.
+        const Weights pt{t.p, 1, kBlockK}, dst{t.ds, 1, kBlockK};
+        accumulate_pv(pt, t.dout, Dv, t.acc_v, cols, rows, Dv);  // dV += (P o M)^T dO
+        accumulate_pv(dst, t.q, D, t.acc, cols, rows, D);  // dK += dS^T (q * query_scale)
       }
     }
     // dK = scale dS^T q = (scale / query_scale) dS^T (q * query_scale).
@@ -213,15 +213,15 @@ struct Pass {
     }
   }
 
-  // Pass 2: dQ of query rows [i0, i0 + kBlockQ) of (b, h).
+  // Pass 2: dQ of query rows [i0, i0 + kBackwardBlockQ) of (b, h).
   void queries(int32_t b, int32_t h, int64_t block, Tiles& t) const {
     const SequenceView seq = sequence_view(p, b);
-    const int64_t i0 = block * kBlockQ;
+    const int64_t i0 = block * kBackwardBlockQ;
     if (i0 >= seq.seqlen_q) return;
-    const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.seqlen_q - i0));
+    const int rows = static_cast<int>(std::min<int64_t>(kBackwardBlockQ, seq.seqlen_q - i0));
     const int D = p.head_dim, Dv = p.head_dim_v;
     const int32_t hk = h / p.group_size();
-    std::fill(t.acc, t.acc + int64_t{kBlockQ} * D, 0.0f);
+    std::fill(t.acc, t.acc + int64_t{kBackwardBlockQ} * D, 0.0f);
     const KeyRange keys = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
                                                p.window_left, p.window_right);
     if (!keys.empty()) load_queries(seq, b, h, i0, rows, t);
@@ -230,25 +230,27 @@ struct Pass {
       const T* k = at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
                       seq.k_row0 + j0, hk);
       load_transposed(k, p.k_row_stride, cols, D, t.kt);
-      load_rows(k, p.k_row_stride, cols, D, 1.0f, t.k);
+      // fp32 keys are read where they are for dS K; others are converted once.
+      const float* k_rows = t.k;
+      int64_t k_row_stride = D;
+      if constexpr (std::is_same_v<T, float>) {
+        k_rows = k;
+        k_row_stride = p.k_row_stride;
+      } else {
+        load_rows(k, p.k_row_stride, cols, D, 1.0f, t.k);
+      }
       load_transposed(at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b,
                          seq.k_row0 + j0, hk),
                       p.v_row_stride, cols, Dv, t.vt);
       tile(seq, b, h, i0, rows, j0, cols, t);
-      accumulate_pv(t.ds, t.k, t.acc, rows, cols, D);  // dQ += dS K
+      // dQ += dS K
+      accumulate_pv(Weights{t.ds, kBlockK, 1}, k_rows, k_row_stride, t.acc, rows, cols, D);
     }
     T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
                seq.q_row0 + i0, h);
     for (int r = 0; r < rows; ++r)
       for (int d = 0; d < D; ++d)
         dq[r * bp.dq_row_stride + d] = from_float<T>(p.softmax_scale * t.acc[int64_t{r} * D + d]);
-  }
-
-  // dst (cols x kBlockQ) = src (rows x kBlockK) transposed, for r < rows, j < cols.
-  static void transpose(const float* src, int rows, int cols, float* dst) {
-    for (int j = 0; j < cols; ++j)
-      for (int r = 0; r < rows; ++r)
-        dst[int64_t{j} * kBlockQ + r] = src[int64_t{r} * kBlockK + j];
   }
 };
 
@@ -264,7 +266,7 @@ size_t backward_typed(const BackwardParams& bp) {
       longest_k = std::max<int64_t>(longest_k, p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
     }
   }
-  const int64_t query_blocks = (longest_q + kBlockQ - 1) / kBlockQ;
+  const int64_t query_blocks = (longest_q + kBackwardBlockQ - 1) / kBackwardBlockQ;
   const int64_t key_blocks = (longest_k + kBlockK - 1) / kBlockK;
   const int64_t key_items = int64_t{p.batch} * p.heads_k * key_blocks;
   const int64_t query_items = int64_t{p.batch} * p.heads * query_blocks;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "common/mask.hpp"
@@ -36,10 +37,25 @@ constexpr int64_t kAlignFloats = 16;  // 64-byte alignment for every tile
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Where the values of a key block are: fp32 rows of the caller's tensor, or t.v.
+struct ValueRows {
+  const float* v;
+  int64_t row_stride;
+};
+
 // Loads keys [j0, j0 + cols) transposed into t.kt (zero-padded) and their values into t.v,
 // one run of equally strided rows at a time (a block may straddle pages of a paged cache).
+// fp32 values in one run are read where they are instead: a copy would buy nothing.
 template <typename T>
-void load_key_block(const KeyRows& keys, int64_t j0, int cols, int D, int Dv, Tiles& t) {
+ValueRows load_key_block(const KeyRows& keys, int64_t j0, int cols, int D, int Dv, Tiles& t) {
+  if constexpr (std::is_same_v<T, float>) {
+    const KeyRows::Run<T> run = keys.run<T>(j0, cols);
+    if (run.count == cols) {
+      transpose_rows(run.k, keys.k_row_stride, cols, D, t.kt, 0);
+      zero_columns_from(cols, D, t.kt);
+      return {run.v, keys.v_row_stride};
+    }
+  }
   for (int c = 0; c < cols;) {
     const KeyRows::Run<T> run = keys.run<T>(j0 + c, cols - c);
     transpose_rows(run.k, keys.k_row_stride, run.count, D, t.kt, c);
@@ -47,6 +63,7 @@ void load_key_block(const KeyRows& keys, int64_t j0, int cols, int D, int Dv, Ti
     c += run.count;
   }
   zero_columns_from(cols, D, t.kt);
+  return {t.v, Dv};
 }
 
 }  // namespace
@@ -94,7 +111,7 @@ int64_t Tiles::floats_needed(int head_dim, int head_dim_v) {
   return round_up(int64_t{kBlockQ} * head_dim, kAlignFloats) +
          round_up(int64_t{kBlockK} * head_dim, kAlignFloats) +
          round_up(int64_t{kBlockK} * head_dim_v, kAlignFloats) +
-         round_up(int64_t{kBlockQ} * kBlockK, kAlignFloats) +
+         round_up(int64_t{kTileRows} * kBlockK, kAlignFloats) +
          round_up(int64_t{kBlockQ} * head_dim_v, kAlignFloats) + 2 * round_up(kBlockQ, kAlignFloats);
 }
 
@@ -108,7 +125,7 @@ Tiles::Tiles(float* base, int head_dim, int head_dim_v) {
   q = take(int64_t{kBlockQ} * head_dim);
   kt = take(int64_t{kBlockK} * head_dim);
   v = take(int64_t{kBlockK} * head_dim_v);
-  s = take(int64_t{kBlockQ} * kBlockK);
+  s = take(int64_t{kTileRows} * kBlockK);
   acc = take(int64_t{kBlockQ} * head_dim_v);
   m = take(kBlockQ);
   l = take(kBlockQ);
@@ -155,28 +172,40 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
   const int64_t end = std::min(visible.end, chunk.end);
   for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, end - j0));
-    load_key_block<T>(keys, j0, cols, D, Dv, t);
+    const ValueRows values = load_key_block<T>(keys, j0, cols, D, Dv, t);
 
-    score_tile(t.q, t.kt, t.s, rows, D);
-    if (packed) {  // each row its own position and head
-      for (int r = 0; r < rows; ++r)
-        modify_scores(p, seq, slope_of(r), t.s + static_cast<int64_t>(r) * kBlockK,
-                      block.position(r), 1, j0, cols);
-    } else {
-      modify_scores(p, seq, slope_of(0), t.s, block.position(0), rows, j0, cols);
-    }
-    for (int r = 0; r < rows; ++r) {
-      float* row = t.s + static_cast<int64_t>(r) * kBlockK;
-      softmax_step(row, t.m + r, t.l + r, t.acc + static_cast<int64_t>(r) * Dv, Dv);
-      // Dropout acts after the row sum is taken: l (and so lse) is of the undropped softmax,
-      // and only what multiplies v is dropped and rescaled.
-      if (dropout != nullptr) {
-        float m[kBlockK];
-        dropout_multipliers(*dropout, b, block.head(r), block.position(r), j0, cols, m);
-        for (int j = 0; j < cols; ++j) row[j] *= m[j];
+    // The block's rows a score tile at a time (the staged keys serve them all); rows that
+    // see none of these keys skip them (a causal block's diagonal).
+    for (int r0 = 0; r0 < rows; r0 += kTileRows) {
+      const int n = std::min(kTileRows, rows - r0);
+      const KeyRange seen =
+          visible_keys_of_rows(block.position(r0), block.position(r0 + n - 1) + 1,
+                               seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+      if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
+      score_tile(t.q + static_cast<int64_t>(r0) * D, t.kt, t.s, n, D);
+      if (packed) {  // each row its own position and head
+        for (int r = 0; r < n; ++r)
+          modify_scores(p, seq, slope_of(r0 + r), t.s + static_cast<int64_t>(r) * kBlockK,
+                        block.position(r0 + r), 1, j0, cols);
+      } else {
+        modify_scores(p, seq, slope_of(0), t.s, block.position(r0), n, j0, cols);
       }
+      for (int r = 0; r < n; ++r) {
+        float* row = t.s + static_cast<int64_t>(r) * kBlockK;
+        softmax_step(row, t.m + r0 + r, t.l + r0 + r,
+                     t.acc + static_cast<int64_t>(r0 + r) * Dv, Dv);
+        // Dropout acts after the row sum is taken: l (and so lse) is of the undropped
+        // softmax, and only what multiplies v is dropped and rescaled.
+        if (dropout != nullptr) {
+          float m[kBlockK];
+          dropout_multipliers(*dropout, b, block.head(r0 + r), block.position(r0 + r), j0, cols,
+                              m);
+          for (int j = 0; j < cols; ++j) row[j] *= m[j];
+        }
+      }
+      accumulate_pv(Weights{t.s, kBlockK, 1}, values.v, values.row_stride,
+                    t.acc + static_cast<int64_t>(r0) * Dv, n, cols, Dv);
     }
-    accumulate_pv(t.s, t.v, t.acc, rows, cols, Dv);
   }
 }
 

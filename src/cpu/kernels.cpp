@@ -21,55 +21,15 @@ FA_CPU_DISPATCH void convert_row(const bfloat16_t* src, float* dst, int64_t n, f
   for (int64_t i = 0; i < n; ++i) dst[i] = scale * to_float(src[i]);
 }
 
-FA_CPU_DISPATCH void score_tile(const float* q, const float* kt, float* s, int rows,
-                                int head_dim) {
-  // Outer-product form over a register block of kRowBlock query rows x kColBlock keys: per d,
-  // kColBlock keys are loaded once and used by every row of the block, and the block's
-  // running sums stay in registers (8 AVX-512 or 16 AVX2 registers). The inner loops are
-  // unit-stride and fixed-length, so they vectorise without reassociating a reduction.
-  constexpr int kRowBlock = 4, kColBlock = 32;
-  int i = 0;
-  for (; i + kRowBlock <= rows; i += kRowBlock) {
-    const float* q0 = q + static_cast<int64_t>(i) * head_dim;
-    const float* q1 = q0 + head_dim;
-    const float* q2 = q1 + head_dim;
-    const float* q3 = q2 + head_dim;
-    for (int c = 0; c < kBlockK; c += kColBlock) {
-      float a0[kColBlock] = {}, a1[kColBlock] = {}, a2[kColBlock] = {}, a3[kColBlock] = {};
-      for (int d = 0; d < head_dim; ++d) {
-        const float* kd = kt + static_cast<int64_t>(d) * kBlockK + c;
-        const float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
-        for (int j = 0; j < kColBlock; ++j) {
-          a0[j] += x0 * kd[j];
-          a1[j] += x1 * kd[j];
-          a2[j] += x2 * kd[j];
-          a3[j] += x3 * kd[j];
-        }
-      }
-      float* out = s + static_cast<int64_t>(i) * kBlockK + c;
-      std::memcpy(out, a0, sizeof a0);
-      std::memcpy(out + kBlockK, a1, sizeof a1);
-      std::memcpy(out + 2 * kBlockK, a2, sizeof a2);
-      std::memcpy(out + 3 * kBlockK, a3, sizeof a3);
-    }
-  }
-  for (; i < rows; ++i) {  // the last rows of a short block, one at a time
-    float row[kBlockK] = {};
-    const float* qi = q + static_cast<int64_t>(i) * head_dim;
-    for (int d = 0; d < head_dim; ++d) {
-      const float qd = qi[d];
-      const float* kd = kt + static_cast<int64_t>(d) * kBlockK;
-      for (int j = 0; j < kBlockK; ++j) row[j] += qd * kd[j];
-    }
-    std::memcpy(s + static_cast<int64_t>(i) * kBlockK, row, sizeof row);
-  }
-}
-
 FA_CPU_DISPATCH void softmax_step(float* scores, float* m, float* l, float* acc,
                                   int head_dim_v) {
   float block_max = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : block_max)
   for (int j = 0; j < kBlockK; ++j) block_max = scores[j] > block_max ? scores[j] : block_max;
+  // NaN if a score is NaN (or two are opposite infinities): the fast exp below is wrong there.
+  float probe = 0.0f;
+#pragma omp simd reduction(+ : probe)
+  for (int j = 0; j < kBlockK; ++j) probe += scores[j];
   const float m_new = *m > block_max ? *m : block_max;
   // Nothing visible in this row yet: every probability is 0 and the row stays as it was.
   // The max skips NaN, so a block whose scores are all NaN (or NaN and masked) also lands
@@ -83,11 +43,21 @@ FA_CPU_DISPATCH void softmax_step(float* scores, float* m, float* l, float* acc,
     return;
   }
   float sum = 0.0f;
+  if (probe == probe && m_new != std::numeric_limits<float>::infinity()) {
+    // The common case: every score - m_new is <= 0 or -inf.
 #pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < kBlockK; ++j) {
-    const float p = exp_approx(scores[j] - m_new);
-    scores[j] = p;
-    sum += p;
+    for (int j = 0; j < kBlockK; ++j) {
+      const float p = exp_nonpositive(scores[j] - m_new);
+      scores[j] = p;
+      sum += p;
+    }
+  } else {  // NaN (or inf - inf) poisons the row
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < kBlockK; ++j) {
+      const float p = exp_approx(scores[j] - m_new);
+      scores[j] = p;
+      sum += p;
+    }
   }
   const float alpha = exp_approx(*m - m_new);  // 0 when the row had seen nothing before
   *l = *l * alpha + sum;
@@ -96,65 +66,192 @@ FA_CPU_DISPATCH void softmax_step(float* scores, float* m, float* l, float* acc,
     for (int d = 0; d < head_dim_v; ++d) acc[d] *= alpha;
 }
 
-FA_CPU_DISPATCH void accumulate_pv(const float* p, const float* v, float* acc, int rows,
-                                   int cols, int head_dim_v) {
-  // Register block of kRowBlock rows x kColBlock output columns: each value row chunk is
-  // loaded once per key and used by every row of the block. A probability of exactly 0 is a
-  // masked key (or one whose weight underflowed): such keys are skipped, as in the
-  // reference, so that a masked value row holding Inf or NaN cannot leak into the output.
-  constexpr int kRowBlock = 4, kColBlock = 32;
+namespace {
+
+// The two tile products, written once over a vector type V of W floats (GCC/Clang vector
+// extensions) and a register block of R rows x C vectors, and instantiated per instruction
+// set below with the block that fills its register file: the accumulators must stay in
+// registers, and 16 AVX2 registers hold far fewer of them than 32 AVX-512 ones (one block
+// shape for both spilled on AVX2).
+#define FA_INLINE inline __attribute__((always_inline))
+
+template <typename V>
+FA_INLINE V load(const float* p) {
+  V v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename V>
+FA_INLINE void store(float* p, V v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+template <typename V>
+constexpr int width = sizeof(V) / sizeof(float);
+
+// s[r][c0 + x] = sum_d q[r][d] * kt[d][c0 + x] for r < R, x < C * W.
+template <typename V, int R, int C>
+FA_INLINE void score_block(const float* q, const float* kt, float* s, int head_dim, int c0) {
+  constexpr int W = width<V>;
+  V a[R][C] = {};
+  for (int d = 0; d < head_dim; ++d) {
+    V k[C];
+    for (int c = 0; c < C; ++c) k[c] = load<V>(kt + static_cast<int64_t>(d) * kBlockK + c0 + c * W);
+    for (int r = 0; r < R; ++r) {
+      // A scalar times a vector: the compiler broadcasts it straight from memory.
+      const float x = q[static_cast<int64_t>(r) * head_dim + d];
+      for (int c = 0; c < C; ++c) a[r][c] += x * k[c];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) store(s + static_cast<int64_t>(r) * kBlockK + c0 + c * W, a[r][c]);
+}
+
+template <typename V, int R, int C>
+FA_INLINE void score_tile_blocked(const float* q, const float* kt, float* s, int rows,
+                                  int head_dim) {
+  constexpr int kCols = C * width<V>;
+  static_assert(kBlockK % kCols == 0, "a score row is a whole number of column blocks");
   int i = 0;
-  for (; i + kRowBlock <= rows && head_dim_v % kColBlock == 0; i += kRowBlock) {
-    const float* p0 = p + static_cast<int64_t>(i) * kBlockK;
-    const float* p1 = p0 + kBlockK;
-    const float* p2 = p1 + kBlockK;
-    const float* p3 = p2 + kBlockK;
-    for (int c = 0; c < head_dim_v; c += kColBlock) {
-      float* out0 = acc + static_cast<int64_t>(i) * head_dim_v + c;
-      float* out1 = out0 + head_dim_v;
-      float* out2 = out1 + head_dim_v;
-      float* out3 = out2 + head_dim_v;
-      float a0[kColBlock], a1[kColBlock], a2[kColBlock], a3[kColBlock];
-      std::memcpy(a0, out0, sizeof a0);
-      std::memcpy(a1, out1, sizeof a1);
-      std::memcpy(a2, out2, sizeof a2);
-      std::memcpy(a3, out3, sizeof a3);
-      for (int j = 0; j < cols; ++j) {
-        const float* vj = v + static_cast<int64_t>(j) * head_dim_v + c;
-        const float x0 = p0[j], x1 = p1[j], x2 = p2[j], x3 = p3[j];
-        if (x0 != 0.0f && x1 != 0.0f && x2 != 0.0f && x3 != 0.0f) {
-          for (int d = 0; d < kColBlock; ++d) {
-            a0[d] += x0 * vj[d];
-            a1[d] += x1 * vj[d];
-            a2[d] += x2 * vj[d];
-            a3[d] += x3 * vj[d];
-          }
-          continue;
-        }
-        if (x0 != 0.0f)
-          for (int d = 0; d < kColBlock; ++d) a0[d] += x0 * vj[d];
-        if (x1 != 0.0f)
-          for (int d = 0; d < kColBlock; ++d) a1[d] += x1 * vj[d];
-        if (x2 != 0.0f)
-          for (int d = 0; d < kColBlock; ++d) a2[d] += x2 * vj[d];
-        if (x3 != 0.0f)
-          for (int d = 0; d < kColBlock; ++d) a3[d] += x3 * vj[d];
-      }
-      std::memcpy(out0, a0, sizeof a0);
-      std::memcpy(out1, a1, sizeof a1);
-      std::memcpy(out2, a2, sizeof a2);
-      std::memcpy(out3, a3, sizeof a3);
+  for (; i + R <= rows; i += R)
+    for (int c0 = 0; c0 < kBlockK; c0 += kCols)
+      score_block<V, R, C>(q + static_cast<int64_t>(i) * head_dim, kt,
+                           s + static_cast<int64_t>(i) * kBlockK, head_dim, c0);
+  for (; i < rows; ++i)  // the last rows of a short block, one at a time
+    for (int c0 = 0; c0 < kBlockK; c0 += kCols)
+      score_block<V, 1, C>(q + static_cast<int64_t>(i) * head_dim, kt,
+                           s + static_cast<int64_t>(i) * kBlockK, head_dim, c0);
+}
+
+// acc[r][d0 + x] += sum_{j < cols, p[r][j] != 0} p[r][j] * v[j][d0 + x] for r < R,
+// x < C * W. A probability of exactly 0 is a masked key (or one whose weight underflowed):
+// such keys are skipped, as in the reference, so that a masked value row holding Inf or NaN
+// cannot leak into the output. kSkipZeros: the rows hold a 0 somewhere (else the loop runs
+// without the test: the common case, and what keeps the sums in registers).
+template <typename V, int R, int C, bool kSkipZeros>
+FA_INLINE void pv_block(Weights p, const float* v, int64_t v_row_stride, float* acc, int cols,
+                        int head_dim_v, int d0) {
+  constexpr int W = width<V>;
+  V a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      a[r][c] = load<V>(acc + static_cast<int64_t>(r) * head_dim_v + d0 + c * W);
+  for (int j = 0; j < cols; ++j) {
+    V vj[C];
+    for (int c = 0; c < C; ++c) vj[c] = load<V>(v + j * v_row_stride + d0 + c * W);
+    for (int r = 0; r < R; ++r) {
+      const float x = p.data[r * p.row_stride + j * p.col_stride];
+      if (kSkipZeros && x == 0.0f) continue;
+      for (int c = 0; c < C; ++c) a[r][c] += x * vj[c];
     }
   }
-  for (; i < rows; ++i) {  // leftover rows (and head dims that are not multiples of 32)
-    const float* pi = p + static_cast<int64_t>(i) * kBlockK;
-    float* out = acc + static_cast<int64_t>(i) * head_dim_v;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      store(acc + static_cast<int64_t>(r) * head_dim_v + d0 + c * W, a[r][c]);
+}
+
+// The rows [i, i + R) of accumulate_pv over every output column: blocks of C vectors, then
+// single vectors, then single floats (head dims that are not multiples of W).
+template <typename V, int R, int C, bool kSkipZeros>
+FA_INLINE void pv_columns(Weights p, const float* v, int64_t v_row_stride, float* acc, int cols,
+                          int head_dim_v) {
+  constexpr int W = width<V>;
+  int d0 = 0;
+  for (; d0 + C * W <= head_dim_v; d0 += C * W)
+    pv_block<V, R, C, kSkipZeros>(p, v, v_row_stride, acc, cols, head_dim_v, d0);
+  for (; d0 + W <= head_dim_v; d0 += W)
+    pv_block<V, R, 1, kSkipZeros>(p, v, v_row_stride, acc, cols, head_dim_v, d0);
+  for (int r = 0; r < R && d0 < head_dim_v; ++r) {
+    float* out = acc + static_cast<int64_t>(r) * head_dim_v;
     for (int j = 0; j < cols; ++j) {
-      if (pi[j] == 0.0f) continue;
-      const float* vj = v + static_cast<int64_t>(j) * head_dim_v;
-      for (int d = 0; d < head_dim_v; ++d) out[d] += pi[j] * vj[d];
+      const float x = p.data[r * p.row_stride + j * p.col_stride];
+      if (x == 0.0f) continue;
+      const float* vj = v + j * v_row_stride;
+      for (int d = d0; d < head_dim_v; ++d) out[d] += x * vj[d];
     }
   }
+}
+
+template <typename V, int R, int C>
+FA_INLINE void pv_rows(Weights p, const float* v, int64_t v_row_stride, float* acc, int cols,
+                       int head_dim_v) {
+  int zeros = 0;  // a count, not a bool: an integer sum vectorises
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < cols; ++j) zeros += p.data[r * p.row_stride + j * p.col_stride] == 0.0f;
+  if (zeros != 0)
+    pv_columns<V, R, C, true>(p, v, v_row_stride, acc, cols, head_dim_v);
+  else
+    pv_columns<V, R, C, false>(p, v, v_row_stride, acc, cols, head_dim_v);
+}
+
+template <typename V, int R, int C>
+FA_INLINE void accumulate_pv_blocked(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                                     int rows, int cols, int head_dim_v) {
+  const auto rows_from = [&](int i) {
+    return Weights{p.data + i * p.row_stride, p.row_stride, p.col_stride};
+  };
+  int i = 0;
+  for (; i + R <= rows; i += R)
+    pv_rows<V, R, C>(rows_from(i), v, v_row_stride, acc + static_cast<int64_t>(i) * head_dim_v,
+                     cols, head_dim_v);
+  for (; i < rows; ++i)
+    pv_rows<V, 1, C>(rows_from(i), v, v_row_stride, acc + static_cast<int64_t>(i) * head_dim_v,
+                     cols, head_dim_v);
+}
+
+}  // namespace
+
+// Not in the anonymous namespace: clang reports multiversioned functions there as unused.
+namespace isa {
+
+using Float4 = float __attribute__((vector_size(16)));
+using Float8 = float __attribute__((vector_size(32)));
+using Float16 = float __attribute__((vector_size(64)));
+
+// Function multiversioning: the variant for the running processor is picked at load time.
+// Register blocks: AVX-512 8 rows x 2 vectors (16 of 32 registers hold sums), AVX2 6 x 2
+// (12 of 16), SSE2 4 x 2 (8 of 16).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
+#define FA_TARGET(isa) __attribute__((target(isa)))
+FA_TARGET("avx512f,avx2,fma")
+void score_tile_isa(const float* q, const float* kt, float* s, int rows, int head_dim) {
+  score_tile_blocked<Float16, 8, 2>(q, kt, s, rows, head_dim);
+}
+FA_TARGET("avx2,fma")
+void score_tile_isa(const float* q, const float* kt, float* s, int rows, int head_dim) {
+  score_tile_blocked<Float8, 6, 2>(q, kt, s, rows, head_dim);
+}
+FA_TARGET("avx512f,avx2,fma")
+void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
+                       int cols, int head_dim_v) {
+  accumulate_pv_blocked<Float16, 8, 2>(p, v, v_row_stride, acc, rows, cols, head_dim_v);
+}
+FA_TARGET("avx2,fma")
+void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
+                       int cols, int head_dim_v) {
+  accumulate_pv_blocked<Float8, 6, 2>(p, v, v_row_stride, acc, rows, cols, head_dim_v);
+}
+#else
+#define FA_TARGET(isa)
+#endif
+FA_TARGET("default")
+void score_tile_isa(const float* q, const float* kt, float* s, int rows, int head_dim) {
+  score_tile_blocked<Float4, 4, 2>(q, kt, s, rows, head_dim);
+}
+FA_TARGET("default")
+void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
+                       int cols, int head_dim_v) {
+  accumulate_pv_blocked<Float4, 4, 2>(p, v, v_row_stride, acc, rows, cols, head_dim_v);
+}
+
+}  // namespace isa
+
+void score_tile(const float* q, const float* kt, float* s, int rows, int head_dim) {
+  isa::score_tile_isa(q, kt, s, rows, head_dim);
+}
+
+void accumulate_pv(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
+                   int cols, int head_dim_v) {
+  isa::accumulate_pv_isa(p, v, v_row_stride, acc, rows, cols, head_dim_v);
 }
 
 }  // namespace flashattn::detail::cpu

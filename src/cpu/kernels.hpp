@@ -19,7 +19,10 @@
 
 namespace flashattn::detail::cpu {
 
-inline constexpr int kBlockQ = 64;  // query rows per work item
+// Query rows per forward work item: the keys and values it stages serve them all, so more
+// rows make staging cheaper per score (128 over 64: a fifth faster at head dim 64).
+inline constexpr int kBlockQ = 128;
+inline constexpr int kTileRows = 64;  // query rows per score tile (of a work item's kBlockQ)
 inline constexpr int kBlockK = 64;  // keys per inner step; a tile row of scores is 64 floats
 
 // dst[i] = scale * float(src[i]) for i < n.
@@ -36,9 +39,24 @@ void score_tile(const float* q, const float* kt, float* s, int rows, int head_di
 // (relative to the new max) and rescales the row's output accumulator.
 void softmax_step(float* scores, float* m, float* l, float* acc, int head_dim_v);
 
-// acc[i][:] += sum_{j < cols, p[i][j] != 0} p[i][j] * v[j][:] for i < rows; p is
-// rows x kBlockK, v is cols x head_dim_v, acc is rows x head_dim_v.
-void accumulate_pv(const float* p, const float* v, float* acc, int rows, int cols,
-                   int head_dim_v);
+// A tile of weights read as p(i, j) = data[i * row_stride + j * col_stride]: a score tile
+// ({kBlockK, 1}) or, read transposed, its columns as rows ({1, kBlockK}; the backward's
+// P^T dO and dS^T Q, without copying the transpose out).
+struct Weights {
+  const float* data;
+  int64_t row_stride, col_stride;
+};
+
+// acc[i][:] += sum_{j < cols, p(i, j) != 0} p(i, j) * v[j][:] for i < rows; v is cols rows
+// of head_dim_v floats at v_row_stride (a staged tile, or fp32 rows of the caller's tensor),
+// acc is rows x head_dim_v.
+void accumulate_pv(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
+                   int cols, int head_dim_v);
+
+// The common case: p is a rows x kBlockK score tile, v a packed cols x head_dim_v tile.
+inline void accumulate_pv(const float* p, const float* v, float* acc, int rows, int cols,
+                          int head_dim_v) {
+  accumulate_pv(Weights{p, kBlockK, 1}, v, head_dim_v, acc, rows, cols, head_dim_v);
+}
 
 }  // namespace flashattn::detail::cpu

@@ -1,6 +1,6 @@
 // attention_probabilities on the CPU: the forward engine's score tiles, kept instead of folded.
 //
-// Work item = (batch, head, block of kBlockQ rows of probs), as in the forward. A thread loads
+// Work item = (batch, head, block of kTileRows rows of probs: one score tile). A thread loads
 // the block's query rows once (converted, pre-scaled: cpu/tiles.hpp), then
 //   pass 1: walks the keys its rows can see, kBlockK at a time, computes the score tile and
 //           applies softcap, ALiBi and the mask with the forward's own code (score_tile,
@@ -33,8 +33,8 @@ void probabilities_of_block(const ProbabilitiesParams& pp, const DropoutRng* dro
                             int32_t h, int64_t block, Tiles& t) {
   const ForwardParams& p = pp.fwd;
   const SequenceView seq = sequence_view(p, b);
-  const int64_t i0 = block * kBlockQ;
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, p.seqlen_q - i0));
+  const int64_t i0 = block * kTileRows;
+  const int rows = static_cast<int>(std::min<int64_t>(kTileRows, p.seqlen_q - i0));
   const auto probs_row = [&](int r) {
     return pp.probs + b * pp.probs_batch_stride + h * pp.probs_head_stride +
            (i0 + r) * pp.probs_row_stride;
@@ -100,7 +100,7 @@ void probabilities_of_block(const ProbabilitiesParams& pp, const DropoutRng* dro
 template <typename T>
 size_t probabilities_typed(const ProbabilitiesParams& pp) {
   const ForwardParams& p = pp.fwd;
-  const int64_t query_blocks = (p.seqlen_q + kBlockQ - 1) / kBlockQ;
+  const int64_t query_blocks = (p.seqlen_q + kTileRows - 1) / kTileRows;
   return over_query_blocks(p, query_blocks, p.head_dim,
                            [&](const DropoutRng* dropout, int32_t b, int32_t h, int64_t block,
                                Tiles& tiles) { probabilities_of_block<T>(pp, dropout, b, h, block, tiles); });

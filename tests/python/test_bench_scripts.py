@@ -1,7 +1,8 @@
 """The benchmarks in bench/ run through the installed package: forward.py, backward.py,
 decode.py, overhead.py and grid.py with --device cpu --quick (the CPU backend, tiny shapes; the peers and
 CUDA graphs are recorded as not available), each writing its JSON with the check of ours
-passed; grid.py's grid_latest.json in the schema docs/results/h200_grid_latest.json keeps."""
+passed; grid.py's grid_latest.json in the schema docs/results/h200_grid_latest.json keeps;
+cpu.py --quick (ours against torch SDPA on CPU) with both systems timed at every point."""
 import json
 import pathlib
 import subprocess
@@ -62,3 +63,28 @@ def test_grid_writes_the_schema(tmp_path):
         assert row["fwd"]["fa2"] is None and row["fwd_kernel"]["ours"] is None
     assert {row["causal"] for row in rows} == {False, True}
     assert (tmp_path / "grid.md").exists() and (tmp_path / "grid_full.json").exists()
+
+
+def test_cpu_times_ours_and_torch(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "cpu.py"), "--quick", "--threads", "2",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith("|"), "the markdown table comes last"
+    document = json.loads((tmp_path / "cpu.json").read_text())
+    assert (tmp_path / "cpu.md").exists()
+    meta = document["meta"]
+    assert meta["threads"] == 2 and meta["threads_torch"] == 2 and meta["torch"]
+    assert meta["checks_passed"] is True and meta["skipped"] == 0
+    rows = document["rows"]
+    # --quick: seqlen 128 and 256, hdim 64, fp32, causal and full, fwd and fwd+bwd
+    assert len(rows) == 8
+    assert {(r["mode"], r["causal"]) for r in rows} == {(m, c) for m in ("fwd", "fwd+bwd")
+                                                       for c in (False, True)}
+    for row in rows:
+        assert row["check"]["ok"] and row["check"]["finite"], row["check"]
+        assert row["check"]["against"] == "float64"
+        for system in ("ours", "torch"):
+            result = row["results"][system]
+            assert 0 < result["min_s"] <= result["median_s"] and result["calls"] >= 3
+            assert result["gflops"] > 0
+        assert row["ratio"] > 0
