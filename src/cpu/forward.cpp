@@ -204,7 +204,7 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
         }
       }
       accumulate_pv(Weights{t.s, kBlockK, 1}, values.v, values.row_stride,
-                    t.acc + static_cast<int64_t>(r0) * Dv, n, cols, Dv);
+                    t.acc + static_cast<int64_t>(r0) * Dv, Dv, n, cols, Dv);
     }
   }
 }

@@ -116,10 +116,12 @@ FA_INLINE void score_tile_blocked(const float* q, const float* kt, float* s, int
     for (int c0 = 0; c0 < kBlockK; c0 += kCols)
       score_block<V, R, C>(q + static_cast<int64_t>(i) * head_dim, kt,
                            s + static_cast<int64_t>(i) * kBlockK, head_dim, c0);
-  for (; i < rows; ++i)  // the last rows of a short block, one at a time
-    for (int c0 = 0; c0 < kBlockK; c0 += kCols)
-      score_block<V, 1, C>(q + static_cast<int64_t>(i) * head_dim, kt,
-                           s + static_cast<int64_t>(i) * kBlockK, head_dim, c0);
+  // Fewer than R rows left (a short block, or decoding's few query heads per key head): in
+  // blocks of R / 2, then of R / 4, ..., then single rows.
+  if constexpr (R > 1)
+    if (i < rows)
+      score_tile_blocked<V, R / 2, C>(q + static_cast<int64_t>(i) * head_dim, kt,
+                                      s + static_cast<int64_t>(i) * kBlockK, rows - i, head_dim);
 }
 
 // acc[r][d0 + x] += sum_{j < cols, p[r][j] != 0} p[r][j] * v[j][d0 + x] for r < R,
@@ -128,13 +130,13 @@ FA_INLINE void score_tile_blocked(const float* q, const float* kt, float* s, int
 // cannot leak into the output. kSkipZeros: the rows hold a 0 somewhere (else the loop runs
 // without the test: the common case, and what keeps the sums in registers).
 template <typename V, int R, int C, bool kSkipZeros>
-FA_INLINE void pv_block(Weights p, const float* v, int64_t v_row_stride, float* acc, int cols,
-                        int head_dim_v, int d0) {
+FA_INLINE void pv_block(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                        int64_t acc_row_stride, int cols, int d0) {
   constexpr int W = width<V>;
   V a[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
-      a[r][c] = load<V>(acc + static_cast<int64_t>(r) * head_dim_v + d0 + c * W);
+      a[r][c] = load<V>(acc + r * acc_row_stride + d0 + c * W);
   for (int j = 0; j < cols; ++j) {
     V vj[C];
     for (int c = 0; c < C; ++c) vj[c] = load<V>(v + j * v_row_stride + d0 + c * W);
@@ -146,22 +148,22 @@ FA_INLINE void pv_block(Weights p, const float* v, int64_t v_row_stride, float* 
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
-      store(acc + static_cast<int64_t>(r) * head_dim_v + d0 + c * W, a[r][c]);
+      store(acc + r * acc_row_stride + d0 + c * W, a[r][c]);
 }
 
 // The rows [i, i + R) of accumulate_pv over every output column: blocks of C vectors, then
 // single vectors, then single floats (head dims that are not multiples of W).
 template <typename V, int R, int C, bool kSkipZeros>
-FA_INLINE void pv_columns(Weights p, const float* v, int64_t v_row_stride, float* acc, int cols,
-                          int head_dim_v) {
+FA_INLINE void pv_columns(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                          int64_t acc_row_stride, int cols, int head_dim_v) {
   constexpr int W = width<V>;
   int d0 = 0;
   for (; d0 + C * W <= head_dim_v; d0 += C * W)
-    pv_block<V, R, C, kSkipZeros>(p, v, v_row_stride, acc, cols, head_dim_v, d0);
+    pv_block<V, R, C, kSkipZeros>(p, v, v_row_stride, acc, acc_row_stride, cols, d0);
   for (; d0 + W <= head_dim_v; d0 += W)
-    pv_block<V, R, 1, kSkipZeros>(p, v, v_row_stride, acc, cols, head_dim_v, d0);
+    pv_block<V, R, 1, kSkipZeros>(p, v, v_row_stride, acc, acc_row_stride, cols, d0);
   for (int r = 0; r < R && d0 < head_dim_v; ++r) {
-    float* out = acc + static_cast<int64_t>(r) * head_dim_v;
+    float* out = acc + r * acc_row_stride;
     for (int j = 0; j < cols; ++j) {
       const float x = p.data[r * p.row_stride + j * p.col_stride];
       if (x == 0.0f) continue;
@@ -172,30 +174,32 @@ FA_INLINE void pv_columns(Weights p, const float* v, int64_t v_row_stride, float
 }
 
 template <typename V, int R, int C>
-FA_INLINE void pv_rows(Weights p, const float* v, int64_t v_row_stride, float* acc, int cols,
-                       int head_dim_v) {
+FA_INLINE void pv_rows(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                       int64_t acc_row_stride, int cols, int head_dim_v) {
   int zeros = 0;  // a count, not a bool: an integer sum vectorises
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < cols; ++j) zeros += p.data[r * p.row_stride + j * p.col_stride] == 0.0f;
   if (zeros != 0)
-    pv_columns<V, R, C, true>(p, v, v_row_stride, acc, cols, head_dim_v);
+    pv_columns<V, R, C, true>(p, v, v_row_stride, acc, acc_row_stride, cols, head_dim_v);
   else
-    pv_columns<V, R, C, false>(p, v, v_row_stride, acc, cols, head_dim_v);
+    pv_columns<V, R, C, false>(p, v, v_row_stride, acc, acc_row_stride, cols, head_dim_v);
 }
 
 template <typename V, int R, int C>
 FA_INLINE void accumulate_pv_blocked(Weights p, const float* v, int64_t v_row_stride, float* acc,
-                                     int rows, int cols, int head_dim_v) {
+                                     int64_t acc_row_stride, int rows, int cols,
+                                     int head_dim_v) {
   const auto rows_from = [&](int i) {
     return Weights{p.data + i * p.row_stride, p.row_stride, p.col_stride};
   };
   int i = 0;
   for (; i + R <= rows; i += R)
-    pv_rows<V, R, C>(rows_from(i), v, v_row_stride, acc + static_cast<int64_t>(i) * head_dim_v,
+    pv_rows<V, R, C>(rows_from(i), v, v_row_stride, acc + i * acc_row_stride, acc_row_stride,
                      cols, head_dim_v);
-  for (; i < rows; ++i)
-    pv_rows<V, 1, C>(rows_from(i), v, v_row_stride, acc + static_cast<int64_t>(i) * head_dim_v,
-                     cols, head_dim_v);
+  if constexpr (R > 1)  // the rows left: as in score_tile_blocked
+    if (i < rows)
+      accumulate_pv_blocked<V, R / 2, C>(rows_from(i), v, v_row_stride, acc + i * acc_row_stride,
+                                         acc_row_stride, rows - i, cols, head_dim_v);
 }
 
 }  // namespace
@@ -221,14 +225,16 @@ void score_tile_isa(const float* q, const float* kt, float* s, int rows, int hea
   score_tile_blocked<Float8, 6, 2>(q, kt, s, rows, head_dim);
 }
 FA_TARGET("avx512f,avx2,fma")
-void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
-                       int cols, int head_dim_v) {
-  accumulate_pv_blocked<Float16, 8, 2>(p, v, v_row_stride, acc, rows, cols, head_dim_v);
+void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                       int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
+  accumulate_pv_blocked<Float16, 8, 2>(p, v, v_row_stride, acc, acc_row_stride, rows, cols,
+                                      head_dim_v);
 }
 FA_TARGET("avx2,fma")
-void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
-                       int cols, int head_dim_v) {
-  accumulate_pv_blocked<Float8, 6, 2>(p, v, v_row_stride, acc, rows, cols, head_dim_v);
+void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                       int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
+  accumulate_pv_blocked<Float8, 6, 2>(p, v, v_row_stride, acc, acc_row_stride, rows, cols,
+                                      head_dim_v);
 }
 #else
 #define FA_TARGET(isa)
@@ -238,9 +244,10 @@ void score_tile_isa(const float* q, const float* kt, float* s, int rows, int hea
   score_tile_blocked<Float4, 4, 2>(q, kt, s, rows, head_dim);
 }
 FA_TARGET("default")
-void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
-                       int cols, int head_dim_v) {
-  accumulate_pv_blocked<Float4, 4, 2>(p, v, v_row_stride, acc, rows, cols, head_dim_v);
+void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                       int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
+  accumulate_pv_blocked<Float4, 4, 2>(p, v, v_row_stride, acc, acc_row_stride, rows, cols,
+                                      head_dim_v);
 }
 
 }  // namespace isa
@@ -249,9 +256,9 @@ void score_tile(const float* q, const float* kt, float* s, int rows, int head_di
   isa::score_tile_isa(q, kt, s, rows, head_dim);
 }
 
-void accumulate_pv(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
-                   int cols, int head_dim_v) {
-  isa::accumulate_pv_isa(p, v, v_row_stride, acc, rows, cols, head_dim_v);
+void accumulate_pv(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                   int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
+  isa::accumulate_pv_isa(p, v, v_row_stride, acc, acc_row_stride, rows, cols, head_dim_v);
 }
 
 }  // namespace flashattn::detail::cpu

@@ -49,14 +49,15 @@ struct Weights {
 
 // acc[i][:] += sum_{j < cols, p(i, j) != 0} p(i, j) * v[j][:] for i < rows; v is cols rows
 // of head_dim_v floats at v_row_stride (a staged tile, or fp32 rows of the caller's tensor),
-// acc is rows x head_dim_v.
-void accumulate_pv(Weights p, const float* v, int64_t v_row_stride, float* acc, int rows,
-                   int cols, int head_dim_v);
+// acc rows < rows at acc_row_stride (a tile, or the caller's fp32 dq).
+void accumulate_pv(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                   int64_t acc_row_stride, int rows, int cols, int head_dim_v);
 
-// The common case: p is a rows x kBlockK score tile, v a packed cols x head_dim_v tile.
+// The common case: p is a rows x kBlockK score tile, v a packed cols x head_dim_v tile, acc
+// a packed rows x head_dim_v tile.
 inline void accumulate_pv(const float* p, const float* v, float* acc, int rows, int cols,
                           int head_dim_v) {
-  accumulate_pv(Weights{p, kBlockK, 1}, v, head_dim_v, acc, rows, cols, head_dim_v);
+  accumulate_pv(Weights{p, kBlockK, 1}, v, head_dim_v, acc, head_dim_v, rows, cols, head_dim_v);
 }
 
 }  // namespace flashattn::detail::cpu
