@@ -15,6 +15,12 @@
 // are bitwise the same on every run and for every thread count, with no atomics and no
 // partial buffers to reduce. The price is recomputing S, P and dP in pass 2 (7 tile matrix
 // products per tile instead of 5). Working memory is a fixed set of tiles per thread.
+//
+// fp32, with at least one (batch, kv head) per processor, avoids that price: one work item
+// per (batch, kv head) runs pass 1 over all its key blocks and adds dQ += dS K straight into
+// the caller's fp32 dq rows of its query heads, which no other item touches (the fused
+// backward: 5 products per tile). Which of the two runs depends on the shapes and the
+// machine's processor count, never on num_threads, so the determinism above holds.
 #include "cpu/backward.hpp"
 
 #include <omp.h>
