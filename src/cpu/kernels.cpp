@@ -202,63 +202,85 @@ FA_INLINE void accumulate_pv_blocked(Weights p, const float* v, int64_t v_row_st
                                          acc_row_stride, rows - i, cols, head_dim_v);
 }
 
-}  // namespace
-
-// Not in the anonymous namespace: clang reports multiversioned functions there as unused.
-namespace isa {
-
 using Float4 = float __attribute__((vector_size(16)));
 using Float8 = float __attribute__((vector_size(32)));
 using Float16 = float __attribute__((vector_size(64)));
 
-// Function multiversioning: the variant for the running processor is picked at load time.
-// Register blocks: AVX-512 8 rows x 2 vectors (16 of 32 registers hold sums), AVX2 6 x 2
-// (12 of 16), SSE2 4 x 2 (8 of 16).
+using ScoreTile = void (*)(const float*, const float*, float*, int, int);
+using AccumulatePv = void (*)(Weights, const float*, int64_t, float*, int64_t, int, int, int);
+
+// One variant per instruction set, with the register block that fills its register file:
+// AVX-512 8 rows x 2 vectors (16 of 32 registers hold sums), AVX2 6 x 2 (12 of 16), SSE2
+// 4 x 2 (8 of 16).
+template <typename V, int R, int C>
+void score_tile_variant(const float* q, const float* kt, float* s, int rows, int head_dim) {
+  score_tile_blocked<V, R, C>(q, kt, s, rows, head_dim);
+}
+template <typename V, int R, int C>
+void accumulate_pv_variant(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                           int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
+  accumulate_pv_blocked<V, R, C>(p, v, v_row_stride, acc, acc_row_stride, rows, cols,
+                                 head_dim_v);
+}
+
+struct TileProducts {
+  ScoreTile score_tile;
+  AccumulatePv accumulate_pv;
+};
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
+// Compiled for their instruction sets by the target attribute, chosen at the first call from
+// what the processor reports. Not function multiversioning: its load-time resolvers (ifuncs)
+// crash in sanitizer builds, where the resolver is instrumented before the sanitizer runs.
 #define FA_TARGET(isa) __attribute__((target(isa)))
 FA_TARGET("avx512f,avx2,fma")
-void score_tile_isa(const float* q, const float* kt, float* s, int rows, int head_dim) {
+void score_tile_avx512(const float* q, const float* kt, float* s, int rows, int head_dim) {
   score_tile_blocked<Float16, 8, 2>(q, kt, s, rows, head_dim);
 }
+FA_TARGET("avx512f,avx2,fma")
+void accumulate_pv_avx512(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                          int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
+  accumulate_pv_blocked<Float16, 8, 2>(p, v, v_row_stride, acc, acc_row_stride, rows, cols,
+                                       head_dim_v);
+}
 FA_TARGET("avx2,fma")
-void score_tile_isa(const float* q, const float* kt, float* s, int rows, int head_dim) {
+void score_tile_avx2(const float* q, const float* kt, float* s, int rows, int head_dim) {
   score_tile_blocked<Float8, 6, 2>(q, kt, s, rows, head_dim);
 }
-FA_TARGET("avx512f,avx2,fma")
-void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc,
-                       int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
-  accumulate_pv_blocked<Float16, 8, 2>(p, v, v_row_stride, acc, acc_row_stride, rows, cols,
-                                      head_dim_v);
-}
 FA_TARGET("avx2,fma")
-void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc,
-                       int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
+void accumulate_pv_avx2(Weights p, const float* v, int64_t v_row_stride, float* acc,
+                        int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
   accumulate_pv_blocked<Float8, 6, 2>(p, v, v_row_stride, acc, acc_row_stride, rows, cols,
                                       head_dim_v);
 }
-#else
-#define FA_TARGET(isa)
-#endif
-FA_TARGET("default")
-void score_tile_isa(const float* q, const float* kt, float* s, int rows, int head_dim) {
-  score_tile_blocked<Float4, 4, 2>(q, kt, s, rows, head_dim);
+
+TileProducts pick_tile_products() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return {score_tile_avx512, accumulate_pv_avx512};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return {score_tile_avx2, accumulate_pv_avx2};
+  return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>};
 }
-FA_TARGET("default")
-void accumulate_pv_isa(Weights p, const float* v, int64_t v_row_stride, float* acc,
-                       int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
-  accumulate_pv_blocked<Float4, 4, 2>(p, v, v_row_stride, acc, acc_row_stride, rows, cols,
-                                      head_dim_v);
+#else
+TileProducts pick_tile_products() {
+  return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>};
+}
+#endif
+
+const TileProducts& tile_products() {
+  static const TileProducts chosen = pick_tile_products();
+  return chosen;
 }
 
-}  // namespace isa
+}  // namespace
 
 void score_tile(const float* q, const float* kt, float* s, int rows, int head_dim) {
-  isa::score_tile_isa(q, kt, s, rows, head_dim);
+  tile_products().score_tile(q, kt, s, rows, head_dim);
 }
 
 void accumulate_pv(Weights p, const float* v, int64_t v_row_stride, float* acc,
                    int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
-  isa::accumulate_pv_isa(p, v, v_row_stride, acc, acc_row_stride, rows, cols, head_dim_v);
+  tile_products().accumulate_pv(p, v, v_row_stride, acc, acc_row_stride, rows, cols, head_dim_v);
 }
 
 }  // namespace flashattn::detail::cpu
