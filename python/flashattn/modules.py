@@ -232,6 +232,15 @@ class MHA(nn.Module):
         self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=out_proj_bias, device=device,
                                   dtype=dtype)
 
+    def _apply(self, fn, recurse=True):
+        # The slopes are a kernel argument in fp32 whatever the module's dtype: module.to(bf16)
+        # or .half() moves them with the module but must not round them.
+        slopes = self.alibi_slopes
+        super()._apply(fn, recurse)
+        if slopes is not None:
+            self.alibi_slopes = slopes.to(self.alibi_slopes.device)
+        return self
+
     def _split(self, qkv: torch.Tensor):
         """q, k, v views (..., heads, head_dim) of the fused projection."""
         h, hk, d = self.num_heads, self.num_heads_kv, self.head_dim
@@ -286,7 +295,9 @@ class MHA(nn.Module):
                                      **self._attention_args())
         return self.out_proj(out.flatten(-2))
 
-    def _cache(self, params: InferenceParams, x: torch.Tensor):
+    def _cache(self, params: InferenceParams, k: torch.Tensor):
+        """This layer's (k_cache, v_cache), made on first use in k's dtype: under autocast the
+        projections' dtype, not the residual stream's, is the one the kernel is given."""
         if self.layer_idx is None:
             raise ValueError("layer_idx: expected this layer's index for inference with a cache, given None")
         cache = params.key_value_memory_dict.get(self.layer_idx)
@@ -296,12 +307,12 @@ class MHA(nn.Module):
             else:
                 pages_per_sequence = -(-params.max_seqlen // params.page_size)
                 if params.block_table is None:
-                    params.block_table = torch.arange(params.max_batch_size * pages_per_sequence, device=x.device,
+                    params.block_table = torch.arange(params.max_batch_size * pages_per_sequence, device=k.device,
                                                       dtype=torch.int32).view(params.max_batch_size, -1)
                 shape = (params.max_batch_size * pages_per_sequence, params.page_size, self.num_heads_kv,
                          self.head_dim)
-            cache = (torch.zeros(shape, device=x.device, dtype=x.dtype),
-                     torch.zeros(shape, device=x.device, dtype=x.dtype))
+            cache = (torch.zeros(shape, device=k.device, dtype=k.dtype),
+                     torch.zeros(shape, device=k.device, dtype=k.dtype))
             params.key_value_memory_dict[self.layer_idx] = cache
         return cache
 
@@ -313,14 +324,14 @@ class MHA(nn.Module):
         if lengths is None and params.seqlen_offset + s > params.max_seqlen:
             raise ValueError(f"inference_params: expected seqlen_offset + seqlen <= max_seqlen = "
                              f"{params.max_seqlen}, given {params.seqlen_offset} + {s}")
-        k_cache, v_cache = self._cache(params, x)
         q, k, v = self._split(self.Wqkv(x))
+        k_cache, v_cache = self._cache(params, k)
         offset = lengths if lengths is not None else params.seqlen_offset
         rotary = {}
         if self.rotary_emb is not None and self.causal:
             # The kernel rotates k at its cache positions as it appends it, and q (causal) at
             # the same positions: the tables cover every position the cache can hold.
-            cos, sin = self.rotary_emb.cos_sin(params.max_seqlen, x.device, x.dtype)
+            cos, sin = self.rotary_emb.cos_sin(params.max_seqlen, q.device, q.dtype)
             rotary = dict(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=self.rotary_emb.interleaved)
         elif self.rotary_emb is not None:
             # Without the causal mask the kernel rotates every row of q at the first new

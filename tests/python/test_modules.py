@@ -200,6 +200,36 @@ def test_cached_generation_with_per_sequence_lengths():
     assert_close(out[:, 0], torch.cat([full_a, full_b]).detach().double(), rel=1e-5, what="step")
 
 
+def test_cached_generation_under_autocast_keeps_the_projections_dtype():
+    """Under autocast the residual stream stays fp32 while q, k, v come out of the projection
+    in bf16: the cache and the rotary tables take the projection's dtype, and cached decoding
+    gives what one call on the whole sequence gives under the same autocast."""
+    torch.manual_seed(7)
+    mha = MHA(64, num_heads=4, num_heads_kv=2, causal=True, rotary_emb_dim=16, layer_idx=2).eval()
+    x = torch.randn(2, 9, 64)
+    params = InferenceParams(max_seqlen=12, max_batch_size=2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = mha(x)
+        steps = [mha(x[:, :5], inference_params=params)]
+        params.seqlen_offset = 5
+        for t in range(5, 9):
+            steps.append(mha(x[:, t:t + 1], inference_params=params))
+            params.seqlen_offset += 1
+    assert params.key_value_memory_dict[2][0].dtype == torch.bfloat16
+    assert_close(torch.cat(steps, dim=1).float(), full.double(), rel=3e-2, what="autocast cached")
+
+
+def test_module_dtype_conversion_keeps_alibi_slopes_in_fp32():
+    """module.to(bf16) converts the weights; the slopes, a kernel argument in fp32, keep their
+    dtype and their value, and follow the module across devices."""
+    mha = MHA(96, num_heads=6, use_alibi=True).to(torch.bfloat16)
+    assert mha.alibi_slopes.dtype == torch.float32
+    assert mha.alibi_slopes.tolist() == pytest.approx(alibi_standard_slopes(6), rel=1e-7)
+    x = torch.randn(1, 5, 96, dtype=torch.bfloat16)
+    ref = reference_mha(mha, x)
+    assert_close(mha(x), ref, rel=3e-2, what="bf16 alibi")
+
+
 def test_mha_rejects_bad_configurations_clearly():
     with pytest.raises(ValueError, match="num_heads_kv: expected a positive divisor of num_heads = 4"):
         MHA(64, num_heads=4, num_heads_kv=3)
