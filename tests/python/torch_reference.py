@@ -38,7 +38,9 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, window=(-1, -
     s = scores_reference(q, k, softmax_scale, causal, window, softcap, alibi)
     v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    # A row that sees no key (every score -inf) gives zeros, as the kernels do; a NaN score
+    # (a key of NaN) keeps its row NaN.
+    p = torch.softmax(s, dim=-1).masked_fill(torch.isneginf(s).all(dim=-1, keepdim=True), 0.0)
     if keep is not None:
         p = p * keep.to(p.dtype) / (1 - dropout_p)
     out = torch.einsum("bhqk,bkhd->bqhd", p, v)

@@ -63,6 +63,12 @@ struct WsBackwardConfig {
   static constexpr int kDsOffset = 2 * kKBytes + 2 * kStages * kQBytes;  // dS^T, from K's start
   static constexpr int kDqOffset = kDsOffset + kDsBytes;                 // the dQ tile, likewise
   static constexpr int kBarriers = 1 + 4 * kStages;  // kv_full, then q/do full/empty per stage
+  // Every consumer thread arrives on the empty barriers: each has read the stage's lse or D
+  // with plain shared loads, and its own arrival (release) orders those reads before the
+  // producer's next copy into the stage. One elected thread after the consumers' named
+  // barrier orders them too by the memory model's cumulativity, but compute-sanitizer's
+  // racecheck does not follow that chain and reports every such read (dev/racecheck_bulk_copy.cu).
+  static constexpr int kEmptyArrivals = 128 * kConsumers;
   // 1 KiB to align the base to a swizzle atom; K, V, the Q and dO rings and dS^T (each a
   // multiple of 1 KiB), the dQ tile, the stats, the barriers. 100 KiB at 64, 182 KiB at 128.
   static constexpr int kSharedBytes =
@@ -216,7 +222,6 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
   const BackwardKernelParams& kp = args.kp;
   const ForwardParams& p = kp.bp.fwd;
 
-  const bool releases = threadIdx.x % 128 == 0;  // one arrival per consumer on the empty barriers
   // The thread index read afresh where the main loop needs values derived from it (this
   // lane's keys, its store addresses): derived once at the start, they would be registers
   // held through the loop, and at head dim 128 spilled. The shared base likewise.
@@ -324,7 +329,7 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
     ptx::wgmma_wait<1>();  // dV: dO is free
     ptx::wgmma_hold(dv);
     ptx::wgmma_hold(pf);
-    if (releases) sh.do_empty(stage).arrive();
+    sh.do_empty(stage).arrive();  // every thread: see kEmptyArrivals
     // dK += dS^T Q (dS^T of this consumer's keys from shared memory) while dQ's tile goes to
     // the writer warp.
     ptx::wgmma_hold(dk);
@@ -356,7 +361,7 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
     named_barrier_arrive(kDqFullBarrier, kDqHandoffThreads);
     ptx::wgmma_wait<0>();  // dK: Q and this consumer's dS^T are free
     ptx::wgmma_hold(dk);
-    if (releases) sh.q_empty(stage).arrive();
+    sh.q_empty(stage).arrive();
     step = blk.next(step);
   }
 
@@ -377,8 +382,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) backward_ws_kernel(const __g
     for (int s = 0; s < Cfg::kStages; ++s) {
       sh.q_full(s).init(1);
       sh.do_full(s).init(1);
-      sh.q_empty(s).init(Cfg::kConsumers);
-      sh.do_empty(s).init(Cfg::kConsumers);
+      sh.q_empty(s).init(Cfg::kEmptyArrivals);
+      sh.do_empty(s).init(Cfg::kEmptyArrivals);
     }
     fence_barrier_init();
   }
