@@ -179,10 +179,12 @@ def _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left, window_rig
 
 
 def _bwd_impl(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, causal,
-              window_left, window_right, softcap, alibi_slopes, deterministic):
+              window_left, window_right, softcap, alibi_slopes, deterministic, grads=None):
+    """dq, dk, dv: new tensors, or written into `grads` (dq, dk, dv) when given."""
     dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
     # empty_like: a third of torch.empty(shape, dtype=, device=)'s host time.
-    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    dq, dk, dv = grads if grads is not None else (
+        torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     _C.backward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
                 _desc(dout, "dout"), _desc(lse, "lse"), _desc(dq, "dq"), _desc(dk, "dk"),
                 _desc(dv, "dv"),
@@ -303,7 +305,7 @@ def forward(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right
 
 def _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-                     alibi_slopes, deterministic, rng_state, block_table=None):
+                     alibi_slopes, deterministic, rng_state, block_table=None, seqused_k=None):
     _check_dim(q, "q", 3, "(total_q, nheads, headdim)")
     if block_table is None:
         _check_dim(v, "v", 3, "(total_k, nheads_k, headdim_v)")
@@ -316,6 +318,7 @@ def _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     _C.forward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
                       _desc(lse, "lse"), _desc(cu_seqlens_q, "cu_seqlens_q"),
                       _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+                      seqused_k=_desc(seqused_k, "seqused_k"),
                       block_table=_desc(block_table, "block_table"),
                       **_options(softmax_scale, causal, window_left, window_right, softcap,
                                  alibi_slopes, deterministic),
@@ -325,14 +328,17 @@ def _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 def _varlen_bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, rng_state, dropout_p, softmax_scale, causal, window_left,
-                     window_right, softcap, alibi_slopes, deterministic):
+                     window_right, softcap, alibi_slopes, deterministic, grads=None,
+                     seqused_k=None):
     dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = grads if grads is not None else (
+        torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     _C.backward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
                        _desc(dout, "dout"), _desc(lse, "lse"), _desc(dq, "dq"),
                        _desc(dk, "dk"), _desc(dv, "dv"),
                        _desc(cu_seqlens_q, "cu_seqlens_q"),
                        _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+                       seqused_k=_desc(seqused_k, "seqused_k"),
                        **_options(softmax_scale, causal, window_left, window_right,
                                   softcap, alibi_slopes, deterministic),
                        **_rng_args(dropout_p, rng_state), **_execution(q))
@@ -443,6 +449,73 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                                     window_left, window_right, softcap, alibi_slopes,
                                     deterministic, rng_state, block_table)
     return out, lse, rng_state
+
+
+# ---------------------------------------------------------------------------- upstream's internals
+#
+# flash_attn_interface's _flash_attn_forward / _backward and their varlen forms (the calls
+# that libraries such as ring attention make inside their own autograd functions) need a
+# varlen forward with seqused_k and backwards that write into the caller's gradients. Ops of
+# their own so that torch.compile traces them; no autograd, as upstream's.
+
+@torch.library.custom_op("flashattn::varlen_fwd_seqused", mutates_args=())
+def varlen_fwd_seqused(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                       cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
+                       max_seqlen_k: int, dropout_p: float, softmax_scale: Optional[float],
+                       causal: bool, window_left: int, window_right: int, softcap: float,
+                       alibi_slopes: Optional[Tensor], block_table: Optional[Tensor]
+                       ) -> Tuple[Tensor, Tensor, Tensor]:
+    """varlen_fwd with seqused_k (B,) int32: sequence b's keys are the first seqused_k[b]."""
+    rng_state = _draw_rng_state(dropout_p)
+    out, lse = _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, dropout_p, softmax_scale, causal, window_left,
+                                window_right, softcap, alibi_slopes, False, rng_state,
+                                block_table, seqused_k)
+    return out, lse, rng_state
+
+
+@varlen_fwd_seqused.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, dropout_p,
+      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, block_table):
+    total_q, nheads, _ = q.shape
+    out = q.new_empty((total_q, nheads, v.shape[-1]))
+    lse = q.new_empty((nheads, total_q), dtype=torch.float32)
+    return out, lse, torch.empty(2, dtype=torch.int64, device="cpu")
+
+
+@torch.library.custom_op("flashattn::bwd_into", mutates_args=("dq", "dk", "dv"))
+def bwd_into(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+             dq: Tensor, dk: Tensor, dv: Tensor, rng_state: Tensor, dropout_p: float,
+             softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+             softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool) -> None:
+    """bwd writing into the given dq, dk, dv (the shapes and dtypes of q, k, v)."""
+    _bwd_impl(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, causal,
+              window_left, window_right, softcap, alibi_slopes, deterministic, (dq, dk, dv))
+
+
+@bwd_into.register_fake
+def _(dout, q, k, v, out, lse, dq, dk, dv, rng_state, dropout_p, softmax_scale, causal,
+      window_left, window_right, softcap, alibi_slopes, deterministic):
+    return None
+
+
+@torch.library.custom_op("flashattn::varlen_bwd_into", mutates_args=("dq", "dk", "dv"))
+def varlen_bwd_into(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    dq: Tensor, dk: Tensor, dv: Tensor, cu_seqlens_q: Tensor,
+                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                    rng_state: Tensor, dropout_p: float, softmax_scale: Optional[float],
+                    causal: bool, window_left: int, window_right: int, softcap: float,
+                    alibi_slopes: Optional[Tensor], deterministic: bool) -> None:
+    _varlen_bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, rng_state, dropout_p, softmax_scale, causal, window_left,
+                     window_right, softcap, alibi_slopes, deterministic, (dq, dk, dv))
+
+
+@varlen_bwd_into.register_fake
+def _(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+      max_seqlen_k, rng_state, dropout_p, softmax_scale, causal, window_left, window_right,
+      softcap, alibi_slopes, deterministic):
+    return None
 
 
 # ---------------------------------------------------------------------------- probabilities
