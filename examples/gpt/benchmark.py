@@ -15,7 +15,8 @@ MFU divides by --peak-tflops (the H100/H200 SXM dense bf16 datasheet figure by d
 which in any table). Generation: greedy, from the initial weights, a --prompt-tokens prefill
 then --gen-tokens one-token steps per batch size, eager for every attention and, on CUDA,
 flashattn with each step replayed from a CUDA graph (its tokens checked against its eager
-run). Writes benchmark.json, benchmark.md and, with matplotlib, loss.png in --out.
+run). Writes benchmark.json, benchmark.md and, with matplotlib, loss.png in --out; --render
+JSON writes the last two again from a benchmark.json.
 """
 from __future__ import annotations
 
@@ -140,6 +141,38 @@ def free_memory(device):
         torch.cuda.empty_cache()
 
 
+def write_report(results: dict, out: pathlib.Path) -> str:
+    """benchmark.md and, with matplotlib, loss.png in `out` from a benchmark.json's contents;
+    returns the table."""
+    meta, training, generation = results["meta"], results["training"], results["generation"]
+    lines = [f"# GPT end to end ({meta['device']}, {meta['dtype']}, peak {meta['peak_tflops']} TFLOP/s for MFU)", "",
+             "| size | seqlen | batch | attention | tokens/s | model TFLOP/s | MFU | vs first |", "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for r in training:
+        first = next(x for x in training if x["size"] == r["size"] and x["seqlen"] == r["seqlen"])
+        lines.append(f"| {r['size']} | {r['seqlen']} | {r['batch']} | {r['attention']} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['model_tflops']:.1f} | {r['mfu']:.3f} | {r['tokens_per_s'] / first['tokens_per_s']:.2f}x |")
+    lines += ["", "| size | batch | attention | decode | generated tokens/s |", "|---|---:|---|---|---:|"]
+    lines += [f"| {r['size']} | {r['batch']} | {r['attention']} | "
+              f"{'CUDA graph' + ('' if r['same_tokens_as_eager'] else ' (tokens differ from eager!)') if r['cuda_graph'] else 'eager'} | "
+              f"{r['tokens_per_s']:,.1f} |" for r in generation]
+    table = "\n".join(lines) + "\n"
+    (out / "benchmark.md").write_text(table)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in training:
+            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=f"{r['size']} s{r['seqlen']} {r['attention']}")
+        ax.set(xlabel="step", ylabel="training loss (nats / byte)", title="same initial weights, same batches")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "loss.png", dpi=120)
+    except ImportError:
+        print("matplotlib is not installed: no loss.png", file=sys.stderr)
+    return table
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", default=["125m", "1.3b"], choices=sorted(SIZES))
@@ -161,7 +194,13 @@ def main(argv=None) -> int:
     p.add_argument("--corpus-mb", type=float, default=16.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("gpt-bench"))
+    p.add_argument("--render", type=pathlib.Path, default=None, metavar="JSON",
+                   help="only write benchmark.md and loss.png into --out from an earlier run's benchmark.json")
     args = p.parse_args(argv)
+    if args.render is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(write_report(json.loads(args.render.read_text()), args.out))
+        return 0
     data = corpus(args.corpus_mb)
     training, generation = [], []
     for size in args.sizes:
@@ -185,34 +224,9 @@ def main(argv=None) -> int:
     meta = {"device": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else args.device,
             "torch": torch.__version__, "dtype": args.dtype, "peak_tflops": args.peak_tflops,
             "command": " ".join(sys.argv)}
-    (args.out / "benchmark.json").write_text(json.dumps({"meta": meta, "training": training,
-                                                         "generation": generation}, indent=1) + "\n")
-    lines = [f"# GPT end to end ({meta['device']}, {args.dtype}, peak {args.peak_tflops} TFLOP/s for MFU)", "",
-             "| size | seqlen | batch | attention | tokens/s | model TFLOP/s | MFU | vs first |", "|---|---:|---:|---|---:|---:|---:|---:|"]
-    for r in training:
-        first = next(x for x in training if x["size"] == r["size"] and x["seqlen"] == r["seqlen"])
-        lines.append(f"| {r['size']} | {r['seqlen']} | {r['batch']} | {r['attention']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['model_tflops']:.1f} | {r['mfu']:.3f} | {r['tokens_per_s'] / first['tokens_per_s']:.2f}x |")
-    lines += ["", "| size | batch | attention | decode | generated tokens/s |", "|---|---:|---|---|---:|"]
-    lines += [f"| {r['size']} | {r['batch']} | {r['attention']} | "
-              f"{'CUDA graph' + ('' if r['same_tokens_as_eager'] else ' (tokens differ from eager!)') if r['cuda_graph'] else 'eager'} | "
-              f"{r['tokens_per_s']:,.1f} |" for r in generation]
-    table = "\n".join(lines) + "\n"
-    (args.out / "benchmark.md").write_text(table)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for r in training:
-            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=f"{r['size']} s{r['seqlen']} {r['attention']}")
-        ax.set(xlabel="step", ylabel="training loss (nats / byte)", title="same initial weights, same batches")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(args.out / "loss.png", dpi=120)
-    except ImportError:
-        print("matplotlib is not installed: no loss.png", file=sys.stderr)
-    print(table)
+    results = {"meta": meta, "training": training, "generation": generation}
+    (args.out / "benchmark.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(write_report(results, args.out))
     return 0
 
 

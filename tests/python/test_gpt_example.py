@@ -67,7 +67,11 @@ def test_benchmark_smoke_run(tmp_path, capsys):
     ours, sdpa = result["training"]
     assert len(ours["losses"]) == 3 and ours["losses"] == pytest.approx(sdpa["losses"], rel=1e-4)
     assert [r["attention"] for r in result["generation"]] == ["flashattn", "sdpa-math"]
-    assert "| tiny | 32 | 2 | flashattn |" in (tmp_path / "benchmark.md").read_text()
+    table = (tmp_path / "benchmark.md").read_text()
+    assert "| tiny | 32 | 2 | flashattn |" in table
+    again = tmp_path / "again"
+    assert benchmark.main(["--render", str(tmp_path / "benchmark.json"), "--out", str(again)]) == 0
+    assert (again / "benchmark.md").read_text() == table
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA-graph decode is not tested")
