@@ -129,9 +129,12 @@ struct Pass {
       t.lse[r] = lse[r];
       convert_row(out + r * p.out_row_stride, t.row, Dv, 1.0f);
       const float* dout = t.dout + static_cast<int64_t>(r) * Dv;
-      float sum = 0.0f;
-      for (int d = 0; d < Dv; ++d) sum += dout[d] * t.row[d];
-      t.d[r] = sum;
+      // In double: where one key dominates a row, dS = P (dP - D) cancels, and D's rounding
+      // error (a sum of Dv products as large as dP itself) is most of dq's and dk's. The
+      // cost is Dv multiply-adds per row against the row's Sk x (D + Dv) of the products.
+      double sum = 0.0;
+      for (int d = 0; d < Dv; ++d) sum += static_cast<double>(dout[d]) * t.row[d];
+      t.d[r] = static_cast<float>(sum);
     }
   }
 
