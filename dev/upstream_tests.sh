@@ -23,13 +23,17 @@ case ${1:-} in
     git_dir=${2:?usage: dev/upstream_tests.sh prepare GIT_DIR}
     mkdir -p "$dir"
     show() { git --git-dir="$git_dir" show "HEAD:$1"; }
-    # The imports, and nothing else: flash_attn -> flashattn (our drop-in module path), the
-    # helpers from this folder; USE_TRITON_ROCM is their ROCm switch (off on CUDA).
+    # The imports, and nothing else: flash_attn -> flashattn (our drop-in module path, also
+    # for the internal _flash_attn_* functions some tests import inside their bodies), the
+    # helpers from this folder; USE_TRITON_ROCM is their ROCm switch (off on CUDA). One test
+    # imports their C++ extension itself (flash_attn_gpu) and cannot run.
     show tests/test_flash_attn.py | sed \
       -e 's/^from flash_attn import (/from flashattn import (/' \
       -e 's/^from flash_attn.bert_padding import/from bert_padding import/' \
       -e 's/^from flash_attn.flash_attn_interface import _get_block_size_n, USE_TRITON_ROCM$/from flashattn.flash_attn_interface import _get_block_size_n; USE_TRITON_ROCM = False/' \
-      -e 's/^from flash_attn.layers.rotary import/from rotary import/' >"$dir/test_flash_attn.py"
+      -e 's/^from flash_attn.layers.rotary import/from rotary import/' \
+      -e 's/^\( *\)from flash_attn.flash_attn_interface import _flash_attn_/\1from flashattn.flash_attn_interface import _flash_attn_/' \
+      >"$dir/test_flash_attn.py"
     show flash_attn/bert_padding.py >"$dir/bert_padding.py"
     show flash_attn/layers/rotary.py |
       sed 's/^from flash_attn.ops.triton.rotary import/from triton_rotary import/' >"$dir/rotary.py"

@@ -28,8 +28,8 @@ def _get_block_size_n(device, head_dim, is_dropout, causal):
 # order and results as upstream FlashAttention 2's; no autograd of their own, PyTorch only.
 # Differences: rng_state lives on the CPU; softmax_d is (B, H, Sq) / (H, total_q), not padded
 # to a multiple of 128 rows; S_dmask comes back only with dropout (None otherwise);
-# leftpad_k is not supported (NotImplementedError); num_splits is accepted and has no effect
-# (the varlen forward does not split keys: any value gives the same bits).
+# leftpad_k is not supported (NotImplementedError); num_splits 0 or 1 (the varlen forward does
+# not split keys: both give the same bits), above 1 refused as upstream refuses it.
 
 def _window_args(window_size_left, window_size_right):
     from .interface import _window
@@ -86,6 +86,9 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                   "a tensor")
     if not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0, given {num_splits!r}")
+    if num_splits > 1:  # NotImplementedError is a RuntimeError, which upstream raises
+        raise NotImplementedError(f"num_splits: expected 0 or 1 (num_splits > 1 is not supported "
+                                  f"by the varlen forward, as upstream), given {num_splits}")
     dropout_p = _dropout(dropout_p)
     left, right = _window_args(window_size_left, window_size_right)
     options = (dropout_p, softmax_scale, bool(causal), left, right, float(softcap), alibi_slopes)

@@ -147,6 +147,8 @@ def test_unsupported_arguments_are_named():
                                    leftpad_k=torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match="num_splits: expected an int >= 0"):
         _flash_attn_varlen_forward(q, q, q, cu, cu, 3, 3, 0.0, None, False, num_splits=-1)
+    with pytest.raises(RuntimeError, match="num_splits > 1 is not supported"):
+        _flash_attn_varlen_forward(q, q, q, cu, cu, 3, 3, 0.0, None, False, num_splits=2)
 
 
 def test_forward_matches_flash_attn_func_bit_for_bit():
