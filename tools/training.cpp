@@ -24,15 +24,16 @@ GradientCheck check_gradients(const ForwardCall& f, const BackwardCall& b) {
     low_precision = reference::backward(f.q, f.k, f.v, b.dout, f.options, varlen,
                                         reference::Arithmetic::InputDType);
   const double largest = reference::largest_magnitude(exact);
+  const int64_t head_dim = f.q.sizes[f.q.ndim - 1];
   const auto check = [&](const TensorView& actual, const std::vector<double>& exact_grad,
-                         const std::vector<double>& low_grad) {
+                         const std::vector<double>& low_grad, reference::Gradient which) {
     return reference::check_backward(dtype, reference::gather(actual), exact_grad, low_grad,
-                                     largest);
+                                     largest, reference::floor_scale(which, f.options, head_dim));
   };
   GradientCheck c;
-  c.dq = check(b.dq, exact.dq, low_precision.dq);
-  c.dk = check(b.dk, exact.dk, low_precision.dk);
-  c.dv = check(b.dv, exact.dv, low_precision.dv);
+  c.dq = check(b.dq, exact.dq, low_precision.dq, reference::Gradient::dQ);
+  c.dk = check(b.dk, exact.dk, low_precision.dk, reference::Gradient::dK);
+  c.dv = check(b.dv, exact.dv, low_precision.dv, reference::Gradient::dV);
   return c;
 }
 
