@@ -3,7 +3,8 @@
 # SESSION_LIMIT_S (default 570 s): does racecheck model bulk copies on an mbarrier
 # (dev/racecheck_bulk_copy.cu, three kernels); the GPT example's and the modules' CUDA tests;
 # examples/gpt/benchmark.py (GPT_BENCH_ARGS); the stratified sample of upstream's test file
-# (dev/upstream_tests.sh, carry upstream/); scripts/gpu_sweep.py under memcheck in the time left.
+# (dev/upstream_tests.sh, carry upstream/; UPSTREAM_IDS_FILE: another list of case ids);
+# scripts/gpu_sweep.py under memcheck (SWEEP_CALLS, default 150) in the time left.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
@@ -29,7 +30,7 @@ grep -E "^FAILED|Error" "$out/pytest.log" | head -8
 timeout $(( $(left) - ${RESERVE_S:-230} )) "$py" examples/gpt/benchmark.py --device cuda --out "$out/gpt-bench" ${GPT_BENCH_ARGS:-} >"$out/gpt.log" 2>&1
 stamp "gpt benchmark: $?"
 grep -E "^train|^generate" "$out/gpt.log"; grep -E "Error" "$out/gpt.log" | tail -2
-UPSTREAM_IDS=upstream/sample_ids.txt timeout $(( $(left) - ${SWEEP_S:-110} )) bash dev/upstream_tests.sh run 0 0 >"$out/upstream.txt" 2>&1
+UPSTREAM_IDS=${UPSTREAM_IDS_FILE:-upstream/sample_ids.txt} timeout $(( $(left) - ${SWEEP_S:-110} )) bash dev/upstream_tests.sh run 0 0 >"$out/upstream.txt" 2>&1
 stamp "upstream sample: $?"
 tail -20 "$out/upstream.txt"
 timeout $(( $(left) - 10 )) compute-sanitizer --tool memcheck --error-exitcode 99 "$py" scripts/gpu_sweep.py --device cuda \
