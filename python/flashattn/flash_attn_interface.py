@@ -1,5 +1,6 @@
 """Upstream's module path: `from flash_attn.flash_attn_interface import flash_attn_func` ports as
 `from flashattn.flash_attn_interface import flash_attn_func`."""
+from .interface import _dropout, _window
 from .interface import (  # noqa: F401
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -31,11 +32,6 @@ def _get_block_size_n(device, head_dim, is_dropout, causal):
 # leftpad_k is not supported (NotImplementedError); num_splits 0 or 1 (the varlen forward does
 # not split keys: both give the same bits), above 1 refused as upstream refuses it.
 
-def _window_args(window_size_left, window_size_right):
-    from .interface import _window
-    return _window((window_size_left, window_size_right))
-
-
 def _rng_or_zeros(rng_state, dropout_p):
     import torch
     if rng_state is None:
@@ -58,9 +54,8 @@ def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_l
     rng_state (2,) int64."""
     import torch
     from . import torch_ops
-    from .interface import _dropout
     dropout_p = _dropout(dropout_p)
-    left, right = _window_args(window_size_left, window_size_right)
+    left, right = _window((window_size_left, window_size_right))
     options = (dropout_p, softmax_scale, bool(causal), left, right, float(softcap), alibi_slopes)
     with torch.no_grad():
         out, lse, rng_state = torch_ops.fwd(q, k, v, *options, False)
@@ -79,7 +74,6 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     v are paged (num_pages, page_size, Hk, D)."""
     import torch
     from . import torch_ops
-    from .interface import _dropout
     if leftpad_k is not None:
         raise NotImplementedError("leftpad_k: expected None (not supported by the varlen "
                                   "forward; flash_attn_with_kvcache takes cache_leftpad), given "
@@ -90,7 +84,7 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
         raise NotImplementedError(f"num_splits: expected 0 or 1 (num_splits > 1 is not supported "
                                   f"by the varlen forward, as upstream), given {num_splits}")
     dropout_p = _dropout(dropout_p)
-    left, right = _window_args(window_size_left, window_size_right)
+    left, right = _window((window_size_left, window_size_right))
     options = (dropout_p, softmax_scale, bool(causal), left, right, float(softcap), alibi_slopes)
     lengths = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
     probs = None
@@ -118,9 +112,8 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
     softmax_d = rowsum(dout * out), (B, H, Sq) fp32."""
     import torch
     from . import torch_ops
-    from .interface import _dropout
     dropout_p = _dropout(dropout_p)
-    left, right = _window_args(window_size_left, window_size_right)
+    left, right = _window((window_size_left, window_size_right))
     dq, dk, dv = (torch.empty_like(t) if g is None else g for g, t in ((dq, q), (dk, k), (dv, v)))
     with torch.no_grad():
         torch_ops.bwd_into(dout, q, k, v, out, softmax_lse, dq, dk, dv,
@@ -138,17 +131,17 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
     """As _flash_attn_backward over a ragged batch; softmax_d (H, total_q) fp32."""
     import torch
     from . import torch_ops
-    from .interface import _dropout
     dropout_p = _dropout(dropout_p)
-    left, right = _window_args(window_size_left, window_size_right)
+    left, right = _window((window_size_left, window_size_right))
     dq, dk, dv = (torch.empty_like(t) if g is None else g for g, t in ((dq, q), (dk, k), (dv, v)))
     with torch.no_grad():
-        if zero_tensors:  # rows outside every sequence are not written otherwise
-            for g in (dq, dk, dv):
-                g.zero_()
         torch_ops.varlen_bwd_into(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q,
                                   cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                   _rng_or_zeros(rng_state, dropout_p), dropout_p, softmax_scale,
                                   bool(causal), left, right, float(softcap), alibi_slopes,
                                   bool(deterministic))
+        if zero_tensors:  # rows past the last sequence, which the call does not write
+            dq[int(cu_seqlens_q[-1]):] = 0
+            dk[int(cu_seqlens_k[-1]):] = 0
+            dv[int(cu_seqlens_k[-1]):] = 0
         return _softmax_d(dout, out, varlen=True)

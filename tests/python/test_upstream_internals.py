@@ -157,3 +157,15 @@ def test_forward_matches_flash_attn_func_bit_for_bit():
     out, lse, _, _ = _flash_attn_forward(q, k, v, 0.0, None, True, -1, -1, 0.0, None, False)
     pub_out, pub_lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert torch.equal(out, pub_out) and torch.equal(lse, pub_lse)
+
+
+def test_refused_varlen_backward_leaves_the_gradients_untouched():
+    """zero_tensors zeroes only after a call that ran: a refused one writes nothing."""
+    q = torch.randn(3, 2, 8)
+    cu64 = torch.tensor([0, 3], dtype=torch.int64)  # cu_seqlens must be int32
+    grads = [torch.full_like(q, 7.0) for _ in range(3)]
+    with pytest.raises((ValueError, TypeError), match="cu_seqlens_q"):
+        _flash_attn_varlen_backward(q, q, q, q, q, torch.zeros(2, 3), *grads, cu64, cu64, 3, 3,
+                                    0.0, None, False, -1, -1, 0.0, None, False, None,
+                                    zero_tensors=True)
+    assert all(bool((g == 7.0).all()) for g in grads)
