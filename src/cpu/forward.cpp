@@ -45,17 +45,12 @@ struct ValueRows {
 
 // Loads keys [j0, j0 + cols) transposed into t.kt (zero-padded) and their values into t.v,
 // one run of equally strided rows at a time (a block may straddle pages of a paged cache).
-// fp32 values in one run are read where they are instead: a copy would buy nothing.
+// fp32 values are copied too, although accumulate_pv could read them where they are: rows of
+// a (B, S, H, D) tensor lie H * D floats apart, a multiple of 4 KiB at H * D = 1024, so the
+// block's rows of one column chunk fell into a few sets of the L1 cache and were fetched
+// again for every block of query rows (the P V product ran a quarter slower than Q K^T).
 template <typename T>
 ValueRows load_key_block(const KeyRows& keys, int64_t j0, int cols, int D, int Dv, Tiles& t) {
-  if constexpr (std::is_same_v<T, float>) {
-    const KeyRows::Run<T> run = keys.run<T>(j0, cols);
-    if (run.count == cols) {
-      transpose_rows(run.k, keys.k_row_stride, cols, D, t.kt, 0);
-      zero_columns_from(cols, D, t.kt);
-      return {run.v, keys.v_row_stride};
-    }
-  }
   for (int c = 0; c < cols;) {
     const KeyRows::Run<T> run = keys.run<T>(j0 + c, cols - c);
     transpose_rows(run.k, keys.k_row_stride, run.count, D, t.kt, c);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/numeric.hpp"
 #include "common/params.hpp"
@@ -20,13 +21,21 @@ void load_rows(const T* src, int64_t row_stride, int rows, int width, float scal
 }
 
 // Writes `cols` rows of k (or v) transposed into columns [col0, col0 + cols) of a
-// width x kBlockK tile.
+// width x kBlockK tile. fp32 rows are transposed where they are; others are converted a few
+// rows at a time first, so that transpose_block gets whole groups of rows.
 template <typename T>
 void transpose_rows(const T* src, int64_t row_stride, int cols, int width, float* dst, int col0) {
-  float row[256];  // one row in fp32 before it is scattered (head dims are at most 256)
-  for (int j = 0; j < cols; ++j) {
-    convert_row(src + j * row_stride, row, width, 1.0f);
-    for (int d = 0; d < width; ++d) dst[static_cast<int64_t>(d) * kBlockK + col0 + j] = row[d];
+  if constexpr (std::is_same_v<T, float>) {
+    transpose_block(src, row_stride, cols, width, dst, col0);
+  } else {
+    constexpr int kRows = 8;
+    float rows[kRows * 256];  // kRows rows in fp32 (head dims are at most 256)
+    for (int j = 0; j < cols; j += kRows) {
+      const int n = cols - j < kRows ? cols - j : kRows;
+      for (int r = 0; r < n; ++r)
+        convert_row(src + (j + r) * row_stride, rows + r * width, width, 1.0f);
+      transpose_block(rows, width, n, width, dst, col0 + j);
+    }
   }
 }
 
