@@ -121,6 +121,28 @@ TEST(EdgeCases, NoKeysGiveZeroOutputAndMinusInfinityLse) {
 }
 
 #ifdef FLASHATTN_TEST_CUDA
+// More tiles than the GPU has SMs (256 to 512 here), so that a CTA of the persistent sm90
+// TMA forward takes several tiles in a row: its producer loads the next tile's Q and K(0)
+// while the consumers finish this one (Q released after the tile's last S, or after its
+// output left Q's buffer at head dim 256), and the rings' phases carry across tiles. Every
+// head-dim bucket, the masks under which the grid stays persistent (short causal sequences),
+// GQA, lengths that end every tile in a partial block, and the general variant (softcap,
+// ALiBi, dropout) whose scores depend on the tile's coordinates.
+TEST(EdgeCases, ConsecutiveTilesOfAPersistentGrid) {
+  int n = 0;
+  for (int64_t d : {64, 128, 192, 256})
+    for (const Mask& mask : {kMasks[0], kMasks[1], kMasks[2]}) {
+      Case c{.batch = 8, .seqlen_q = 201, .seqlen_k = 233, .heads = 16, .heads_k = 4, .head_dim = d,
+             .dtype = n % 2 ? DType::Float16 : DType::BFloat16, .causal = mask.causal,
+             .window_left = mask.left, .window_right = mask.right,
+             .softcap = n % 4 == 1 ? 3.0f : 0.0f,
+             .alibi = n % 4 == 2 ? Case::Alibi::PerHead : Case::Alibi::Off,
+             .with_lse = n % 3 != 2, .dropout_p = n % 4 == 3 ? 0.17f : 0.0f};
+      run_dense_case(c);
+      ++n;
+    }
+}
+
 // More query blocks than a CUDA grid's y extent (65535): the kernels then take the blocks
 // from x and the heads from y (cuda/common/tile_order.cuh). 65536 128-row blocks and a
 // partial one, so every row-block size up to 128 overflows y; GQA 2/1 checks the head mapping.
