@@ -13,10 +13,12 @@
 //     each other nor an input, reports the CPU backend and a deterministic result, gives the
 //     same bits when run again, and matches the float64 reference's gradients under SPEC.md's
 //     accuracy rule (3x the low-precision implementation's error plus a floor; fp32 1e-5
-//     relative to the call's largest gradient).
+//     relative to the call's largest gradient), the floor of dq and dk grown by the error that
+//     the rounded out brings into them (stored_out_error).
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <vector>
 
 #include "fuzz_common.hpp"
@@ -30,6 +32,76 @@ using fuzz::pick_dtype;
 using fuzz::pick_float_dtype;
 
 fuzz::Stats stats;
+
+// Where dS = P o (dP - D) cancels (a row that sees one key, or is dominated by one), the
+// plain low-precision implementation rounds dP and D to the same value and is exact by luck,
+// so SPEC.md's 3x term says nothing there, and its floor (one unit in the last place of the
+// call's largest gradient) is no bound either: that gradient can cancel too (dv, summed over
+// a GQA group's query heads; fp16, 2 query heads on 1 key head, one visible key, dropout 0.25
+// failed it). The error is known, though. The engine, like every flash backward, takes
+// D_i = rowsum(dO_i o out_i) from the out it is given, the forward's rounded one; the float64
+// reference's D comes from the exact out. So D_i is off by dD_i = sum_d dO_i,d (out_i,d -
+// exact_i,d), computed here from both (cut at one unit in the last place of each out element:
+// more would be the forward's error, which must not widen this check). D enters dS only as
+// -P_ij D_i (P undropped, so dropped keys too), times softcap's 1 - tanh^2 in (0, 1]; and
+// dQ = scale dS K, dK = scale dS^T Q (dk summed over the group's query heads and their rows):
+//   |ddq_i,d| <= |scale| |dD_i| sum_j P_ij |k_j,d|,  |ddk_j,d| <= |scale| sum_(h,i) P_ij |dD_i| |q_i,d|.
+// The largest over each gradient's elements is returned (dv = (P o M)^T dO has no D). The
+// engine's remaining error (fp32 arithmetic, the final rounding) is what SPEC.md's floor
+// stands for, so the check adds the two. Why dD itself and not its a-priori bound
+// u sum_d |dO_i,d out_i,d|: that adds every rounding with one sign, over Dv and over dk's rows,
+// and reached a quarter of dk's largest element in bf16 (hiding an engine off by 10%); with
+// dD, a gradient off by 1e-2 (fp16) or 1e-1 (bf16) is caught wherever SPEC.md's rule does.
+struct StoredOutError {
+  double dq = 0, dk = 0;
+};
+StoredOutError stored_out_error(const Buffer& q, const Buffer& k, const Buffer& v, const Buffer& out,
+                                const Buffer& dout, const flashattn::Options& o, int32_t dtype) {
+  StoredOutError worst;
+  if ((dtype != FA_FLOAT16 && dtype != FA_BFLOAT16) || q.t.ndim != 4 || k.t.ndim != 4 || out.t.ndim != 4)
+    return worst;
+  const int64_t B = q.t.sizes[0], Sq = q.t.sizes[1], H = q.t.sizes[2], D = q.t.sizes[3];
+  const int64_t Sk = k.t.sizes[1], Hk = k.t.sizes[2], Dv = out.t.sizes[3];
+  if (B <= 0 || Sq <= 0 || Sk <= 0 || H <= 0 || Hk <= 0 || H % Hk != 0 || D <= 0 || Dv <= 0) return worst;
+  const double scale = std::abs(o.softmax_scale ? double(*o.softmax_scale) : 1 / std::sqrt(double(D)));
+  const double ulp = dtype == FA_FLOAT16 ? 0x1p-10 : 0x1p-7, normal = dtype == FA_FLOAT16 ? 0x1p-14 : 0x1p-126;
+  using flashattn::reference::gather;
+  const std::vector<double> Q = gather(q.view()), K = gather(k.view()), O = gather(out.view()), dO = gather(dout.view());
+  const std::vector<double> exact = flashattn::reference::forward(q.view(), k.view(), v.view(), o).out;
+  // exp(s - max) where visible (negated where dropped), 0 elsewhere: (B, H, Sq, Sk).
+  const std::vector<double> probs = flashattn::reference::attention_probabilities(q.view(), k.view(), o).probs;
+  std::vector<double> dk(static_cast<size_t>(B * Sk * Hk * D), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Sq; ++i) {
+        const size_t row = static_cast<size_t>((b * Sq + i) * H + h);
+        const double* p = &probs[static_cast<size_t>(((b * H + h) * Sq + i) * Sk)];
+        double sum = 0;
+        for (int64_t j = 0; j < Sk; ++j) sum += std::abs(p[j]);
+        if (!(sum > 0)) continue;  // sees no key: its gradients are 0
+        double dD = 0, cut = 0;
+        for (size_t d = row * size_t(Dv); d < (row + 1) * size_t(Dv); ++d) {
+          dD += dO[d] * (O[d] - exact[d]);
+          cut += std::abs(dO[d]) * std::max(std::abs(O[d]), normal);
+        }
+        dD = std::min(std::abs(dD), ulp * cut);
+        const size_t hk = static_cast<size_t>(h / (H / Hk));
+        for (size_t d = 0; d < size_t(D); ++d) {
+          double dq = 0;
+          for (size_t j = 0; j < size_t(Sk); ++j) {
+            const double pj = std::abs(p[j]) / sum;
+            const size_t key = ((size_t(b) * size_t(Sk) + j) * size_t(Hk) + hk) * size_t(D) + d;
+            dq += pj * std::abs(K[key]);
+            dk[key] += pj * dD * std::abs(Q[row * size_t(D) + d]);
+          }
+          worst.dq = std::max(worst.dq, scale * dD * dq);
+        }
+      }
+  for (double x : dk) worst.dk = std::max(worst.dk, scale * x);
+  if (!std::isfinite(worst.dq)) worst.dq = 0;  // a scale that is not finite: NaN/Inf, matched exactly
+  if (!std::isfinite(worst.dk)) worst.dk = 0;
+  return worst;
+}
 
 }  // namespace
 
@@ -190,10 +262,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } grads[] = {{&dq, &exact.dq, &low.dq, "dq", Gradient::dQ},
                {&dk, &exact.dk, &low.dk, "dk", Gradient::dK},
                {&dv, &exact.dv, &low.dv, "dv", Gradient::dV}};
+  std::optional<StoredOutError> stored;  // computed where SPEC.md's tolerance is exceeded
   for (const auto& g : grads) {
-    const flashattn::reference::Check check = flashattn::reference::check_backward(
+    flashattn::reference::Check check = flashattn::reference::check_backward(
         static_cast<flashattn::DType>(dtype), flashattn::reference::gather(g.got->view()), *g.exact, *g.low, magnitude,
         flashattn::reference::floor_scale(g.which, o, D));
+    // SPEC.md's floor plus the error the rounded out brings, where that is above SPEC.md's
+    // tolerance (the 3x term, where not exact by luck, already holds it).
+    if (!check.passed() && g.which != Gradient::dV && dtype != FA_FLOAT32) {
+      if (!stored) stored = stored_out_error(q, k, v, out, dout, o, dtype);
+      const double floor = check.tolerance - 3 * flashattn::reference::max_abs_error(*g.low, *g.exact);
+      check.tolerance = std::max(check.tolerance, floor + (g.which == Gradient::dQ ? stored->dq : stored->dk));
+    }
+    if (std::getenv("FUZZ_DEBUG") != nullptr)
+      std::fprintf(stderr, "%s: max abs error %g, tolerance %g\n", g.name, check.max_abs_error, check.tolerance);
     if (!check.passed()) {
       std::fprintf(stderr, "%s: max abs error %g > tolerance %g\n", g.name, check.max_abs_error, check.tolerance);
       fail("an accepted backward's gradient differs from the reference");
