@@ -65,6 +65,9 @@ struct Tiles {
   float* lse;   // kBackwardBlockQ
   float* d;     // kBackwardBlockQ: D_i = rowsum(dO o O)
   float* row;   // Dv: one row of out in fp32
+  // Set by Pass::tile: no entry of P o M (of dS) that the products read is exactly 0, so
+  // accumulate_pv may skip its own, scalar, check for zeros (Weights::no_zeros).
+  bool p_no_zeros = false, ds_no_zeros = false;
 
   static int64_t floats(int head_dim, int head_dim_v, float* base = nullptr, Tiles* t = nullptr) {
     int64_t used = 0;
@@ -143,6 +146,7 @@ struct Pass {
   void tile(const SequenceView& seq, int32_t b, int32_t h, int64_t i0, int rows, int64_t j0,
             int cols, Tiles& t) const {
     const int D = p.head_dim, Dv = p.head_dim_v;
+    int p_zeros = 0, ds_zeros = 0;  // counts, not bools: integer sums vectorise
     score_tile(t.q, t.kt, t.p, rows, D);
     modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
     score_tile(t.dout, t.vt, t.ds, rows, Dv);  // dO V^T
@@ -153,9 +157,11 @@ struct Pass {
       if (lse == -std::numeric_limits<float>::infinity()) {  // the row saw no key at all
         std::fill(prob, prob + kBlockK, 0.0f);
         std::fill(ds, ds + kBlockK, 0.0f);
+        p_zeros += cols;
+        ds_zeros += cols;
         continue;
       }
-      for (int j = 0; j < kBlockK; ++j) prob[j] = exp_approx(prob[j] - lse);  // masked: 0
+      backward_probabilities(prob, lse);  // masked: 0
       if (dropout != nullptr) {
         float* m = t.mul + static_cast<int64_t>(r) * kBlockK;
         dropout_multipliers(*dropout, b, h, i0 + r, j0, cols, m);
@@ -171,7 +177,16 @@ struct Pass {
         const float* g = t.grad + static_cast<int64_t>(r) * kBlockK;
         for (int j = 0; j < cols; ++j) ds[j] *= g[j];
       }
+      // While the row is in L1: the zeros accumulate_pv would otherwise look for itself, in
+      // every register block of rows of each of the tile's three (or one) products.
+#pragma omp simd reduction(+ : p_zeros, ds_zeros)
+      for (int j = 0; j < cols; ++j) {
+        p_zeros += prob[j] == 0.0f;
+        ds_zeros += ds[j] == 0.0f;
+      }
     }
+    t.p_no_zeros = p_zeros == 0;
+    t.ds_no_zeros = ds_zeros == 0;
   }
 
   // Pass 1: dK and dV of keys [j0, j0 + kBlockK) of (b, kv head hk). with_dq (fp32 only,
@@ -205,7 +220,7 @@ struct Pass {
         load_queries(seq, b, h, i0, rows, t);
         tile(seq, b, h, i0, rows, j0, cols, t);
         // The tiles read transposed: row j of (P o M)^T is column j of P o M.
-        const Weights pt{t.p, 1, kBlockK}, dst{t.ds, 1, kBlockK};
+        const Weights pt{t.p, 1, kBlockK, t.p_no_zeros}, dst{t.ds, 1, kBlockK, t.ds_no_zeros};
         accumulate_pv(pt, t.dout, Dv, t.acc_v, Dv, cols, rows, Dv);  // dV += (P o M)^T dO
         accumulate_pv(dst, t.q, D, t.acc, D, cols, rows, D);  // dK += dS^T (q * query_scale)
         if constexpr (std::is_same_v<T, float>) {
@@ -214,7 +229,8 @@ struct Pass {
                             seq.k_row0 + j0, hk);
             T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
                        seq.q_row0 + i0, h);
-            accumulate_pv(Weights{t.ds, kBlockK, 1}, k, p.k_row_stride, dq, bp.dq_row_stride,
+            accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, k, p.k_row_stride, dq,
+                          bp.dq_row_stride,
                           rows, cols, D);
           }
         }
@@ -284,7 +300,8 @@ struct Pass {
                       p.v_row_stride, cols, Dv, t.vt);
       tile(seq, b, h, i0, rows, j0, cols, t);
       // dQ += dS K
-      accumulate_pv(Weights{t.ds, kBlockK, 1}, k_rows, k_row_stride, t.acc, D, rows, cols, D);
+      accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, k_rows, k_row_stride, t.acc, D,
+                    rows, cols, D);
     }
     T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
                seq.q_row0 + i0, h);

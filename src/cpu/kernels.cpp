@@ -212,8 +212,9 @@ template <typename V, int R, int C>
 FA_INLINE void pv_rows(Weights p, const float* v, int64_t v_row_stride, float* acc,
                        int64_t acc_row_stride, int cols, int head_dim_v) {
   int zeros = 0;  // a count, not a bool: an integer sum vectorises
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < cols; ++j) zeros += p.data[r * p.row_stride + j * p.col_stride] == 0.0f;
+  if (!p.no_zeros)  // else the caller knows that there are none (see Weights)
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < cols; ++j) zeros += p.data[r * p.row_stride + j * p.col_stride] == 0.0f;
   if (zeros != 0)
     pv_columns<V, R, C, true>(p, v, v_row_stride, acc, acc_row_stride, cols, head_dim_v);
   else
@@ -225,7 +226,7 @@ FA_INLINE void accumulate_pv_blocked(Weights p, const float* v, int64_t v_row_st
                                      int64_t acc_row_stride, int rows, int cols,
                                      int head_dim_v) {
   const auto rows_from = [&](int i) {
-    return Weights{p.data + i * p.row_stride, p.row_stride, p.col_stride};
+    return Weights{p.data + i * p.row_stride, p.row_stride, p.col_stride, p.no_zeros};
   };
   int i = 0;
   for (; i + R <= rows; i += R)
@@ -241,7 +242,15 @@ using Float4 = float __attribute__((vector_size(16)));
 using Float8 = float __attribute__((vector_size(32)));
 using Float16 = float __attribute__((vector_size(64)));
 
+FA_INLINE void backward_probabilities_row(float* prob, float lse) {
+  for (int j = 0; j < kBlockK; ++j) prob[j] = exp_approx(prob[j] - lse);
+}
+void backward_probabilities_variant(float* prob, float lse) {
+  backward_probabilities_row(prob, lse);
+}
+
 using ScoreTile = void (*)(const float*, const float*, float*, int, int);
+using BackwardProbabilities = void (*)(float*, float);
 using AccumulatePv = void (*)(Weights, const float*, int64_t, float*, int64_t, int, int, int);
 
 // One variant per instruction set, with the register block that fills its register file:
@@ -261,6 +270,7 @@ void accumulate_pv_variant(Weights p, const float* v, int64_t v_row_stride, floa
 struct TileProducts {
   ScoreTile score_tile;
   AccumulatePv accumulate_pv;
+  BackwardProbabilities backward_probabilities;
 };
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
@@ -289,16 +299,26 @@ void accumulate_pv_avx2(Weights p, const float* v, int64_t v_row_stride, float* 
                                       head_dim_v);
 }
 
+FA_TARGET("avx512f,avx2,fma")
+void backward_probabilities_avx512(float* prob, float lse) {
+  backward_probabilities_row(prob, lse);
+}
+FA_TARGET("avx2,fma")
+void backward_probabilities_avx2(float* prob, float lse) { backward_probabilities_row(prob, lse); }
+
 TileProducts pick_tile_products() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return {score_tile_avx512, accumulate_pv_avx512};
+  if (__builtin_cpu_supports("avx512f"))
+    return {score_tile_avx512, accumulate_pv_avx512, backward_probabilities_avx512};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {score_tile_avx2, accumulate_pv_avx2};
-  return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>};
+    return {score_tile_avx2, accumulate_pv_avx2, backward_probabilities_avx2};
+  return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>,
+          backward_probabilities_variant};
 }
 #else
 TileProducts pick_tile_products() {
-  return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>};
+  return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>,
+          backward_probabilities_variant};
 }
 #endif
 
@@ -311,6 +331,10 @@ const TileProducts& tile_products() {
 
 void score_tile(const float* q, const float* kt, float* s, int rows, int head_dim) {
   tile_products().score_tile(q, kt, s, rows, head_dim);
+}
+
+void backward_probabilities(float* prob, float lse) {
+  tile_products().backward_probabilities(prob, lse);
 }
 
 void accumulate_pv(Weights p, const float* v, int64_t v_row_stride, float* acc,

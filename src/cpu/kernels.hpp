@@ -49,12 +49,27 @@ void score_tile(const float* q, const float* kt, float* s, int rows, int head_di
 // (relative to the new max) and rescales the row's output accumulator.
 void softmax_step(float* scores, float* m, float* l, float* acc, int head_dim_v);
 
+// prob[j] = exp(prob[j] - lse) for j < kBlockK (masked scores, -inf, give 0): the backward's
+// recomputed probabilities of one row. Here, with the tile products' dispatch, rather than
+// in backward.cpp, which is compiled for baseline x86-64 only: there the exp ran 4 floats
+// wide without FMA, and was most of the backward's time outside the five tile products.
+// 8 wide with FMA: +2 to +5 % fp32 forward + backward at 2k, 1 thread (AVX2, Zen 1). The
+// gradients move by a few ulp (FMA rounds the polynomial differently).
+void backward_probabilities(float* prob, float lse);
+
 // A tile of weights read as p(i, j) = data[i * row_stride + j * col_stride]: a score tile
 // ({kBlockK, 1}) or, read transposed, its columns as rows ({1, kBlockK}; the backward's
 // P^T dO and dS^T Q, without copying the transpose out).
 struct Weights {
   const float* data;
   int64_t row_stride, col_stride;
+  // The caller has checked that no weight that accumulate_pv reads is exactly 0, so it skips
+  // its own check per register block of rows. That check runs over every weight with the
+  // tile's strides unknown at compile time, so it stays scalar: in the backward (three
+  // products per tile) it was a seventh of accumulate_pv's time at head dim 64, where a
+  // vectorised scan of each tile row as it is written costs next to nothing (+4 to +7 %
+  // fp32 forward + backward at 2k, 1 thread, AVX2 Zen 1; bitwise the same gradients).
+  bool no_zeros = false;
 };
 
 // acc[i][:] += sum_{j < cols, p(i, j) != 0} p(i, j) * v[j][:] for i < rows; v is cols rows
