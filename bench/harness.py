@@ -590,17 +590,29 @@ def poisoned_allocations(device: str, blocks_of: Iterable[tuple]):
     yield addresses
 
 
-def reference_rows(q_rows, k, v, positions, seqlen_q: int, causal: bool):
+def reference_rows(q_rows, k, v, positions, seqlen_q: int, causal: bool,
+                   window: tuple = (-1, -1), softcap: float = 0.0, alibi_slope=None):
     """Float64 attention of some query rows of one head: q_rows (r, D), k and v (Sk, D),
-    positions (r,) the rows' indices among seqlen_q queries; the causal mask bottom-right
-    aligned (query i sees keys j <= i + Sk - Sq). Returns out (r, D) and lse (r,)."""
+    positions (r,) the rows' indices among seqlen_q queries; the masks bottom-right aligned
+    (query i's diagonal is key i + Sk - Sq: causal sees keys j <= it, window (left, right)
+    keys [it - left, it + right], -1 unbounded). In docs/SPEC.md's order: the scaled scores,
+    softcap * tanh(s / softcap) when softcap > 0, -alibi_slope * |diagonal - j| when a slope
+    is given, the masks. Returns out (r, D) and lse (r,)."""
     import torch
     q64, k64, v64 = q_rows.double(), k.double(), v.double()
     scores = (q64 @ k64.T) * (q_rows.shape[-1] ** -0.5)
-    if causal:
-        keys = torch.arange(k.shape[0], device=k.device)
-        limit = positions.to(k.device)[:, None] + (k.shape[0] - seqlen_q)
-        scores.masked_fill_(keys[None, :] > limit, float("-inf"))
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    keys = torch.arange(k.shape[0], device=k.device)[None, :]
+    diagonal = positions.to(k.device)[:, None] + (k.shape[0] - seqlen_q)
+    if alibi_slope is not None:
+        scores -= float(alibi_slope) * (diagonal - keys).abs()
+    left, right = window
+    right = 0 if causal else right
+    if right >= 0:
+        scores.masked_fill_(keys > diagonal + right, float("-inf"))
+    if left >= 0:
+        scores.masked_fill_(keys < diagonal - left, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     return torch.exp(scores - lse[:, None]) @ v64, lse
 
@@ -650,17 +662,22 @@ def verdict(ours_err: float, scale: float, dtype: str, peer_err: float | None,
 
 
 def check_attention(out, lse, q, kv_of: Callable, causal: bool, dtype: str, pairs,
-                    peer_name: str | None, peer_out, poisoned: bool) -> dict:
+                    peer_name: str | None, peer_out, poisoned: bool,
+                    window: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None) -> dict:
     """Ours's out (B, Sq, H, D) and lse (B, H, Sq) (None: not checked) on the (batch, head)
     pairs against the float64 reference of sample_rows of the queries (kv_of(b, h) gives the
     key and value rows (Sk, D) query head h reads), and against a peer's out on the whole
-    tensor. Non-finite elements fail it."""
+    tensor. window, softcap and alibi_slopes ((H,) or (B, H)) as flash_attn_func takes them
+    (reference_rows). Non-finite elements fail it."""
     seqlen_q = q.shape[1]
     rows = sample_rows(seqlen_q)
     ours_err = peer_err = lse_err = scale = 0.0
     for b, h in pairs:
         k, v = kv_of(b, h)
-        ref, ref_lse = reference_rows(q[b, rows.to(q.device), h], k, v, rows, seqlen_q, causal)
+        slope = None if alibi_slopes is None else \
+            alibi_slopes[h] if alibi_slopes.dim() == 1 else alibi_slopes[b, h]
+        ref, ref_lse = reference_rows(q[b, rows.to(q.device), h], k, v, rows, seqlen_q, causal,
+                                      window, softcap, slope)
         scale = max(scale, float(ref.abs().max()))
         ours_err = max(ours_err, max_abs(out[b, rows.to(out.device), h], ref))
         if lse is not None:
@@ -679,9 +696,10 @@ def check_attention(out, lse, q, kv_of: Callable, causal: bool, dtype: str, pair
             "slices": [list(p) for p in pairs], "rows_per_slice": int(rows.numel())} | figures
 
 
-def first_working_peer(args, run: Callable[[], Any]):
-    """(name, result) of the first peer whose context runs `run`, or (None, None)."""
-    for peer in args.peer_list:
+def first_working_peer(args, run: Callable[[], Any], peers: Sequence[str] | None = None):
+    """(name, result) of the first peer (of `peers`, default all asked for) whose context runs
+    `run`, or (None, None)."""
+    for peer in args.peer_list if peers is None else [p for p in args.peer_list if p in peers]:
         try:
             with sdpa_context(peer)():
                 return peer, run()

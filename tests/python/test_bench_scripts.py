@@ -1,7 +1,9 @@
 """The benchmarks in bench/ run through the installed package: forward.py, backward.py,
-decode.py, overhead.py and grid.py with --device cpu --quick (the CPU backend, tiny shapes; the peers and
-CUDA graphs are recorded as not available), each writing its JSON with the check of ours
-passed; grid.py's grid_latest.json in the schema docs/results/h200_grid_latest.json keeps;
+decode.py, overhead.py, forward_features.py and grid.py with --device cpu --quick (the CPU
+backend, tiny shapes; the peers and CUDA graphs are recorded as not available), each writing
+its JSON with the check of ours passed; forward_features.py with a row of each feature and
+its FLOP counts (the window's visible pairs, the sum over the ragged sequences); grid.py's
+grid_latest.json in the schema docs/results/h200_grid_latest.json keeps;
 cpu.py --quick (ours against torch SDPA on CPU) with both systems timed at every point."""
 import json
 import pathlib
@@ -25,7 +27,8 @@ def run(script, out, *extra):
     return done
 
 
-@pytest.mark.parametrize("script", ["forward.py", "backward.py", "decode.py", "overhead.py"])
+@pytest.mark.parametrize("script", ["forward.py", "backward.py", "decode.py", "overhead.py",
+                                    "forward_features.py"])
 def test_a_benchmark_runs_ours_and_checks_it(script, tmp_path):
     run(script, tmp_path)
     name = script[:-3]
@@ -45,6 +48,19 @@ def test_a_benchmark_runs_ours_and_checks_it(script, tmp_path):
     if name == "decode":
         assert {row["paged"] for row in document["rows"]} == {False, True}
         assert document["meta"]["copy_bandwidth"]["tbps"] > 0
+    if name == "forward_features":
+        rows = {(row["feature"], row["causal"]): row for row in document["rows"]}
+        assert {feature for feature, _ in rows} == {"gqa", "window", "varlen", "softcap", "alibi"}
+        window = rows["window", True]
+        left, right = window["window"]
+        assert right == 0  # causal, `left` keys back: query i sees keys max(0, i - left) .. i
+        pairs = sum(min(i, left) + 1 for i in range(window["seqlen"]))
+        assert window["flops"] == 4 * window["hdim"] * window["batch"] * window["heads"] * pairs
+        for causal in (False, True):
+            varlen = rows["varlen", causal]
+            assert varlen["seqlen"] == max(varlen["lengths"]) and len(varlen["check"]["sequences"])
+            full = sum(4 * varlen["heads"] * n * n * varlen["hdim"] for n in varlen["lengths"])
+            assert varlen["flops"] == (full / 2 if causal else full)
 
 
 def test_grid_writes_the_schema(tmp_path):
