@@ -304,6 +304,9 @@ struct VarlenCase {
   int64_t extra_rows = 0;  // rows past cu_seqlens[B] in every tensor: never read nor written
   int64_t page_size = 0;      // > 0: the backend gets the keys paged (page_keys), the
   bool packed_pages = false;  // reference the same keys dense
+  // NaN in every row of q, k and v that no sequence reads (past seqused_k, past
+  // cu_seqlens[B]): a kernel that lets one into a result fails. Dense keys only.
+  bool nan_unread_rows = false;
 };
 
 void run_varlen_case(const VarlenCase& vc) {
@@ -325,6 +328,19 @@ void run_varlen_case(const VarlenCase& vc) {
   for (int32_t n : vc.lens_k)
     used.push_back(std::uniform_int_distribution<int32_t>(0, n)(rng()));
   Buffer used_buf = int32_buffer(used);
+  if (vc.nan_unread_rows) {
+    const auto poison_rows = [](Buffer& t, int64_t begin, int64_t end, int64_t row_elements) {
+      for (int64_t i = begin * row_elements; i < end * row_elements; ++i) t.set(i, std::nanf(""));
+    };
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t read_end = cu_k[size_t(b)] + (vc.seqused ? used[size_t(b)] : vc.lens_k[size_t(b)]);
+      poison_rows(k, read_end, cu_k[size_t(b) + 1], Hk * D);
+      poison_rows(v, read_end, cu_k[size_t(b) + 1], Hk * D);
+    }
+    poison_rows(k, total_k, rows_k, Hk * D);
+    poison_rows(v, total_k, rows_k, Hk * D);
+    poison_rows(q, total_q, rows_q, H * D);
+  }
 
   Varlen varlen;
   varlen.cu_seqlens_q = cuq.view({B + 1});
@@ -495,6 +511,31 @@ TEST(Varlen, PagedLongSequences) {
     vc.page_size = page_size;
     run_varlen_case(vc);
   }
+}
+
+// Rows no sequence reads hold NaN: the unused keys past seqused_k and the rows past
+// cu_seqlens[B]. Sequences end inside key blocks and inside a warp's 16 query rows (the CUDA
+// TMA kernel reads whole blocks of the packed tensor and stores whole warps' rows where
+// they lie inside the sequence), at every head-dim bucket, masks and GQA.
+TEST(Varlen, RowsNoSequenceReadsNeverReachTheResult) {
+  int n = 0;
+  for (int64_t d : {40, 64, 128, 136, 256})
+    for (const Mask& m : {kMasks[0], kMasks[1]}) {
+      VarlenCase vc;
+      vc.lens_q = {37, 130, 1, 200};
+      vc.lens_k = {150, 77, 129, 300};
+      vc.heads = 4;
+      vc.heads_k = n % 2 ? 1 : 2;
+      vc.head_dim = d;
+      vc.dtype = n % 2 ? DType::BFloat16 : backend_dtype(DType::Float32);
+      vc.mask = m;
+      vc.seqused = n % 3 != 2;
+      vc.extra_rows = 70;
+      vc.softcap = n % 4 == 3 ? 2.5f : 0.0f;
+      vc.nan_unread_rows = true;
+      run_varlen_case(vc);
+      ++n;
+    }
 }
 
 TEST(Varlen, LongRaggedSequences) {

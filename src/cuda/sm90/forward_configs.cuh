@@ -125,13 +125,14 @@ void launch_forward(const ForwardParams& p) {
   kernel<<<forward_ctas(tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(tiles);
 }
 
-// Launches the TMA kernel for a dense call (no cu_seqlens, no block table); false, launching
-// nothing, where it cannot take the call: not dense, a general call on a shape without that
+// Launches the TMA kernel for a dense or varlen call (no block table); false, launching
+// nothing, where it cannot take the call: paged, varlen on a shape that does not take it, a
+// general call on a shape without that
 // variant, its code or shared memory not here, FLASHATTN_SM90_FORWARD_LOADS=cp.async, or
 // tensors TMA cannot describe.
 template <typename Cfg>
 bool launch_forward_ws(const ForwardParams& p) {
-  if (p.is_varlen() || p.is_paged() || !knobs::sm90_forward_uses_tma() ||
+  if (p.is_paged() || (p.is_varlen() && !Cfg::kTakesVarlen) || !knobs::sm90_forward_uses_tma() ||
       (!Cfg::kHasGeneral && needs_general_variant(p)))
     return false;
   static PerDevice<bool> sm90_code;

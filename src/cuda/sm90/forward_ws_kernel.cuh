@@ -24,9 +24,14 @@
 // after the tile's last S and the next tile's Q loads under the last P V and the epilogue;
 // at 256 O is staged in the warp's own rows of Q, released after the store has read them.
 //
-// It takes dense calls (no cu_seqlens, no block table): their tensors are 4-D boxes TMA
-// reads directly, rows past a sequence's end filled with zeros. Every other forward feature
-// as in the cp.async kernel (forward_kernel.cuh, whose Tile and mask code it shares).
+// It takes dense and varlen calls (no block table). Dense tensors are 4-D boxes TMA reads
+// directly, rows past a sequence's end filled with zeros. A varlen batch is one tensor of all
+// its sequences' rows (cu_seqlens): a block at a sequence's end reads rows of the next one,
+// where keys are masked anyway and the producer warp zeroes the values' rows (0 x NaN is NaN,
+// and seqused_k leaves rows of the caller's memory that nothing promises to be finite), and a
+// warp whose 16 rows of O cross the sequence's end stores its rows itself instead of by TMA.
+// Every other forward feature as in the cp.async kernel (forward_kernel.cuh, whose Tile and
+// mask code it shares).
 #pragma once
 
 #include <cuda.h>
@@ -52,12 +57,15 @@ struct WsForwardConfig {
   // shape without it takes plain calls only.
   static constexpr bool kHasGeneral = kHasGeneral_;
   static constexpr int kConsumers = kConsumers_;  // warpgroups of 64 query rows: 2 or 3
+  // Whether varlen calls may take this shape: at three consumers' 160 registers the epilogue's
+  // varlen branch (rows of O stored by the warp) makes ptxas spill in the main loop.
+  static constexpr bool kTakesVarlen = kConsumers == 2;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kPanels = kHeadDim / 64;
   static constexpr int kQBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
   static constexpr int kTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
+  static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);
   // 1 KiB to align the base to a swizzle atom, Q, the K and V rings, the barriers, and the
   // O buffer (as large as Q) where the 227 KiB of an H100/H200 CTA hold it.
   // The barriers' area is padded to a whole atom when O's buffer follows it.
@@ -89,7 +97,7 @@ template <typename Cfg>
 struct WsShared {
   uint32_t q, k, v;    // shared addresses: Q, then kStages K tiles, then kStages V tiles
   uint32_t o;          // O's staging buffer: after the barriers, or Q itself
-  uint64_t* barriers;  // q_full, q_empty, then per stage k_full, k_empty, v_full, v_empty
+  uint64_t* barriers;  // q_full, q_empty, per stage k_full, k_empty, v_full, v_empty, tail
 
   __device__ explicit WsShared(unsigned char* raw) {
     const uint32_t base = ptx::shared_address(raw);
@@ -105,6 +113,9 @@ struct WsShared {
   // The ring's barriers: kv = 0 for K, 1 for V.
   __device__ Mbarrier full(int kv, int stage) const { return {barriers + 2 + 4 * stage + 2 * kv}; }
   __device__ Mbarrier empty(int kv, int stage) const { return {barriers + 3 + 4 * stage + 2 * kv}; }
+  // Where a varlen tile's last V block lands before the producer zeroes its rows past the
+  // sequence and completes the stage's full barrier itself.
+  __device__ Mbarrier tail_landed() const { return {barriers + 2 + 4 * Cfg::kStages}; }
 };
 inline constexpr int kKeysRing = 0, kValuesRing = 1;
 
@@ -118,47 +129,83 @@ __device__ __forceinline__ int64_t tile_of_round(const ForwardTiles& tiles, int6
   return index < tiles.tiles ? index : -1;
 }
 
-// The producer thread: every load of every tile of this CTA, in the order the consumers
-// read them, each as soon as its buffer is free.
+// The producer warp: every load of every tile of this CTA, in the order the consumers read
+// them, each as soon as its buffer is free; lane 0 issues them, the whole warp zeroes the
+// rows of a varlen tile's last V block that lie past its sequence.
 template <typename Cfg>
 __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShared<Cfg>& sh) {
   const ForwardTiles& tiles = args.tiles;
-  prefetch_tensor_map(&args.q);
-  prefetch_tensor_map(&args.k);
-  prefetch_tensor_map(&args.v);
-  prefetch_tensor_map(&args.out);
-  int tile_count = 0, k_iteration = 0, v_iteration = 0;
+  const ForwardParams& p = tiles.p;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const bool issues = lane == 0;
+  if (issues) {
+    prefetch_tensor_map(&args.q);
+    prefetch_tensor_map(&args.k);
+    prefetch_tensor_map(&args.v);
+    prefetch_tensor_map(&args.out);
+  }
+  int tile_count = 0, k_iteration = 0, v_iteration = 0, tails = 0;
+  // Rows [row, row + kBlockN) of the tensor into the ring's next buffer; rows from
+  // `zero_from` on (< kBlockN: a varlen V block at its sequence's end) are zeroed after landing.
   const auto load_kv = [&](const void* map, uint32_t ring, int kv, int& iteration, int64_t row, int head,
-                           int batch) {
+                           int batch, int zero_from) {
     const RingSlot slot = ring_slot<Cfg::kStages>(iteration++);
     sh.empty(kv, slot.stage).wait(slot.parity ^ 1);
     const Mbarrier full = sh.full(kv, slot.stage);
-    full.arrive_expect_bytes(Cfg::kTileBytes);
+    const bool zeroes = zero_from < Cfg::kBlockN;
+    const Mbarrier landed = zeroes ? sh.tail_landed() : full;
     const uint32_t dst = ring + slot.stage * Cfg::kTileBytes;
+    if (issues) {
+      landed.arrive_expect_bytes(Cfg::kTileBytes);
 #pragma unroll
-    for (int panel = 0; panel < Cfg::kPanels; ++panel)
-      tma_load(dst + panel * Cfg::kBlockN * 128, map, panel * 64, static_cast<int32_t>(row), head, batch, full);
+      for (int panel = 0; panel < Cfg::kPanels; ++panel)
+        tma_load(dst + panel * Cfg::kBlockN * 128, map, panel * 64, static_cast<int32_t>(row), head, batch, landed);
+    }
+    if (zeroes) {
+      landed.wait(static_cast<uint32_t>(tails++ & 1));
+      // Whole 128-byte rows of every panel: the swizzle only permutes chunks within a row.
+      for (int r = zero_from + lane / 8; r < Cfg::kBlockN; r += 4)
+#pragma unroll
+        for (int panel = 0; panel < Cfg::kPanels; ++panel)
+          ptx::st_shared_128(dst + (panel * Cfg::kBlockN + r) * 128 + (lane % 8) * 16, make_uint4(0, 0, 0, 0));
+      ptx::fence_proxy_async_shared();  // the zeros, visible to the wgmmas that read the stage
+      __syncwarp();
+      if (issues) full.arrive();
+    }
   };
+  // Varlen tensors are one batch element of all the sequences' rows.
+  const bool varlen = p.is_varlen();
   for (int64_t round = 0, index; (index = tile_of_round(tiles, round)) >= 0; ++round) {
     const Tile<Cfg> tile(tiles, index);
     if (tile.rows_here <= 0) continue;
-    const int hk = tile.h / tiles.p.group_size();
+    const int hk = tile.h / p.group_size();
+    const int batch = varlen ? 0 : tile.b;
     sh.q_empty().wait(static_cast<uint32_t>(tile_count & 1) ^ 1);
-    sh.q_full().arrive_expect_bytes(Cfg::kQBytes);
+    if (issues) {
+      sh.q_full().arrive_expect_bytes(Cfg::kQBytes);
 #pragma unroll
-    for (int panel = 0; panel < Cfg::kPanels; ++panel)
-      tma_load(sh.q + panel * Cfg::kBlockM * 128, &args.q, panel * 64, static_cast<int32_t>(tile.m0), tile.h,
-               tile.b, sh.q_full());
+      for (int panel = 0; panel < Cfg::kPanels; ++panel)
+        tma_load(sh.q + panel * Cfg::kBlockM * 128, &args.q, panel * 64, static_cast<int32_t>(tile.seq.q_row0 + tile.m0),
+                 tile.h, batch, sh.q_full());
+    }
     ++tile_count;
     // K(n) goes a block ahead of V(n - 1): the consumers use them in that order.
-    for (int n = 0; n < tile.n_blocks; ++n) {
+    const int64_t k_row0 = tile.seq.k_row0;
+    const auto load_v = [&](int n) {
       const int64_t j0 = tile.keys.begin + int64_t{n} * Cfg::kBlockN;
-      load_kv(&args.k, sh.k, kKeysRing, k_iteration, j0, hk, tile.b);
-      if (n > 0) load_kv(&args.v, sh.v, kValuesRing, v_iteration, j0 - Cfg::kBlockN, hk, tile.b);
+      // Rows past the sequence inside the tensor: the next sequence's or unused (seqused_k).
+      const bool inside = varlen && k_row0 + tile.seq.seqlen_k < p.total_k;
+      const int zero_from = inside && j0 + Cfg::kBlockN > tile.seq.seqlen_k
+                                ? static_cast<int>(tile.seq.seqlen_k - j0)
+                                : Cfg::kBlockN;
+      load_kv(&args.v, sh.v, kValuesRing, v_iteration, k_row0 + j0, hk, batch, zero_from);
+    };
+    for (int n = 0; n < tile.n_blocks; ++n) {
+      load_kv(&args.k, sh.k, kKeysRing, k_iteration, k_row0 + tile.keys.begin + int64_t{n} * Cfg::kBlockN, hk, batch,
+              Cfg::kBlockN);
+      if (n > 0) load_v(n - 1);
     }
-    if (tile.n_blocks > 0)
-      load_kv(&args.v, sh.v, kValuesRing, v_iteration,
-              tile.keys.begin + int64_t{tile.n_blocks - 1} * Cfg::kBlockN, hk, tile.b);
+    if (tile.n_blocks > 0) load_v(tile.n_blocks - 1);
   }
 }
 
@@ -393,14 +440,38 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
             l == 0.0f ? -INFINITY : (row_max[r] * exp_scale + log2f(l)) * 0.6931471805599453f;
     }
     // The rows' generic-proxy writes, made visible to the TMA unit, then one thread's store.
+    // A varlen tensor holds the next sequence's rows after this one's: a warp whose rows
+    // cross the end writes the rows inside from the staging buffer itself.
     ptx::fence_proxy_async_shared();
     __syncwarp();
-    if (lane == 0) {
+    // (The warp's first row behind an opaque copy, for the reason above.)
+    int64_t warp_m0 = m0 + warp_row0;
+    asm volatile("" : "+l"(warp_m0));
+    const int64_t rows_left = seq.seqlen_q - warp_m0;
+    if (!Cfg::kTakesVarlen || !p.is_varlen() || rows_left >= kOutBoxRows) {
+      if (lane == 0) {
 #pragma unroll
-      for (int panel = 0; panel < Cfg::kPanels; ++panel)
-        tma_store(&args.out, sh.o + panel * kBlockM * 128 + warp_row0 * 128, panel * 64,
-                  static_cast<int32_t>(m0 + warp_row0), tile.h, tile.b);
-      if constexpr (!Cfg::kSeparateO) {  // the next tile's Q may overwrite the rows once read
+        for (int panel = 0; panel < Cfg::kPanels; ++panel)
+          tma_store(&args.out, sh.o + panel * kBlockM * 128 + warp_row0 * 128, panel * 64,
+                    static_cast<int32_t>(seq.q_row0 + warp_m0), tile.h, p.is_varlen() ? 0 : tile.b);
+      }
+    } else if (rows_left > 0) {
+      Element* out_rows = static_cast<Element*>(p.out) + (seq.q_row0 + warp_m0) * p.out_row_stride +
+                          int64_t{tile.h} * p.out_head_stride;
+      // 16-byte chunks: 8 per panel row, row-major over (row, panel, chunk).
+      for (int c = epilogue_lane; c < static_cast<int>(rows_left) * Cfg::kPanels * 8; c += 32) {
+        const int row = c / (Cfg::kPanels * 8), panel = c / 8 % Cfg::kPanels, chunk = c % 8;
+        const int col = panel * 64 + chunk * 8;
+        const int buffer_row = warp_row0 + row;
+        if (col < p.head_dim_v)
+          ptx::st_global_128(out_rows + row * p.out_row_stride + col,
+                             ptx::ld_shared_128(sh.o + panel * kBlockM * 128 + buffer_row * 128 +
+                                                ((chunk ^ (buffer_row % 8)) << 4)));
+      }
+      __syncwarp();  // every lane's reads of the rows, before lane 0 releases them below
+    }
+    if constexpr (!Cfg::kSeparateO) {  // the next tile's Q may overwrite the rows once read
+      if (lane == 0) {
         ptx::bulk_wait_read();
         sh.q_empty().arrive();
       }
@@ -427,12 +498,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __gr
         sh.full(kv, s).init(1);
         sh.empty(kv, s).init(Cfg::kConsumers);
       }
+    sh.tail_landed().init(1);
     fence_barrier_init();
   }
   __syncthreads();
   if (warpgroup == 0) {
     release_registers<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<Cfg>(args, sh);
+    if (threadIdx.x < 32) produce<Cfg>(args, sh);
     return;
   }
   claim_registers<Cfg::kConsumerRegisters>();

@@ -24,18 +24,22 @@ struct TiledTensor {
   int64_t row_stride = 0, head_stride = 0, batch_stride = 0;  // elements
 };
 
-// A dense call's q, k and v (and out) as such tensors.
+// A call's q, k and v (and out) as such tensors: dense, (B, S, H, D); varlen, one batch
+// element of all the sequences' rows, (1, total, H, D) (SequenceView's row0 picks a sequence).
 inline TiledTensor tiled_q(const ForwardParams& p) {
-  return {p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride};
+  return {p.q, p.dtype, p.head_dim, p.is_varlen() ? p.total_q : p.seqlen_q, p.heads, p.is_varlen() ? 1 : p.batch,
+          p.q_row_stride, p.q_head_stride, p.q_batch_stride};
 }
 inline TiledTensor tiled_k(const ForwardParams& p) {
-  return {p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_k, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride};
+  return {p.k, p.dtype, p.head_dim, p.is_varlen() ? p.total_k : p.seqlen_k, p.heads_k, p.is_varlen() ? 1 : p.batch,
+          p.k_row_stride, p.k_head_stride, p.k_batch_stride};
 }
 inline TiledTensor tiled_v(const ForwardParams& p) {
-  return {p.v, p.dtype, p.head_dim_v, p.seqlen_k, p.heads_k, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride};
+  return {p.v, p.dtype, p.head_dim_v, p.is_varlen() ? p.total_k : p.seqlen_k, p.heads_k, p.is_varlen() ? 1 : p.batch,
+          p.v_row_stride, p.v_head_stride, p.v_batch_stride};
 }
 inline TiledTensor tiled_out(const ForwardParams& p) {
-  return {p.out, p.dtype, p.head_dim_v, p.seqlen_q, p.heads, p.batch,
+  return {p.out, p.dtype, p.head_dim_v, p.is_varlen() ? p.total_q : p.seqlen_q, p.heads, p.is_varlen() ? 1 : p.batch,
           p.out_row_stride, p.out_head_stride, p.out_batch_stride};
 }
 
