@@ -23,16 +23,19 @@ __device__ __forceinline__ void modify_scores_row(float* s, int r, float score_s
                                                   float slope, int diagonal, int quad_col) {
   constexpr float kLog2e = 1.4426950408889634f;
   // The lane's columns are quad_col + (8 t + e): relative to the quad's first column the
-  // offsets are immediates (a column index per score would hold a register each).
-  const int lane_diagonal = diagonal - quad_col;
+  // offsets are immediates (a column index per score would hold a register each). The
+  // distance is taken in fp32 (exact below 2^24; a conversion per score would occupy the MUFU
+  // unit's pipe, which the exponentials already fill).
+  const float lane_diagonal = static_cast<float>(diagonal - quad_col);
+  const float slope2 = slope * kLog2e;
+  const float cap2 = softcap * kLog2e;
 #pragma unroll
   for (int t = 0; t < kSTiles; ++t)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float x = s[4 * t + 2 * r + e] * score_scale;
-      if (softcap > 0.0f) x = softcap * tanhf(x) * kLog2e;
-      x -= slope * kLog2e * static_cast<float>(abs(lane_diagonal - (t * 8 + e)));
-      s[4 * t + 2 * r + e] = x;
+      if (softcap > 0.0f) x = cap2 * ptx::tanh_for_softcap(x);
+      s[4 * t + 2 * r + e] = fmaf(-slope2, fabsf(lane_diagonal - static_cast<float>(t * 8 + e)), x);
     }
 }
 

@@ -291,7 +291,7 @@ __device__ __forceinline__ void probabilities_and_ds(
         } else {
           x *= score_scale;
           if (softcap) {
-            const float th = tanhf(x);
+            const float th = ptx::tanh_for_softcap(x);
             grad = 1.0f - th * th;
             x = p.softcap * th * kLog2e;
           }

@@ -607,7 +607,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float x = s[t][2 * rr + e] * score_scale;
-          if (softcap) x = p.softcap * tanhf(x) * kLog2e;
+          if (softcap) x = p.softcap * ptx::tanh_for_softcap(x) * kLog2e;
           s[t][2 * rr + e] = x;
         }
       if (alibi) {
