@@ -29,14 +29,20 @@ __device__ __forceinline__ void modify_scores_row(float* s, int r, float score_s
   const float lane_diagonal = static_cast<float>(diagonal - quad_col);
   const float slope2 = slope * kLog2e;
   const float cap2 = softcap * kLog2e;
+  const auto modify = [&](auto cap) {  // cap(x): the softcap, or nothing
 #pragma unroll
-  for (int t = 0; t < kSTiles; ++t)
+    for (int t = 0; t < kSTiles; ++t)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float x = s[4 * t + 2 * r + e] * score_scale;
-      if (softcap > 0.0f) x = cap2 * ptx::tanh_for_softcap(x);
-      s[4 * t + 2 * r + e] = fmaf(-slope2, fabsf(lane_diagonal - static_cast<float>(t * 8 + e)), x);
-    }
+      for (int e = 0; e < 2; ++e)
+        s[4 * t + 2 * r + e] = fmaf(-slope2, fabsf(lane_diagonal - static_cast<float>(t * 8 + e)),
+                                    cap(s[4 * t + 2 * r + e] * score_scale));
+  };
+  // The softcap's test outside the loop: inside, ptxas keeps a branch per score, and each
+  // score's tanh then waits for the one before it.
+  if (softcap > 0.0f)
+    modify([cap2](float x) { return cap2 * ptx::tanh_for_softcap(x); });
+  else
+    modify([](float x) { return x; });
 }
 
 // The columns [lo, hi) of a key block starting at key j0 (kBlockN keys) that lie in `visible`.
