@@ -19,7 +19,6 @@ namespace flashattn::detail::knobs {
 inline constexpr char kCudaForward[] = "FLASHATTN_CUDA_FORWARD";
 inline constexpr char kCudaBackward[] = "FLASHATTN_CUDA_BACKWARD";
 inline constexpr char kCudaSmemLimit[] = "FLASHATTN_CUDA_SMEM_LIMIT";
-inline constexpr char kSm90ForwardLoads[] = "FLASHATTN_SM90_FORWARD_LOADS";
 inline constexpr char kSm90ForwardGrid[] = "FLASHATTN_SM90_FORWARD_GRID";
 inline constexpr char kSm90ForwardShape[] = "FLASHATTN_SM90_FORWARD_SHAPE";
 inline constexpr char kSm90BackwardLoads[] = "FLASHATTN_SM90_BACKWARD_LOADS";
@@ -36,7 +35,7 @@ inline const char* value(const char* variable) { return std::getenv(variable); }
 enum class KernelFamily {
   Default,  // the fastest kernel this GPU runs for the call
   Sm80,     // the mma.sync kernels only
-  Sm90,     // the wgmma kernels wherever they cover the call, whatever the head dim
+  Sm90,     // the wgmma kernels wherever they cover the call (the forward's default on Hopper)
 };
 
 namespace internal {
@@ -52,23 +51,12 @@ inline KernelFamily kernel_family(const char* variable, bool sm90_choosable) {
 }
 }  // namespace internal
 
-// FLASHATTN_CUDA_FORWARD=sm80|sm90 keeps every forward call on one kernel family (the tests
-// run the CUDA suites on each family with it, the benchmarks compare them).
+// FLASHATTN_CUDA_FORWARD=sm80 keeps every forward call on the sm80 kernels (the tests run the
+// CUDA suite with it, the benchmarks compare); =sm90 is what Hopper takes by default.
 inline KernelFamily forward_family() { return internal::kernel_family(kCudaForward, true); }
 
 // FLASHATTN_CUDA_BACKWARD=sm80 keeps every backward call on the sm80 kernels.
 inline KernelFamily backward_family() { return internal::kernel_family(kCudaBackward, false); }
-
-// FLASHATTN_SM90_FORWARD_LOADS=cp.async keeps the sm90 forward on its cp.async kernel (all
-// threads load, no warp specialisation) where the TMA kernel would run (the tests run the
-// CUDA forward suite both ways; the benchmarks compare them). =tma or unset: the TMA kernel
-// wherever it covers the call.
-inline bool sm90_forward_uses_tma() {
-  const char* set = value(kSm90ForwardLoads);
-  if (set == nullptr || *set == '\0' || std::string_view(set) == "tma") return true;
-  if (std::string_view(set) == "cp.async") return false;
-  throw Error(ErrorCode::InvalidArgument, kSm90ForwardLoads, "tma, cp.async or unset", std::string(set));
-}
 
 // FLASHATTN_SM90_BACKWARD_LOADS=cp.async keeps the sm90 backward on its cp.async kernel (all
 // threads load, no warp specialisation) where the TMA kernel would run (the tests run the CUDA

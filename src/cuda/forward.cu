@@ -25,22 +25,19 @@ bool run_tuning_candidate(const ForwardParams& params);  // forward_tuning.cu
 #endif
 namespace {
 
-// The sm90 kernels take calls on a GPU that loaded their sm_90a code; head dims go up to the
-// next multiple of 64. At head dims up to 64 only the TMA kernel (dense calls) beats the sm80
-// kernel (H200, 2026-12-03, bench/forward.py, bf16 hdim 64: 1.19-1.39x the sm80 kernel at
-// 512-16k, causal 1.06-1.33x from 1k, 0.93x at causal 512; the cp.async sm90 kernel was
-// 0.88-0.99x FlashAttention-2 there, the sm80 one 1.05-1.16x): varlen calls keep the sm80 one.
-// FLASHATTN_CUDA_FORWARD=sm80 keeps every call on the sm80 kernel, =sm90 sends head dims
-// of 64 and below to the sm90 kernels whatever the call (the tests run the CUDA suite each way).
+// The sm90 kernel (TMA, warp-specialised) takes dense and varlen calls on a GPU that loaded its
+// sm_90a code; head dims go up to the next multiple of 64 (H200, 2026-12-03, bench/forward.py,
+// bf16 hdim 64: 1.19-1.39x the sm80 kernel at 512-16k, causal 1.06-1.33x from 1k). The calls it
+// cannot take (paged, tensors TMA cannot describe) run on the sm80 kernel, as every call with
+// FLASHATTN_CUDA_FORWARD=sm80 (the tests run the CUDA suite both ways).
 template <typename Element>
 bool run_sm90(const ForwardParams& p, knobs::KernelFamily forced) {
   if (forced == knobs::KernelFamily::Sm80) return false;
-  const bool tma_only = p.head_dim <= 64 && forced != knobs::KernelFamily::Sm90;
   switch ((p.head_dim + 63) / 64 * 64) {
-    case 64: return sm90::run_forward<Element, 64>(p, tma_only);
-    case 128: return sm90::run_forward<Element, 128>(p, tma_only);
-    case 192: return sm90::run_forward<Element, 192>(p, tma_only);
-    case 256: return sm90::run_forward<Element, 256>(p, tma_only);
+    case 64: return sm90::run_forward<Element, 64>(p);
+    case 128: return sm90::run_forward<Element, 128>(p);
+    case 192: return sm90::run_forward<Element, 192>(p);
+    case 256: return sm90::run_forward<Element, 256>(p);
   }
   return false;
 }

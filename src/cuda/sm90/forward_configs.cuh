@@ -1,5 +1,7 @@
-// Tile shapes of the sm90 forward kernel per 64-column head-dim bucket, with the reasons, and
-// its launch. Each (dtype, bucket) instantiates it in its own generated file (src/CMakeLists.txt).
+// Tile shapes of the sm90 (TMA, warp-specialised) forward kernel per 64-column head-dim bucket,
+// with the reasons, and its launch. Each (dtype, bucket) instantiates it in its own generated
+// file (src/CMakeLists.txt). Calls it cannot take (paged, tensors TMA cannot describe) run on
+// the sm80 kernel (cuda/forward.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,26 +15,15 @@
 #include "cuda/common/tile_order.cuh"
 #include "cuda/devices.hpp"
 #include "common/knobs.hpp"
-#include "cuda/sm90/forward_kernel.cuh"
+#include "cuda/sm90/forward_tiles.cuh"
 #include "cuda/sm90/forward_ws_kernel.cuh"
 #include "cuda/sm90/tensor_maps.hpp"
 
 namespace flashattn::detail::cuda::sm90 {
 
-// ForwardConfig<Element, head dim, keys per block, warpgroups>. Two warpgroups (128 query
-// rows) everywhere: each K/V tile read from L2 serves 128 rows, and while one warpgroup's
-// softmax runs the other's wgmmas keep the tensor cores busy.
-// 64 and 128: 128-key blocks (S is 64 registers per thread; at 128 with O's 64 that fits the
-// 255 of one CTA of 256 threads per SM: 160 KiB of shared memory there, 80 KiB at 64).
-// 192 and 256: 64-key blocks, as O alone is 96 or 128 registers: 144 and 192 KiB.
-template <typename E, int kHeadDim>
-struct TunedForward {
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
-  using Config = ForwardConfig<E, kHeadDim, kBlockN, 2>;
-};
-
 // WsForwardConfig<Element, head dim, keys per block, stages, ping-pong> of the TMA kernel
-// (forward_ws_kernel.cuh): two consumer warpgroups of 64 query rows, two K and two V buffers.
+// (forward_ws_kernel.cuh): two consumer warpgroups of 64 query rows, two K and two V buffers
+// (three at 128, O then staged in Q: 0.94-1.00x of two, H100, 2026-12-06, 512-16k).
 // 64 and 128: 128-key blocks (S 64 + P 32 + O 32 or 64 registers of the consumers' 240;
 // 80 and 160 KiB of shared memory), the consumers' wgmmas taking turns. 192 and 256: 64-key
 // blocks (O alone is 96 or 128 registers; 144 and 192 KiB) without turns: as in
@@ -54,19 +45,7 @@ struct TunedWsForward {
 template <typename E>
 using TallWsForward = WsForwardConfig<E, 64, 128, 2, true, false, 3>;
 
-// Whether the sm90 kernel for Cfg can run here: its sm_90a code is what the current device
-// loaded (a Hopper GPU and a build that has sm_90a; elsewhere the kernel is only a trap) and
-// its shared memory fits.
-template <typename Cfg>
-bool runs_here() {
-  // The loaded code once per device; the limit on every call (FLASHATTN_CUDA_SMEM_LIMIT may
-  // lower it for one call).
-  static PerDevice<bool> sm90_code;
-  return sm90_code.get([] { return kernel_ptx_version(forward_kernel<Cfg, false>) >= 90; }) &&
-         Cfg::kSharedBytes <= shared_bytes_per_block_limit();
-}
-
-// Both sm90 kernels compile a plain variant (raw dot products, the scale folded into the
+// The kernel compiles a plain variant (raw dot products, the scale folded into the
 // exponent) and a general one: softcap, ALiBi, a non-positive scale or dropout.
 inline bool needs_general_variant(const ForwardParams& p) {
   return p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f) || p.dropout_p > 0.0f;
@@ -82,11 +61,12 @@ inline ForwardTiles forward_tiles(const ForwardParams& p, int block_m) {
   return tiles;
 }
 
-// The grid. Without a mask every tile does the same work: one CTA per SM (its registers and
+// The grids. Without a mask every tile does the same work: one CTA per SM (its registers and
 // shared memory allow no second one) walks its share. Under causal and windowed masks the
-// tiles' work differs, and a static share leaves SMs idle at the end (H200: -3 to -30 % at
-// 512-4k causal): one CTA per tile, started by the hardware as SMs free up (up to the grid's
-// x extent, 2^31 - 1; past it the persistent grid takes those calls too).
+// tiles' work differs, and a static share leaves SMs idle at the end (H200, the cp.async
+// kernel before this one: -3 to -30 % at 512-4k causal): one CTA per tile, started by the
+// hardware as SMs free up (up to the grid's x extent, 2^31 - 1; past it the persistent grid
+// takes those calls too).
 inline unsigned persistent_ctas(const ForwardTiles& tiles) {
   return static_cast<unsigned>(std::min<int64_t>(tiles.tiles, std::max(1, multiprocessor_count())));
 }
@@ -94,7 +74,7 @@ inline unsigned forward_ctas(const ForwardTiles& tiles) {
   return tiles.heads_first && tiles.tiles <= INT32_MAX ? static_cast<unsigned>(tiles.tiles) : persistent_ctas(tiles);
 }
 
-// The TMA kernel's grid: as forward_ctas, or persistent under the masks as well (its
+// The kernel's grid: as forward_ctas, or persistent under the masks as well (its
 // tile_of_round then evens out the CTAs' work). Persistent by default where a sequence has at
 // most kPersistentBlocks query blocks: there a tile is a few key blocks and a CTA's start and
 // Q load weigh most. H200, bench/forward.py causal bf16, persistent against one CTA per tile:
@@ -112,28 +92,13 @@ unsigned ws_forward_ctas(const ForwardTiles& tiles) {
   return persistent ? persistent_ctas(tiles) : forward_ctas(tiles);
 }
 
-template <typename Cfg>
-void launch_forward(const ForwardParams& p) {
-  static PerDevice<bool> shared_bytes_allowed;  // once per kernel and device
-  shared_bytes_allowed.get([] {
-    allow_shared_bytes(forward_kernel<Cfg, false>, Cfg::kSharedBytes);
-    allow_shared_bytes(forward_kernel<Cfg, true>, Cfg::kSharedBytes);
-    return true;
-  });
-  const auto kernel = needs_general_variant(p) ? forward_kernel<Cfg, true> : forward_kernel<Cfg, false>;
-  const ForwardTiles tiles = forward_tiles(p, Cfg::kBlockM);
-  kernel<<<forward_ctas(tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(tiles);
-}
-
-// Launches the TMA kernel for a dense or varlen call (no block table); false, launching
-// nothing, where it cannot take the call: paged, varlen on a shape that does not take it, a
-// general call on a shape without that
-// variant, its code or shared memory not here, FLASHATTN_SM90_FORWARD_LOADS=cp.async, or
-// tensors TMA cannot describe.
+// Launches the kernel for a dense or varlen call (no block table); false, launching nothing,
+// where it cannot take the call: paged, varlen on a shape that does not take it, a general
+// call on a shape without that variant, its code or shared memory not here, or tensors TMA
+// cannot describe.
 template <typename Cfg>
 bool launch_forward_ws(const ForwardParams& p) {
-  if (p.is_paged() || (p.is_varlen() && !Cfg::kTakesVarlen) || !knobs::sm90_forward_uses_tma() ||
-      (!Cfg::kHasGeneral && needs_general_variant(p)))
+  if (p.is_paged() || (p.is_varlen() && !Cfg::kTakesVarlen) || (!Cfg::kHasGeneral && needs_general_variant(p)))
     return false;
   static PerDevice<bool> sm90_code;
   if (!sm90_code.get([] { return kernel_ptx_version(forward_ws_kernel<Cfg, false>) >= 90; }) ||
@@ -158,7 +123,7 @@ bool launch_forward_ws(const ForwardParams& p) {
   return true;
 }
 
-// The TMA kernel of a (dtype, bucket) for the call: at head dim 64 the three-consumer shape
+// The kernel of a (dtype, bucket) for the call: at head dim 64 the three-consumer shape
 // where it takes the call (FLASHATTN_SM90_FORWARD_SHAPE=128x128 keeps plain calls on two).
 template <typename E, int kHeadDim>
 bool launch_tuned_forward_ws(const ForwardParams& p) {
@@ -170,9 +135,9 @@ bool launch_tuned_forward_ws(const ForwardParams& p) {
 }
 
 // Defined once per (dtype, bucket) in its own generated file: runs the call and returns true,
-// or returns false (launching nothing) where the kernel cannot run on the current device,
-// or, with tma_only, where the TMA kernel cannot take the call.
+// or returns false (launching nothing) where the kernel cannot take it or cannot run on the
+// current device.
 template <typename Element, int kHeadDim>
-bool run_forward(const ForwardParams& params, bool tma_only);
+bool run_forward(const ForwardParams& params);
 
 }  // namespace flashattn::detail::cuda::sm90

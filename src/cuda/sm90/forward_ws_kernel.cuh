@@ -30,8 +30,11 @@
 // where keys are masked anyway and the producer warp zeroes the values' rows (0 x NaN is NaN,
 // and seqused_k leaves rows of the caller's memory that nothing promises to be finite), and a
 // warp whose 16 rows of O cross the sequence's end stores its rows itself instead of by TMA.
-// Every other forward feature as in the cp.async kernel (forward_kernel.cuh, whose Tile and
-// mask code it shares).
+// Every forward feature: masks, GQA, LSE, and in the general variant softcap, ALiBi, dropout
+// and any scale, on the sm80 kernels' code for them (cuda/common/online_softmax.cuh). The
+// plain variant keeps raw dot products in S and folds the scale into the exponent; the general
+// one turns S into base-2 scores first (modify_scores_row) and applies dropout's 1 / (1 - p)
+// once in the epilogue.
 #pragma once
 
 #include <cuda.h>
@@ -40,7 +43,12 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cuda/sm90/forward_kernel.cuh"
+#include "common/params.hpp"
+#include "common/philox.hpp"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/wgmma.cuh"
+#include "cuda/sm90/forward_tiles.cuh"
 #include "cuda/sm90/pipeline.cuh"
 
 namespace flashattn::detail::cuda::sm90 {
