@@ -27,7 +27,8 @@ namespace {
 
 // The sm90 kernel (TMA, warp-specialised) takes dense and varlen calls on a GPU that loaded its
 // sm_90a code; head dims go up to the next multiple of 64 (H200, 2026-12-03, bench/forward.py,
-// bf16 hdim 64: 1.19-1.39x the sm80 kernel at 512-16k, causal 1.06-1.33x from 1k). The calls it
+// bf16 hdim 64, dense: 1.19-1.39x the sm80 kernel at 512-16k, causal 1.06-1.33x from 1k; varlen
+// calls at 64 take its two-consumer shape, not yet timed against the sm80 kernel). The calls it
 // cannot take (paged, tensors TMA cannot describe) run on the sm80 kernel, as every call with
 // FLASHATTN_CUDA_FORWARD=sm80 (the tests run the CUDA suite both ways).
 template <typename Element>
