@@ -2,9 +2,10 @@
 # Scratch: two back-to-back device calls for the forward's feature work (varlen on the TMA
 # kernel, softcap/ALiBi cost, a stage-count variant). Trees: build-snap-base (the base commit,
 # `git archive`), this working tree, and optional variants (build-snap-*), all carried.
-#   phase build: every tree's package (dev/ab.sh, no benchmarks) beside the CUDA forward suite;
-#     then the suite, compute-sanitizer on the varlen tests, and bench/forward_features.py with
-#     the peers on this tree's package.
+#   phase build: every tree's package (dev/ab.sh, no benchmarks) beside the CUDA forward and
+#     backward suites; then the forward suite, the backward suite's BWD_FILTER cases (if set),
+#     compute-sanitizer on the varlen tests (unless FEATURES_NO_SANITIZERS), and
+#     bench/forward_features.py (FEATURES_CHECK: which features) with the peers on this tree's package.
 #   phase check: this tree alone (forward suite, sm80 varlen/softcap cases, backward softcap
 #     cases, forward_features with the peers).
 #   phase ab: dev/ab.sh's alternating rounds (AB_PASSES/AB_ARGS as there) over the trees
@@ -23,13 +24,18 @@ build)
   ( AB_PASSES=" " OUT="$out" bash dev/ab.sh build-snap-base "${variants[@]}" >"$out/ab_build.log" 2>&1; echo $? >"$out/ab_build.rc" ) &
   builds=$!
   { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=sm_90a \
-      -DFLASHATTN_BUILD_BENCH=OFF && cmake --build build-gpu -j 8 --target test_forward_cuda; } >"$out/build.log" 2>&1
+      -DFLASHATTN_BUILD_BENCH=OFF && cmake --build build-gpu -j 8 --target test_forward_cuda test_backward_cuda; } >"$out/build.log" 2>&1
   stamp "suite build: $? $(grep -c 'spilled' "$out/build.log") spill lines"
   grep -E "spilled|serialized" "$out/build.log" | grep sm90 | cut -c1-200 | head
   timeout 240 build-gpu/tests/test_forward_cuda --gtest_brief=1 >"$out/fwd_suite.log" 2>&1
   stamp "forward suite: $? $(grep -E '^\[  PASSED|^\[  FAILED' "$out/fwd_suite.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED|Failure' "$out/fwd_suite.log" | head -12
-  for tool in memcheck racecheck; do
+  if [ -n "${BWD_FILTER:-}" ]; then
+    timeout 150 build-gpu/tests/test_backward_cuda --gtest_brief=1 --gtest_filter="$BWD_FILTER" >"$out/bwd.log" 2>&1
+    stamp "backward suite ($BWD_FILTER): $? $(grep -E '^\[  PASSED|^\[  FAILED' "$out/bwd.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED|Failure' "$out/bwd.log" | head -8
+  fi
+  [ -n "${FEATURES_NO_SANITIZERS:-}" ] || for tool in memcheck racecheck; do
     timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_forward_cuda \
       --gtest_filter='Varlen.*:*FeatureGrid*sliding_softcap*' >"$out/san_varlen_$tool.log" 2>&1
     stamp "$tool varlen: $? $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_varlen_$tool.log" | tail -1)"
@@ -37,7 +43,7 @@ build)
   wait $builds
   stamp "packages: $(cat "$out/ab_build.rc")"; tail -4 "$out/ab_build.log"
   (cd bench && PYTHONPATH=../build-ab/site timeout 150 "$py" forward_features.py --out "$out/features" \
-    >"$out/features.log" 2>&1)
+    ${FEATURES_CHECK:+--features "$FEATURES_CHECK"} >"$out/features.log" 2>&1)
   stamp "bench/forward_features.py: $?"
   tail -45 "$out/features.log"
   ;;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mask.hpp"
 #include "common/philox.hpp"
@@ -14,35 +15,62 @@
 
 namespace flashattn::detail::cuda {
 
-// Softcap and ALiBi on row r's scores, which become base-2 scores x (the general kernels: the
-// exponent's scale is then 1): x = s score_scale; with a softcap c > 0, x = c tanh(x) log2 e
-// (score_scale = scale / c); then x -= slope log2 e |diagonal - column|, where
-// diagonal = i + Sk - Sq - j0 for the row's query i and the block's first key j0.
-template <int kSTiles>
-__device__ __forceinline__ void modify_scores_row(float* s, int r, float score_scale, float softcap,
-                                                  float slope, int diagonal, int quad_col) {
+// The scales of the score path. The plain path (no softcap, no ALiBi, positive scale) keeps
+// raw dot products in S and folds the scale into the exponent: p = 2^(s c - m c) with
+// c = exp = scale log2 e, one FFMA a score. The general path first turns S into scores x by
+// modify_scores_row; p = 2^(x c - m c) again:
+//   no softcap: x = s scale log2 e - slope log2 e |distance|, and c = 1;
+//   softcap k:  x = tanh(s scale / k) - (slope / k) |distance|, and c = k log2 e
+// (x in units of the cap: its factor rides on the exponent's FFMA instead of a multiply a score).
+struct ScoreScales {
+  float score;  // s -> s score (the tanh's argument with a softcap)
+  float slope;  // the ALiBi slope's factor
+  float exp;    // c
+};
+__device__ __forceinline__ ScoreScales score_scales(bool plain, float softmax_scale, float softcap) {
   constexpr float kLog2e = 1.4426950408889634f;
+  if (plain) return {1.0f, 0.0f, softmax_scale * kLog2e};
+  if (softcap > 0.0f) return {softmax_scale / softcap, 1.0f / softcap, softcap * kLog2e};
+  return {softmax_scale * kLog2e, kLog2e, 1.0f};
+}
+
+// Softcap and ALiBi on row r's scores (the general path; ScoreScales says in which units):
+// the distance is |diagonal - column|, where diagonal = i + Sk - Sq - j0 for the row's query i
+// and the block's first key j0.
+template <int kSTiles>
+__device__ __forceinline__ void modify_scores_row(float* s, int r, const ScoreScales& scales, bool softcap,
+                                                  float slope, int diagonal, int quad_col) {
   // The lane's columns are quad_col + (8 t + e): relative to the quad's first column the
   // offsets are immediates (a column index per score would hold a register each). The
   // distance is taken in fp32 (exact below 2^24; a conversion per score would occupy the MUFU
   // unit's pipe, which the exponentials already fill).
   const float lane_diagonal = static_cast<float>(diagonal - quad_col);
-  const float slope2 = slope * kLog2e;
-  const float cap2 = softcap * kLog2e;
-  const auto modify = [&](auto cap) {  // cap(x): the softcap, or nothing
+  const float scaled_slope = slope * scales.slope;
+  const float tanh_exponent = -2.0f * 1.4426950408889634f * scales.score;
+  const auto modify = [&](auto score, auto with_alibi) {
 #pragma unroll
     for (int t = 0; t < kSTiles; ++t)
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        s[4 * t + 2 * r + e] = fmaf(-slope2, fabsf(lane_diagonal - static_cast<float>(t * 8 + e)),
-                                    cap(s[4 * t + 2 * r + e] * score_scale));
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * t + 2 * r + e];
+        x = score(x);
+        if constexpr (decltype(with_alibi)::value)
+          x = fmaf(-scaled_slope, fabsf(lane_diagonal - static_cast<float>(t * 8 + e)), x);
+      }
   };
-  // The softcap's test outside the loop: inside, ptxas keeps a branch per score, and each
-  // score's tanh then waits for the one before it.
-  if (softcap > 0.0f)
-    modify([cap2](float x) { return cap2 * ptx::tanh_for_softcap(x); });
+  // The tests outside the loop: inside, ptxas keeps a branch per score, and each score's tanh
+  // then waits for the one before it. A zero slope (no ALiBi, or a head whose slope is 0)
+  // skips the distance's two instructions a score.
+  const auto with_alibi = [&](auto score) {
+    if (slope != 0.0f)
+      modify(score, std::true_type{});
+    else
+      modify(score, std::false_type{});
+  };
+  if (softcap)
+    with_alibi([=](float x) { return ptx::tanh_of_scaled(x, tanh_exponent); });
   else
-    modify([](float x) { return x; });
+    with_alibi([=](float x) { return x * scales.score; });
 }
 
 // The columns [lo, hi) of a key block starting at key j0 (kBlockN keys) that lie in `visible`.

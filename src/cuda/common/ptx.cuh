@@ -262,21 +262,33 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// tanh x for the softcap, with one MUFU operation (the exponential) where tanhf spends two
-// (an exponential and a reciprocal) and a polynomial: the softmax pays an exponential per score
-// besides, on the MUFU unit's 16 operations per clock and SM. (On the H100 this alone gave
-// 1.02-1.05x; the softcapped softmax is bound by its instruction count, about 22 a score,
-// docs/PERFORMANCE.md.) tanh |x| = 1 - 2 / (2^(2 |x| log2 e) + 1), the reciprocal by Newton's
-// method on the FMA pipe from a bit-pattern guess (within 12 %; three steps: ~1e-7). |x| is
-// clamped to 10 (tanh 10 rounds to 1 in fp32), which keeps the exponential finite. Absolute
-// error about 2e-7; NaN stays NaN.
-__device__ __forceinline__ float tanh_for_softcap(float x) {
-  const float e = exp2_approx(fminf(fabsf(x), 10.0f) * 2.8853900817779268f);
-  const float d = e + 1.0f;  // in [2, 2^29]
-  float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
-#pragma unroll
-  for (int step = 0; step < 3; ++step) r = fmaf(r, fmaf(-d, r, 1.0f), r);
-  return copysignf(fmaf(-2.0f, r, 1.0f), x);
+// 1 / d for d in [1, 2]: a quartic (relative error 9.3e-4, fitted to be minimax in relative
+// terms on 1 / (1 + e), e = d - 1 in [0, 1]) and one Newton step (error squared: 8.7e-7). Seven
+// FMA-pipe instructions; MUFU.RCP would be one, but the MUFU unit (16 operations per clock and
+// SM) already carries the softmax's exponentials, and with the tanh's exponential it is what
+// binds. (The polynomial is in d rather than e so that e dies once d is formed: in e, ptxas
+// kept both alive and the hdim-128 general kernel spilled.)
+__device__ __forceinline__ float reciprocal_1_to_2(float d) {
+  const float r = fmaf(fmaf(fmaf(fmaf(0.1270040484419091f, d, -0.9857981104426772f), d, 3.021782623037056f), d,
+                            -4.56887439644864f),
+                       d, 3.404954992710325f);
+  return fmaf(r, fmaf(-d, r, 1.0f), r);
 }
+
+// tanh(x) for x = s * scale, given s and k = -2 log2(e) scale: tanh |x| = 2 / (1 + e) - 1
+// with e = 2^(k |s|) in (0, 1], and the sign copied from s. One MUFU operation (the
+// exponential) and nine other instructions; e only shrinks towards 0 (where tanh rounds to 1),
+// so nothing needs clamping; NaN stays NaN. Absolute error about 2e-6. (The softcapped
+// softmax is bound by its instruction count and the MUFU pipe: this form replaced one of about
+// 16 instructions, a clamp and three Newton steps from a bit-pattern guess;
+// docs/PERFORMANCE.md.)
+__device__ __forceinline__ float tanh_of_scaled(float s, float k) {
+  const float r = reciprocal_1_to_2(1.0f + exp2_approx(fabsf(s) * k));
+  return copysignf(fmaf(2.0f, r, -1.0f), s);
+}
+
+// tanh x for the softcap of the kernels that need tanh alone (the backward, for the
+// derivative 1 - tanh^2).
+__device__ __forceinline__ float tanh_for_softcap(float x) { return tanh_of_scaled(x, -2.8853900817779268f); }
 
 }  // namespace flashattn::detail::cuda::ptx

@@ -234,16 +234,15 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                           : 0.0f;
   const bool softcap = kGeneral && p.softcap > 0.0f;
   // The plain path (no softcap, no ALiBi, positive scale) keeps raw dot products in S and
-  // folds the scale into the exponent: p = 2^(s c - m c) with c = scale log2(e), one FFMA.
-  // Otherwise S is first turned into base-2 scores x = log2(e) s' and c = 1.
+  // folds the scale into the exponent; otherwise S is turned into scores first (ScoreScales).
   const bool plain = !kGeneral || (!softcap && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f);
   // Dropout (common/philox.hpp): kept probabilities enter P V unscaled; 1 / (1 - p) is applied
   // once in the epilogue. The row sum l (and so lse) is of the undropped probabilities.
   const bool dropout = kGeneral && p.dropout_p > 0.0f;
   const DropoutRng rng = dropout ? make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p)
                                  : DropoutRng{};
-  const float exp_scale = plain ? p.softmax_scale * kLog2e : 1.0f;
-  const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+  const ScoreScales scales = score_scales(plain, p.softmax_scale, softcap ? p.softcap : 0.0f);
+  const float exp_scale = scales.exp;
 
   float o[kMTiles][kOTiles][4] = {};
   float row_max[kMTiles][2], row_sum[kMTiles][2];  // max in S units; this lane's part of l
@@ -357,7 +356,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          modify_scores_row<kSTiles>(&s[mt][0][0], r, score_scale, softcap ? p.softcap : 0.0f, slope,
+          modify_scores_row<kSTiles>(&s[mt][0][0], r, scales, softcap, slope,
                                      static_cast<int>(row_of(mt, r) + seq.seqlen_k - seq.seqlen_q - j0), quad_col);
     }
     if (needs_mask) {

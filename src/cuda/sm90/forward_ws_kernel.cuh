@@ -33,7 +33,7 @@
 // Every forward feature: masks, GQA, LSE, and in the general variant softcap, ALiBi, dropout
 // and any scale, on the sm80 kernels' code for them (cuda/common/online_softmax.cuh). The
 // plain variant keeps raw dot products in S and folds the scale into the exponent; the general
-// one turns S into base-2 scores first (modify_scores_row) and applies dropout's 1 / (1 - p)
+// one turns S into scores first (modify_scores_row, ScoreScales) and applies dropout's 1 / (1 - p)
 // once in the epilogue.
 #pragma once
 
@@ -230,7 +230,6 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
   constexpr int kSTiles = kBlockN / 8;   // n8 tiles of S per row pair
   constexpr int kOTiles = kHeadDim / 8;  // n8 tiles of O
-  constexpr float kLog2e = 1.4426950408889634f;
   constexpr int kTurnThreads = 2 * 128;
   const ForwardTiles& tiles = args.tiles;
   const ForwardParams& p = tiles.p;
@@ -244,8 +243,8 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   const bool plain = !kGeneral || (!softcap && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f);
   const bool dropout = kGeneral && p.dropout_p > 0.0f;
   const DropoutRng rng = dropout ? make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p) : DropoutRng{};
-  const float exp_scale = plain ? p.softmax_scale * kLog2e : 1.0f;
-  const float score_scale = softcap ? p.softmax_scale / p.softcap : p.softmax_scale * kLog2e;
+  const ScoreScales scales = score_scales(plain, p.softmax_scale, softcap ? p.softcap : 0.0f);
+  const float exp_scale = scales.exp;
 
   const uint64_t q_desc = ptx::wgmma_descriptor(sh.q + consumer * 64 * 128, 16, 1024);
   const uint64_t k_desc = ptx::wgmma_descriptor(sh.k, 16, 1024);
@@ -300,7 +299,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
         const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[tile.b * p.alibi_batch_stride + tile.h] : 0.0f;
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          modify_scores_row<kSTiles>(s, r, score_scale, softcap ? p.softcap : 0.0f, slope,
+          modify_scores_row<kSTiles>(s, r, scales, softcap, slope,
                                      static_cast<int>(m0 + cta_row(r) + seq.seqlen_k - seq.seqlen_q - j0), quad_col);
       }
       if (n < tile.full_begin || n >= tile.full_end) {
