@@ -96,9 +96,30 @@ struct Tiles {
   Tiles(float* base, int head_dim, int head_dim_v) { floats(head_dim, head_dim_v, base, this); }
 };
 
+// The query rows that pass 1 loads after the current tile (the next block of the head, or
+// the first of the next head): tile() asks for their cache lines a row at a time while it
+// works, so that load_queries and the fused dq product find them in cache.
+template <typename T>
+struct NextRows {
+  const T* q = nullptr;
+  const T* dout = nullptr;
+  const T* out = nullptr;
+  const T* dq = nullptr;  // the fused backward's dq rows (read and written), else null
+  int64_t q_stride = 0, dout_stride = 0, out_stride = 0, dq_stride = 0;
+  int rows = 0;
+  void prefetch(int r, int D, int Dv) const {
+    prefetch_row(q + r * q_stride, D);
+    prefetch_row(dout + r * dout_stride, Dv);
+    prefetch_row(out + r * out_stride, Dv);
+    if (dq != nullptr) prefetch_row(dq + r * dq_stride, D);
+  }
+};
+
 // Everything both passes need to know about one call.
 template <typename T>
 struct Pass {
+  using NextRows = cpu::NextRows<T>;
+
   const BackwardParams& bp;
   const ForwardParams& p;
   const DropoutRng* dropout;
@@ -144,13 +165,14 @@ struct Pass {
   // The tile of rows [i0, i0+rows) x keys [j0, j0+cols): leaves P o M in t.p and dS in t.ds.
   // Needs t.q, t.dout, t.lse, t.d, t.kt and t.vt loaded.
   void tile(const SequenceView& seq, int32_t b, int32_t h, int64_t i0, int rows, int64_t j0,
-            int cols, Tiles& t) const {
+            int cols, Tiles& t, const NextRows* next = nullptr) const {
     const int D = p.head_dim, Dv = p.head_dim_v;
     int p_zeros = 0, ds_zeros = 0;  // counts, not bools: integer sums vectorise
     score_tile(t.q, t.kt, t.p, rows, D);
     modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
     score_tile(t.dout, t.vt, t.ds, rows, Dv);  // dO V^T
     for (int r = 0; r < rows; ++r) {
+      if (next != nullptr && r < next->rows) next->prefetch(r, p.head_dim, p.head_dim_v);
       float* prob = t.p + static_cast<int64_t>(r) * kBlockK;
       float* ds = t.ds + static_cast<int64_t>(r) * kBlockK;
       const float lse = t.lse[r], d = t.d[r];
@@ -210,6 +232,13 @@ struct Pass {
       load_transposed(at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b,
                          seq.k_row0 + j0, hk),
                       p.v_row_stride, cols, Dv, t.vt);
+      // dS K reads the keys' rows once per block of query rows: copied, not read where they
+      // are, whose rows H * D elements apart (a multiple of 4 KiB at H * D = 1024) fall into
+      // a few sets of the L1 cache (the forward's values, load_key_block, the same).
+      if (with_dq)
+        load_rows(at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b, seq.k_row0 + j0,
+                     hk),
+                  p.k_row_stride, cols, D, 1.0f, t.k);
     }
     for (int32_t h = hk * p.group_size(); cols > 0 && h < (hk + 1) * p.group_size(); ++h) {
       for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kBackwardBlockQ) {
@@ -218,20 +247,44 @@ struct Pass {
                                                    p.window_left, p.window_right);
         if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
         load_queries(seq, b, h, i0, rows, t);
-        tile(seq, b, h, i0, rows, j0, cols, t);
+        // The block after this one (of this head, else the next head's first): likely the
+        // next that this loop loads (a block that sees none of these keys is skipped).
+        NextRows next;
+        {
+          int32_t nh = h;
+          int64_t ni = i0 + kBackwardBlockQ;
+          if (ni >= seq.seqlen_q) {
+            ++nh;
+            ni = 0;
+          }
+          if (nh < (hk + 1) * p.group_size() && ni < seq.seqlen_q) {
+            const int64_t row = seq.q_row0 + ni;
+            next.q = at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, row, nh);
+            next.dout = at(bp.dout, bp.dout_batch_stride, bp.dout_row_stride,
+                           bp.dout_head_stride, b, row, nh);
+            next.out = at(p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride, b,
+                          row, nh);
+            if (with_dq)
+              next.dq = at(static_cast<const void*>(bp.dq), bp.dq_batch_stride,
+                           bp.dq_row_stride, bp.dq_head_stride, b, row, nh);
+            next.q_stride = p.q_row_stride;
+            next.dout_stride = bp.dout_row_stride;
+            next.out_stride = p.out_row_stride;
+            next.dq_stride = bp.dq_row_stride;
+            next.rows = static_cast<int>(std::min<int64_t>(kBackwardBlockQ, seq.seqlen_q - ni));
+          }
+        }
+        tile(seq, b, h, i0, rows, j0, cols, t, &next);
         // The tiles read transposed: row j of (P o M)^T is column j of P o M.
         const Weights pt{t.p, 1, kBlockK, t.p_no_zeros}, dst{t.ds, 1, kBlockK, t.ds_no_zeros};
         accumulate_pv(pt, t.dout, Dv, t.acc_v, Dv, cols, rows, Dv);  // dV += (P o M)^T dO
         accumulate_pv(dst, t.q, D, t.acc, D, cols, rows, D);  // dK += dS^T (q * query_scale)
         if constexpr (std::is_same_v<T, float>) {
-          if (with_dq) {  // dQ += dS K, the keys read where they are
-            const T* k = at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
-                            seq.k_row0 + j0, hk);
+          if (with_dq) {  // dQ += dS K, with the keys' rows copied above
             T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
                        seq.q_row0 + i0, h);
-            accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, k, p.k_row_stride, dq,
-                          bp.dq_row_stride,
-                          rows, cols, D);
+            accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, t.k, D, dq,
+                          bp.dq_row_stride, rows, cols, D);
           }
         }
       }

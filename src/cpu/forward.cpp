@@ -168,6 +168,11 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
   for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, end - j0));
     const ValueRows values = load_key_block<T>(keys, j0, cols, D, Dv, t);
+    // The next block's key and value rows (or those of its first page), asked for a row per
+    // row of scores below, so that load_key_block finds them in cache.
+    KeyRows::Run<T> next{nullptr, nullptr, 0};
+    if (j0 + kBlockK < end)
+      next = keys.run<T>(j0 + kBlockK, static_cast<int>(std::min<int64_t>(kBlockK, end - j0 - kBlockK)));
 
     // The block's rows a score tile at a time (the staged keys serve them all); rows that
     // see none of these keys skip them (a causal block's diagonal).
@@ -186,6 +191,10 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
         modify_scores(p, seq, slope_of(0), t.s, block.position(r0), n, j0, cols);
       }
       for (int r = 0; r < n; ++r) {
+        if (r0 + r < next.count) {
+          prefetch_row(next.k + (r0 + r) * keys.k_row_stride, D);
+          prefetch_row(next.v + (r0 + r) * keys.v_row_stride, Dv);
+        }
         float* row = t.s + static_cast<int64_t>(r) * kBlockK;
         softmax_step(row, t.m + r0 + r, t.l + r0 + r,
                      t.acc + static_cast<int64_t>(r0 + r) * Dv, Dv);
