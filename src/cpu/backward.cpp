@@ -156,9 +156,7 @@ struct Pass {
       // In double: where one key dominates a row, dS = P (dP - D) cancels, and D's rounding
       // error (a sum of Dv products as large as dP itself) is most of dq's and dk's. The
       // cost is Dv multiply-adds per row against the row's Sk x (D + Dv) of the products.
-      double sum = 0.0;
-      for (int d = 0; d < Dv; ++d) sum += static_cast<double>(dout[d]) * t.row[d];
-      t.d[r] = static_cast<float>(sum);
+      t.d[r] = static_cast<float>(dot_double(dout, t.row, Dv));
     }
   }
 

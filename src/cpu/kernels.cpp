@@ -249,7 +249,35 @@ void backward_probabilities_variant(float* prob, float lse) {
   backward_probabilities_row(prob, lse);
 }
 
+// The dot product in double over vectors VD of doubles: four accumulators, each lane a
+// running sum of every (4 * lanes)-th product, added up at the end in a fixed order.
+template <typename VD>
+FA_INLINE double dot_double_blocked(const float* a, const float* b, int n) {
+  constexpr int L = sizeof(VD) / sizeof(double);
+  VD acc[4] = {};
+  int d = 0;
+  for (; d + 4 * L <= n; d += 4 * L)
+    for (int u = 0; u < 4; ++u) {
+      VD x, y;
+      for (int l = 0; l < L; ++l) {
+        x[l] = static_cast<double>(a[d + u * L + l]);
+        y[l] = static_cast<double>(b[d + u * L + l]);
+      }
+      acc[u] += x * y;
+    }
+  const VD v = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  double sum = 0.0;
+  for (int l = 0; l < L; ++l) sum += v[l];
+  for (; d < n; ++d) sum += static_cast<double>(a[d]) * static_cast<double>(b[d]);
+  return sum;
+}
+
+using Double2 = double __attribute__((vector_size(16)));
+using Double4 = double __attribute__((vector_size(32)));
+using Double8 = double __attribute__((vector_size(64)));
+
 using ScoreTile = void (*)(const float*, const float*, float*, int, int);
+using DotDouble = double (*)(const float*, const float*, int);
 using BackwardProbabilities = void (*)(float*, float);
 using AccumulatePv = void (*)(Weights, const float*, int64_t, float*, int64_t, int, int, int);
 
@@ -267,10 +295,16 @@ void accumulate_pv_variant(Weights p, const float* v, int64_t v_row_stride, floa
                                  head_dim_v);
 }
 
+template <typename VD>
+double dot_double_variant(const float* a, const float* b, int n) {
+  return dot_double_blocked<VD>(a, b, n);
+}
+
 struct TileProducts {
   ScoreTile score_tile;
   AccumulatePv accumulate_pv;
   BackwardProbabilities backward_probabilities;
+  DotDouble dot_double;
 };
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
@@ -306,19 +340,29 @@ void backward_probabilities_avx512(float* prob, float lse) {
 FA_TARGET("avx2,fma")
 void backward_probabilities_avx2(float* prob, float lse) { backward_probabilities_row(prob, lse); }
 
+FA_TARGET("avx512f,avx2,fma")
+double dot_double_avx512(const float* a, const float* b, int n) {
+  return dot_double_blocked<Double8>(a, b, n);
+}
+FA_TARGET("avx2,fma")
+double dot_double_avx2(const float* a, const float* b, int n) {
+  return dot_double_blocked<Double4>(a, b, n);
+}
+
 TileProducts pick_tile_products() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f"))
-    return {score_tile_avx512, accumulate_pv_avx512, backward_probabilities_avx512};
+    return {score_tile_avx512, accumulate_pv_avx512, backward_probabilities_avx512,
+            dot_double_avx512};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {score_tile_avx2, accumulate_pv_avx2, backward_probabilities_avx2};
+    return {score_tile_avx2, accumulate_pv_avx2, backward_probabilities_avx2, dot_double_avx2};
   return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>,
-          backward_probabilities_variant};
+          backward_probabilities_variant, dot_double_variant<Double2>};
 }
 #else
 TileProducts pick_tile_products() {
   return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>,
-          backward_probabilities_variant};
+          backward_probabilities_variant, dot_double_variant<Double2>};
 }
 #endif
 
@@ -331,6 +375,10 @@ const TileProducts& tile_products() {
 
 void score_tile(const float* q, const float* kt, float* s, int rows, int head_dim) {
   tile_products().score_tile(q, kt, s, rows, head_dim);
+}
+
+double dot_double(const float* a, const float* b, int n) {
+  return tile_products().dot_double(a, b, n);
 }
 
 void backward_probabilities(float* prob, float lse) {

@@ -57,6 +57,12 @@ void softmax_step(float* scores, float* m, float* l, float* acc, int head_dim_v)
 // gradients move by a few ulp (FMA rounds the polynomial differently).
 void backward_probabilities(float* prob, float lse);
 
+// sum_{d < n} double(a[d]) * double(b[d]), in a fixed order of its own (per instruction set):
+// the backward's D_i = rowsum(dO_i o O_i). Vectorised: the scalar loop, a chain of dependent
+// double adds, was a twentieth of fp32 forward + backward at head dim 64 (recomputed for every
+// tile, Dv adds of 4 cycles each per query row).
+double dot_double(const float* a, const float* b, int n);
+
 // A tile of weights read as p(i, j) = data[i * row_stride + j * col_stride]: a score tile
 // ({kBlockK, 1}) or, read transposed, its columns as rows ({1, kBlockK}; the backward's
 // P^T dO and dS^T Q, without copying the transpose out).
