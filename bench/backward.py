@@ -22,6 +22,10 @@ samples of the eager time cannot have. The forwards ran on the run's side stream
 backward's kernels (which run on their forward's stream) are on the stream the CUDA-graph
 capture records.
 
+--softcap CAP and --alibi time ours with those features (the ALiBi paper's slopes per head);
+SDPA has neither, so the peers then run the plain call of the same shape (their figure is an
+upper bound), and ours is checked against float64 alone.
+
 Correctness before timing: ours's dq, dk, dv on poisoned memory against float64 gradients of
 a slice (some rows of dq, some rows of dk and dv, of two (batch, head) pairs) and against the
 first peer's gradients. Writes backward.json, backward.md, backward.png in --out; prints the
@@ -52,34 +56,57 @@ def make_sets(shape: h.Shape, args) -> list[tuple]:
     return sets
 
 
-def reference_grads(q, k, v, dout, b: int, hh: int, rows, cols, causal: bool):
+def reference_grads(q, k, v, dout, b: int, hh: int, rows, cols, causal: bool,
+                    softcap: float = 0.0, slope: float | None = None):
     """Float64 dq of the query rows `rows` and dk, dv of the key rows `cols` of one
-    (batch, head), from the whole head's softmax (blocks of CHUNK_ROWS query rows)."""
+    (batch, head), from the whole head's softmax (blocks of CHUNK_ROWS query rows); scores
+    capped (softcap * tanh(s / softcap)) and less slope * |i - j| as flash_attn_func takes them."""
     import torch
     Q, K, V, dO = (t[b, :, hh].detach().double() for t in (q, k, v, dout))
     seqlen, scale = Q.shape[0], Q.shape[1] ** -0.5
     keys = torch.arange(seqlen, device=Q.device)
 
     def scores(qi, kj, qrows, kcols):
+        """The scores and their derivative by the scaled dot products (1 - tanh^2, or 1)."""
         s = (qi @ kj.T) * scale
+        grad = torch.ones_like(s)
+        if softcap > 0:
+            t = torch.tanh(s / softcap)
+            s, grad = softcap * t, 1 - t * t
+        if slope is not None:
+            s = s - slope * (qrows[:, None] - kcols[None, :]).abs()
         if causal:  # square: query i sees keys j <= i
             s.masked_fill_(kcols[None, :] > qrows[:, None], float("-inf"))
-        return s
+        return s, grad
 
     lse = torch.empty(seqlen, dtype=torch.float64, device=Q.device)
     delta = torch.empty_like(lse)  # rowsum(dO * O)
     for r0 in range(0, seqlen, CHUNK_ROWS):
         r = keys[r0:r0 + CHUNK_ROWS]
-        s = scores(Q[r], K, r, keys)
+        s, _ = scores(Q[r], K, r, keys)
         lse[r] = torch.logsumexp(s, dim=-1)
         delta[r] = (dO[r] * (torch.exp(s - lse[r, None]) @ V)).sum(-1)
     rows, cols = rows.to(Q.device), cols.to(Q.device)
-    p = torch.exp(scores(Q[rows], K, rows, keys) - lse[rows, None])
-    dq = (p * (dO[rows] @ V.T - delta[rows, None])) @ K * scale
-    p = torch.exp(scores(Q, K[cols], keys, cols) - lse[:, None])
+    s, grad = scores(Q[rows], K, rows, keys)
+    p = torch.exp(s - lse[rows, None])
+    dq = (p * (dO[rows] @ V.T - delta[rows, None]) * grad) @ K * scale
+    s, grad = scores(Q, K[cols], keys, cols)
+    p = torch.exp(s - lse[:, None])
     dv = p.T @ dO
-    dk = (p * (dO @ V[cols].T - delta[:, None])).T @ Q * scale
+    dk = (p * (dO @ V[cols].T - delta[:, None]) * grad).T @ Q * scale
     return dq, dk, dv
+
+
+def features(shape: h.Shape, args, device) -> dict:
+    """flash_attn_func's keyword arguments of --softcap and --alibi for this shape."""
+    import torch
+    extra = {}
+    if args.softcap > 0:
+        extra["softcap"] = args.softcap
+    if args.alibi:
+        extra["alibi_slopes"] = torch.tensor(h.alibi_slopes(shape.heads), dtype=torch.float32,
+                                             device=device)
+    return extra
 
 
 def check(shape: h.Shape, sets: list[tuple], args) -> dict:
@@ -88,15 +115,20 @@ def check(shape: h.Shape, sets: list[tuple], args) -> dict:
     import torch
     from flashattn import flash_attn_func
     q, k, v, dout = sets[0]
-    out = flash_attn_func(q, k, v, causal=shape.causal)
+    extra = features(shape, args, q.device)
+    out = flash_attn_func(q, k, v, causal=shape.causal, **extra)
     with h.poisoned_allocations(args.device, [(q.shape, q.dtype)] * 3) as addresses:
         grads = torch.autograd.grad(out, (q, k, v), dout)
     poisoned = all(g.data_ptr() in addresses for g in grads)
-    peer, peer_grads = h.first_working_peer(args, lambda: torch.autograd.grad(
-        h.sdpa_call(q, k, v, shape.causal), (q, k, v), dout))
+    peer, peer_grads = None, None
+    if not extra:  # the peers compute another function with the features
+        peer, peer_grads = h.first_working_peer(args, lambda: torch.autograd.grad(
+            h.sdpa_call(q, k, v, shape.causal), (q, k, v), dout))
     rows = h.sample_rows(shape.seqlen)
     pairs = sorted({(0, 0), (shape.batch - 1, shape.heads - 1)})
-    refs = [reference_grads(q, k, v, dout, b, hh, rows, rows, shape.causal) for b, hh in pairs]
+    slopes = extra.get("alibi_slopes")
+    refs = [reference_grads(q, k, v, dout, b, hh, rows, rows, shape.causal, args.softcap,
+                            None if slopes is None else float(slopes[hh])) for b, hh in pairs]
     index = rows.to(q.device)
     result = {"peer": peer, "poisoned": poisoned, "slices": [list(p) for p in pairs],
               "rows_per_slice": int(rows.numel()), "finite": True, "ok": True}
@@ -124,7 +156,9 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
     import torch
     from flashattn import flash_attn_func
     sets = make_sets(shape, args)
-    row = shape.fields() | {"check": check(shape, sets, args)}
+    row = shape.fields() | {"softcap": args.softcap, "alibi": args.alibi,
+                            "check": check(shape, sets, args)}
+    extra = features(shape, args, sets[0][0].device)
 
     def backward_of(out, q, k, v, dout):
         return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -136,12 +170,19 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
         with h.sdpa_context(name)():  # the forward picks the backend of its backward
             return calls(lambda q, k, v: h.sdpa_call(q, k, v, shape.causal))
 
-    systems = [h.System("ours", calls(lambda q, k, v: flash_attn_func(q, k, v,
-                                                                      causal=shape.causal)))]
+    systems = [h.System("ours", calls(lambda q, k, v: flash_attn_func(
+        q, k, v, causal=shape.causal, **extra)))]
     systems += h.peer_systems(args, peer_calls)
     return h.time_row(row, systems, args, target_s, flops=shape.flops(backward=True))
 
 
+def add_feature_args(p) -> None:
+    p.add_argument("--softcap", type=float, default=0.0,
+                   help="ours with this softcap (the peers run the plain call)")
+    p.add_argument("--alibi", action="store_true",
+                   help="ours with ALiBi slopes per head (the peers run the plain call)")
+
+
 if __name__ == "__main__":
     raise SystemExit(h.main_over_grid(__doc__, "flashattn backward (autograd of flash_attn_func)",
-                                      "backward", measure))
+                                      "backward", measure, add_feature_args))

@@ -181,18 +181,6 @@ def ragged_lengths(tokens: int, shortest: int, longest: int, seed: int) -> tuple
     return tuple(lengths)
 
 
-def alibi_slopes(heads: int) -> list[float]:
-    """The ALiBi paper's slopes: 2^(-8/n), 2^(-16/n), ... for n heads a power of two; for
-    other n those of the power of two below, then every other slope of the one above."""
-    def power_of_two(n):
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
-    if math.log2(heads).is_integer():
-        return power_of_two(heads)
-    below = 2 ** math.floor(math.log2(heads))
-    return power_of_two(below) + alibi_slopes(2 * below)[0::2][:heads - below]
-
-
 def cases(features: list[str], args) -> list[Case]:
     size = CPU if args.device == "cpu" else GPU
     seqlens = size.quick_seqlens if args.quick else size.seqlens
@@ -365,7 +353,7 @@ def measure(case: Case, args) -> dict:
     """One row: the check and every system's eager and kernel TFLOP/s."""
     import torch
     sets = make_sets(case, args)
-    slopes = torch.tensor(alibi_slopes(case.heads), dtype=torch.float32,
+    slopes = torch.tensor(h.alibi_slopes(case.heads), dtype=torch.float32,
                           device=args.device) if case.alibi else None
     result, refused = check(case, sets, slopes, args)
     row = case.fields() | {"check": result}

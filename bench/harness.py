@@ -642,6 +642,18 @@ def max_beyond_ulp(a, b, dtype: str) -> float:
     return float("inf") if bool(d.isnan().any()) else max(float(d.max()), 0.0) if d.numel() else 0.0
 
 
+def alibi_slopes(heads: int) -> list[float]:
+    """The ALiBi paper's slopes: 2^(-8/n), 2^(-16/n), ... for n heads a power of two; for
+    other n those of the power of two below, then every other slope of the one above."""
+    def power_of_two(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+    if math.log2(heads).is_integer():
+        return power_of_two(heads)
+    below = 2 ** math.floor(math.log2(heads))
+    return power_of_two(below) + alibi_slopes(2 * below)[0::2][:heads - below]
+
+
 def verdict(ours_err: float, scale: float, dtype: str, peer_err: float | None,
             peer_diff: float | None, factor: float = 2.0, slack: float = PEER_SLACK) -> tuple:
     """Ours passes when its float64 error is within factor x the peer's own plus slack x
@@ -958,10 +970,14 @@ def time_row(row: dict, systems: list[System], args, target_s: float,
     return row
 
 
-def main_over_grid(doc: str, benchmark: str, name: str, measure: Callable) -> int:
-    """forward.py's and backward.py's main: measure(shape, args, target_s) over the grid."""
+def main_over_grid(doc: str, benchmark: str, name: str, measure: Callable,
+                   add_args: Callable | None = None) -> int:
+    """forward.py's and backward.py's main: measure(shape, args, target_s) over the grid
+    (add_args(parser): options of the script's own)."""
     p = parser(doc)
     add_grid_args(p)
+    if add_args is not None:
+        add_args(p)
     args = finish_args(p.parse_args())
     meta = run_metadata(benchmark, args)
     rows = []

@@ -7,7 +7,7 @@
 # sampled every 50 ms alongside (for dev/clock_windows.py):
 #   dev/ab.sh BASE_DIR [VARIANT_DIR ...]
 # AB_PASSES: the benchmarks (default "forward backward"; also decode); AB_ARGS: extra arguments
-# of each (e.g. --quick). Results in $OUT/<pass>_<tree>_<round>/ and a table per run at the end.
+# of each (e.g. --quick), AB_ARGS_<pass>: of that one (e.g. AB_ARGS_backward="--softcap 30"). Results in $OUT/<pass>_<tree>_<round>/ and a table per run at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 base=${1:?usage: dev/ab.sh BASE_DIR [VARIANT_DIR ...]}
@@ -53,9 +53,10 @@ for round in 1 2; do
     site=$(cd "${trees[$i]}" && pwd)/build-ab/site
     for pass in ${AB_PASSES:-forward backward}; do
       run=${pass}_${names[$i]}_$round
-      # shellcheck disable=SC2086  # AB_ARGS is a list of arguments
+      pass_args=AB_ARGS_$pass
+      # shellcheck disable=SC2086  # AB_ARGS are lists of arguments
       with_clock_log "$out/clocks_$run.csv" env PYTHONPATH="$site" timeout 150 "${PYTHON:-python3}" "bench/$pass.py" \
-        --out "$out/$run" ${AB_ARGS:-} >"$out/$run.log" 2>&1 || echo "$run: status $?"
+        --out "$out/$run" ${AB_ARGS:-} ${!pass_args:-} >"$out/$run.log" 2>&1 || echo "$run: status $?"
     done
   done
 done

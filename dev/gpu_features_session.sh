@@ -5,7 +5,8 @@
 #   phase build: every tree's package (dev/ab.sh, no benchmarks) beside the CUDA forward and
 #     backward suites; then the forward suite, the backward suite's BWD_FILTER cases (if set),
 #     compute-sanitizer on the varlen tests (unless FEATURES_NO_SANITIZERS), and
-#     bench/forward_features.py (FEATURES_CHECK: which features) with the peers on this tree's package.
+#     bench/forward_features.py (FEATURES_CHECK: which features) with the peers on this tree's
+#     package, and bench/backward.py once per ';'-separated argument list in FEATURES_BACKWARD_ARGS.
 #   phase check: this tree alone (forward suite, sm80 varlen/softcap cases, backward softcap
 #     cases, forward_features with the peers).
 #   phase ab: dev/ab.sh's alternating rounds (AB_PASSES/AB_ARGS as there) over the trees
@@ -46,6 +47,14 @@ build)
     ${FEATURES_CHECK:+--features "$FEATURES_CHECK"} >"$out/features.log" 2>&1)
   stamp "bench/forward_features.py: $?"
   tail -45 "$out/features.log"
+  IFS=';' read -ra backward_runs <<<"${FEATURES_BACKWARD_ARGS:-}"  # e.g. "--softcap 30;--alibi"
+  for i in "${!backward_runs[@]}"; do
+    # shellcheck disable=SC2086  # a list of arguments
+    (cd bench && PYTHONPATH=../build-ab/site timeout 150 "$py" backward.py --out "$out/backward_$i" \
+      ${backward_runs[$i]} >"$out/backward_$i.log" 2>&1)
+    stamp "bench/backward.py ${backward_runs[$i]}: $?"
+    tail -8 "$out/backward_$i.log"
+  done
   ;;
 check)  # this tree alone: the package, the forward suite and the backward suite's BWD_FILTER cases, features
   [ -d .deps/wheels ] && "$py" -m pip install --no-index --find-links .deps/wheels -q scikit-build-core nanobind >/dev/null 2>&1

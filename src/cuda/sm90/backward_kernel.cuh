@@ -276,6 +276,65 @@ __device__ __forceinline__ void probabilities_from_scores(float (&st)[kCols / 2]
   }
 }
 
+// The general variant of the TMA kernel (softcap, ALiBi), once dP^T is in: S^T (raw dot
+// products, the layout of probabilities_from_scores) becomes P^T in st and dS^T =
+// P^T o (dP^T - D) o g in dpt, where g = 1 - tanh^2 with a softcap (the derivative of the
+// capped score by the scaled one; the scale itself is applied to dK and dQ at the end), else 1.
+// The scores are those of the forward's general path (online_softmax.cuh): x = cap tanh(s scale
+// / cap) or s scale, minus slope |i + Sk - Sq - j|; P = 2^(x log2 e - lse log2 e). The tanh
+// is taken here rather than under dP^T's wgmma so that no third array (g) is held across it.
+// d_cols: this lane's D, column t * 8 + e at d_cols[t * 8 + e].
+template <int kCols>
+__device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols / 2], float (&dpt)[kCols / 2],
+                                                             const float* lse_cols, const float* d_cols,
+                                                             const BackwardBlock& blk, const ForwardParams& p,
+                                                             int64_t m0, int key0, float slope, bool needs_mask) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int quad_col = (threadIdx.x % 4) * 2;
+  const SequenceView& seq = blk.seq;
+  const bool softcap = p.softcap > 0.0f;
+  const float cap2 = softcap ? p.softcap * kLog2e : 0.0f;
+  const float tanh_exponent = -2.0f * kLog2e * p.softmax_scale / p.softcap;
+  const float score_scale = p.softmax_scale * kLog2e;
+  const float slope2 = slope * kLog2e;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = blk.j0 + key0 + r * 8;
+    int lo = 0, hi = kCols;  // the block columns key j sees
+    if (needs_mask) {
+      lo = hi = 0;
+      if (j < seq.seqlen_k) {
+        const KeyRange rows = rows_seeing_keys(j, j + 1, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+        const int64_t lo64 = rows.begin - m0, hi64 = rows.end - m0;
+        lo = lo64 < 0 ? 0 : (lo64 > kCols ? kCols : static_cast<int>(lo64));
+        hi = hi64 < 0 ? 0 : (hi64 > kCols ? kCols : static_cast<int>(hi64));
+      }
+    }
+    // |i + Sk - Sq - j| for column c = t * 8 + quad_col + e: |lane_diagonal + 8 t + e|.
+    const float lane_diagonal = static_cast<float>(m0 + quad_col + seq.seqlen_k - seq.seqlen_q - j);
+#pragma unroll
+    for (int t = 0; t < kCols / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = t * 8 + quad_col + e;
+        float& score = st[4 * t + 2 * r + e];
+        float x, grad = 1.0f;
+        if (softcap) {
+          const float th = ptx::tanh_of_scaled(score, tanh_exponent);
+          grad = fmaf(-th, th, 1.0f);
+          x = cap2 * th;
+        } else {
+          x = score * score_scale;
+        }
+        x = fmaf(-slope2, fabsf(lane_diagonal + static_cast<float>(t * 8 + e)), x);
+        const float prob = c >= lo && c < hi ? ptx::exp2_approx(x - lse_cols[c]) : 0.0f;
+        float& ds = dpt[4 * t + 2 * r + e];
+        ds = prob * (ds - d_cols[t * 8 + e]) * grad;
+        score = prob;
+      }
+  }
+}
+
 // A 64-row dQ tile of this warpgroup (kCols columns from col0, the accumulator layout) into the
 // fp32 accumulator with vector atomics, its first row at lse-shaped index `row` (query row m0);
 // rows past the sequence are skipped.

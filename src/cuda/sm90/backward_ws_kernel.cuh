@@ -20,6 +20,8 @@
 // Named barriers: the consumers meet once per step (every dS^T written before dQ reads it),
 // and the writer warp and the consumers hand the dQ tile back and forth.
 //
+// Softcap and ALiBi run in its general variant (general_probabilities_and_ds: P^T and dS^T
+// together once dP^T is in); dropout and the deterministic mode are not on it yet.
 // It takes dense calls (no cu_seqlens): their tensors are the 4-D boxes TMA reads, rows past
 // a sequence's end filled with zeros. The stats come from the preprocess in a padded copy
 // (BackwardKernelParams::lse_log2, delta_padded), rows rounded up to whole 64-row steps, so
@@ -209,7 +211,9 @@ __device__ __forceinline__ void write_dq(const WsBackwardArgs& args, const WsBac
   if (lane == 0) ptx::bulk_wait_all();  // the reduction completes before the CTA's memory goes
 }
 
-template <typename Cfg>
+// kGeneral: softcap or ALiBi (general_probabilities_and_ds); plain calls run a kernel without
+// that code.
+template <typename Cfg, bool kGeneral>
 __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, const WsBackwardShared<Cfg>& sh,
                                                  const BackwardBlock& blk, int consumer) {
   using Element = typename Cfg::Element;
@@ -281,8 +285,9 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
     ptx::wgmma_wait<1>();  // S^T
     ptx::wgmma_hold(st);
     const float* lse_cols = sh.stats(sh.lse + stage * Cfg::kStatBytes);
-    probabilities_from_scores<kBlockM, true>(st, lse_cols, blk, p, m0, lane_key0(fresh_tid()), score_scale,
-                                             blk.needs_mask(step));
+    if constexpr (!kGeneral)
+      probabilities_from_scores<kBlockM, true>(st, lse_cols, blk, p, m0, lane_key0(fresh_tid()), score_scale,
+                                               blk.needs_mask(step));
 
     // dS^T = P^T o (dP^T - D), D per column, into shared memory (16-bit) for dQ and dK. dV is
     // issued after it, as in FlashAttention-3: P^T's fragments are then not held through it
@@ -291,10 +296,17 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
     ptx::wgmma_hold(dpt);
     // This lane's columns of D: t * 8 + 2 (lane % 4) + 0..1.
     const float* d_cols = sh.stats(sh.delta + stage * Cfg::kStatBytes) + fresh_tid() % 4 * 2;
+    if constexpr (kGeneral) {
+      const float slope =
+          p.alibi_slopes != nullptr ? p.alibi_slopes[blk.b * p.alibi_batch_stride + step.head] : 0.0f;
+      general_probabilities_and_ds<kBlockM>(st, dpt, lse_cols, d_cols, blk, p, m0, lane_key0(fresh_tid()), slope,
+                                            blk.needs_mask(step));
+    } else {
 #pragma unroll
-    for (int t = 0; t < kTTiles; ++t)
+      for (int t = 0; t < kTTiles; ++t)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) dpt[4 * t + i] = st[4 * t + i] * (dpt[4 * t + i] - d_cols[t * 8 + i % 2]);
+        for (int i = 0; i < 4; ++i) dpt[4 * t + i] = st[4 * t + i] * (dpt[4 * t + i] - d_cols[t * 8 + i % 2]);
+    }
     const int ds_tid = fresh_tid();  // the stores' addresses from it (see fresh_tid)
     uint32_t ds_base = sh.k;
     asm volatile("" : "+r"(ds_base));
@@ -369,7 +381,7 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
   store_dk_dv<Element, kHeadDim>(kp, blk, lane_key0(fresh_tid()), 0, keys_out, dk, dv);
 }
 
-template <typename Cfg>
+template <typename Cfg, bool kGeneral>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) backward_ws_kernel(const __grid_constant__ WsBackwardArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(16) unsigned char backward_ws_shared[];  // aligned to 1 KiB below
@@ -396,7 +408,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) backward_ws_kernel(const __g
     return;
   }
   claim_registers<Cfg::kConsumerRegisters>();
-  consume_backward<Cfg>(args, sh, blk, warpgroup - 1);
+  consume_backward<Cfg, kGeneral>(args, sh, blk, warpgroup - 1);
 #else
   __trap();  // compiled for sm_90a only; the host launches it only where that code is loaded
 #endif
@@ -407,7 +419,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) backward_ws_kernel(const __g
 template <typename Cfg>
 bool prepare_ws_backward(const BackwardKernelParams& kp, WsBackwardArgs& args) {
   static PerDevice<bool> sm90_code;
-  if (!sm90_code.get([] { return kernel_ptx_version(backward_ws_kernel<Cfg>) >= 90; }) ||
+  if (!sm90_code.get([] { return kernel_ptx_version(backward_ws_kernel<Cfg, false>) >= 90; }) ||
       Cfg::kSharedBytes > shared_bytes_per_block_limit())
     return false;
   const ForwardParams& p = kp.bp.fwd;
@@ -427,14 +439,19 @@ template <typename Cfg>
 void launch_ws_backward(const WsBackwardArgs& args) {
   static PerDevice<bool> shared_bytes_allowed;
   shared_bytes_allowed.get([] {
-    allow_shared_bytes(backward_ws_kernel<Cfg>, Cfg::kSharedBytes);
+    allow_shared_bytes(backward_ws_kernel<Cfg, false>, Cfg::kSharedBytes);
+    allow_shared_bytes(backward_ws_kernel<Cfg, true>, Cfg::kSharedBytes);
     return true;
   });
   const ForwardParams& p = args.kp.bp.fwd;
   if (p.seqlen_k == 0) return;
   const dim3 grid = attention_grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_k, p.batch,
                                    blocks_work_differs(p.window_left, p.window_right));
-  backward_ws_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(args);
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  if (p.softcap > 0.0f || p.alibi_slopes != nullptr)
+    backward_ws_kernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(args);
+  else
+    backward_ws_kernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(args);
 }
 
 // The TMA kernel takes buckets 64 and 128; at 256 dK and dV of 64 keys do not fit a
