@@ -159,10 +159,10 @@ TEST_P(BackwardPlainCalls, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(HopperBuckets, BackwardPlainCalls, ::testing::Values(40, 64, 104, 128, 232, 256));
 
-// Softcap and ALiBi (alone and together) in the default mode at head dims in the buckets the
-// Hopper TMA backward takes (64 and 128, padded or whole), every mask, both 16-bit dtypes, GQA,
-// several key and query blocks, negative and positive slopes: on an H100/H200 these are its
-// general variant's calls.
+// Softcap, ALiBi and dropout (alone and together) in the default mode at head dims in the
+// buckets the Hopper TMA backward takes (64 and 128, padded or whole), every mask, both 16-bit
+// dtypes, GQA, several key and query blocks, negative and positive slopes: on an H100/H200
+// these are its general variant's calls.
 class BackwardHopperGeneralCalls : public ::testing::TestWithParam<int> {};
 
 TEST_P(BackwardHopperGeneralCalls, MatchesReference) {
@@ -171,13 +171,14 @@ TEST_P(BackwardHopperGeneralCalls, MatchesReference) {
   int n = 0;
   for (const Mask& m : kMasks)
     for (DType dt : {DType::Float16, DType::BFloat16}) {
-      const int features = n % 3;  // 0: softcap, 1: ALiBi, 2: both
+      const int features = n % 4;  // 0: softcap, 1: ALiBi, 2: both, 3: neither (dropout alone)
       Case c{.batch = 1 + n % 2, .seqlen_q = 150 + n % 3, .seqlen_k = 201 - 2 * (n % 4), .heads = 4,
              .heads_k = n % 3 == 0 ? 1 : 2, .head_dim = d, .dtype = dt, .causal = m.causal,
-             .window_left = m.left, .window_right = m.right, .softcap = features != 1 ? 3.5f : 0.0f,
-             .alibi = features != 0 ? Case::Alibi::PerHead : Case::Alibi::Off,
-             .alibi_scale = n % 4 == 1 ? -1.0f : 1.0f, .layout = layouts[n % 3]};
-      run_backward_case(c, 0.0f);
+             .window_left = m.left, .window_right = m.right,
+             .softcap = features == 0 || features == 2 ? 3.5f : 0.0f,
+             .alibi = features == 1 || features == 2 ? Case::Alibi::PerHead : Case::Alibi::Off,
+             .alibi_scale = n % 5 == 1 ? -1.0f : 1.0f, .layout = layouts[n % 3]};
+      run_backward_case(c, features == 3 || n % 5 == 2 ? 0.17f : 0.0f);
       ++n;
     }
 }

@@ -130,14 +130,16 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
   }
 }
 
-// The sm90 kernels take calls in the default (atomic dQ) mode without dropout, on a GPU that
-// loaded their sm_90a code: the TMA kernel softcap and ALiBi too (its general variant), the
+// The sm90 kernels take calls in the default (atomic dQ) mode, on a GPU that loaded their
+// sm_90a code: the TMA kernel softcap, ALiBi and dropout too (its general variant), the
 // cp.async kernel plain calls only. FLASHATTN_CUDA_BACKWARD=sm80 keeps every call on the sm80
 // kernels.
 bool sm90_may_take(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
-  return forced != knobs::KernelFamily::Sm80 && !kp.bp.deterministic && !kp.has_dropout;
+  return forced != knobs::KernelFamily::Sm80 && !kp.bp.deterministic;
 }
-bool is_plain(const ForwardParams& p) { return p.softcap <= 0.0f && p.alibi_slopes == nullptr; }
+bool is_plain(const sm80::BackwardKernelParams& kp) {
+  return kp.bp.fwd.softcap <= 0.0f && kp.bp.fwd.alibi_slopes == nullptr && !kp.has_dropout;
+}
 
 // The TMA kernel: dense calls at buckets 64 and 128 whose tensors TMA can describe (args gets
 // their maps); FLASHATTN_SM90_BACKWARD_LOADS=cp.async leaves plain ones to the cp.async kernel.
@@ -156,7 +158,7 @@ bool prepare_sm90_ws(const sm80::BackwardKernelParams& kp, knobs::KernelFamily f
 template <typename Element>
 bool run_sm90(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
   const ForwardParams& p = kp.bp.fwd;
-  if (!sm90_may_take(kp, forced) || !is_plain(p)) return false;
+  if (!sm90_may_take(kp, forced) || !is_plain(kp)) return false;
   switch (head_dim_bucket(p.head_dim)) {
     case 64: return sm90::run_backward<Element, 64>(kp);
     case 128: return sm90::run_backward<Element, 128>(kp);

@@ -276,19 +276,54 @@ __device__ __forceinline__ void probabilities_from_scores(float (&st)[kCols / 2]
   }
 }
 
-// The general variant of the TMA kernel (softcap, ALiBi), once dP^T is in: S^T (raw dot
-// products, the layout of probabilities_from_scores) becomes P^T in st and dS^T =
-// P^T o (dP^T - D) o g in dpt, where g = 1 - tanh^2 with a softcap (the derivative of the
-// capped score by the scaled one; the scale itself is applied to dK and dQ at the end), else 1.
-// The scores are those of the forward's general path (online_softmax.cuh): x = cap tanh(s scale
-// / cap) or s scale, minus slope |i + Sk - Sq - j|; P = 2^(x log2 e - lse log2 e). The tanh
-// is taken here rather than under dP^T's wgmma so that no third array (g) is held across it.
-// d_cols: this lane's D, column t * 8 + e at d_cols[t * 8 + e].
+// Dropout's keep bits of this lane's scores of key row r (key j = j0 + key0 + 8 r; the
+// layout of probabilities_from_scores), bit 2 t + e for column t * 8 + quad_col + e. One
+// Philox call gives the bits of 4 consecutive keys of one query row (common/philox.hpp); in
+// this transposed layout those keys belong to the 4 lanes 16 a + 4 m + c (m = 0..3, m = j % 4),
+// so each of them makes a quarter of the calls and the words are exchanged by shuffles: 8 calls
+// a step per thread at 64 columns, where one per score would be 32.
+template <int kCols>
+__device__ __forceinline__ uint32_t dropout_keep_mask(const DropoutRng& rng, uint32_t b, uint32_t h, int64_t m0,
+                                                      int64_t j) {
+  constexpr int kColumns = kCols / 4;  // this lane's columns: q = 2 t + e
+  static_assert(kColumns <= 32, "one bit per column in a word");
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int m = (lane / 4) % 4, quad_col = (lane % 4) * 2;
+  const uint32_t group = static_cast<uint32_t>(j / 4);
+  uint32_t made = 0;  // nibble k: the call of column q = 4 k + m, bit n for key 4 group + n
+  // One call at a time: unrolled, ptxas interleaves the calls and the h128 kernel spills.
+#pragma unroll 1
+  for (int k = 0; k < kColumns / 4; ++k) {
+    const int q = 4 * k + m;
+    const uint32_t i = static_cast<uint32_t>(m0 + (q / 2) * 8 + quad_col + q % 2);
+    made |= rng.keep_bits4(b, h, i, group) << (4 * k);
+  }
+  uint32_t mask = 0;
+  const int first_lane = (lane & 16) | (lane & 3);
+#pragma unroll
+  for (int other = 0; other < 4; ++other) {  // the columns q = 4 k + other, made by lane `other`
+    const uint32_t word = __shfl_sync(0xffffffffu, made, first_lane + 4 * other);
+#pragma unroll
+    for (int k = 0; k < kColumns / 4; ++k) mask |= ((word >> (4 * k + m)) & 1u) << (4 * k + other);
+  }
+  return mask;
+}
+
+// The general variant of the TMA kernel (softcap, ALiBi, dropout), once dP^T is in: S^T (raw
+// dot products, the layout of probabilities_from_scores) becomes the kept P^T (P o M / (1 - p),
+// what dV takes) in st and dS^T = P^T o (dP^T o M / (1 - p) - D) o g in dpt, where g =
+// 1 - tanh^2 with a softcap (the derivative of the capped score by the scaled one; the scale
+// itself is applied to dK and dQ at the end), else 1. The scores are those of the forward's
+// general path (online_softmax.cuh): x = cap tanh(s scale / cap) or s scale, minus slope
+// |i + Sk - Sq - j|; P = 2^(x log2 e - lse log2 e). The tanh is taken here rather than under
+// dP^T's wgmma so that no third array (g) is held across it. d_cols: this lane's D, column
+// t * 8 + e at d_cols[t * 8 + e]; rng: null without dropout, else with the (b, h) it draws for.
 template <int kCols>
 __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols / 2], float (&dpt)[kCols / 2],
                                                              const float* lse_cols, const float* d_cols,
                                                              const BackwardBlock& blk, const ForwardParams& p,
-                                                             int64_t m0, int key0, float slope, bool needs_mask) {
+                                                             int64_t m0, int key0, float slope, bool needs_mask,
+                                                             const DropoutRng* rng, uint32_t b, uint32_t h) {
   constexpr float kLog2e = 1.4426950408889634f;
   const int quad_col = (threadIdx.x % 4) * 2;
   const SequenceView& seq = blk.seq;
@@ -297,9 +332,11 @@ __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols /
   const float tanh_exponent = -2.0f * kLog2e * p.softmax_scale / p.softcap;
   const float score_scale = p.softmax_scale * kLog2e;
   const float slope2 = slope * kLog2e;
+  const float keep_scale = rng != nullptr ? rng->scale : 1.0f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t j = blk.j0 + key0 + r * 8;
+    const uint32_t keep = rng != nullptr ? dropout_keep_mask<kCols>(*rng, b, h, m0, j) : ~0u;
     int lo = 0, hi = kCols;  // the block columns key j sees
     if (needs_mask) {
       lo = hi = 0;
@@ -328,9 +365,10 @@ __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols /
         }
         x = fmaf(-slope2, fabsf(lane_diagonal + static_cast<float>(t * 8 + e)), x);
         const float prob = c >= lo && c < hi ? ptx::exp2_approx(x - lse_cols[c]) : 0.0f;
+        const bool kept = (keep >> (2 * t + e)) & 1u;
         float& ds = dpt[4 * t + 2 * r + e];
-        ds = prob * (ds - d_cols[t * 8 + e]) * grad;
-        score = prob;
+        ds = prob * ((kept ? ds * keep_scale : 0.0f) - d_cols[t * 8 + e]) * grad;
+        score = kept ? prob * keep_scale : 0.0f;
       }
   }
 }

@@ -20,8 +20,8 @@
 // Named barriers: the consumers meet once per step (every dS^T written before dQ reads it),
 // and the writer warp and the consumers hand the dQ tile back and forth.
 //
-// Softcap and ALiBi run in its general variant (general_probabilities_and_ds: P^T and dS^T
-// together once dP^T is in); dropout and the deterministic mode are not on it yet.
+// Softcap, ALiBi and dropout run in its general variant (general_probabilities_and_ds: P^T and
+// dS^T together once dP^T is in); the deterministic mode is not on it yet.
 // It takes dense calls (no cu_seqlens): their tensors are the 4-D boxes TMA reads, rows past
 // a sequence's end filled with zeros. The stats come from the preprocess in a padded copy
 // (BackwardKernelParams::lse_log2, delta_padded), rows rounded up to whole 64-row steps, so
@@ -211,8 +211,8 @@ __device__ __forceinline__ void write_dq(const WsBackwardArgs& args, const WsBac
   if (lane == 0) ptx::bulk_wait_all();  // the reduction completes before the CTA's memory goes
 }
 
-// kGeneral: softcap or ALiBi (general_probabilities_and_ds); plain calls run a kernel without
-// that code.
+// kGeneral: softcap, ALiBi or dropout (general_probabilities_and_ds); plain calls run a kernel
+// without that code.
 template <typename Cfg, bool kGeneral>
 __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, const WsBackwardShared<Cfg>& sh,
                                                  const BackwardBlock& blk, int consumer) {
@@ -300,7 +300,8 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
       const float slope =
           p.alibi_slopes != nullptr ? p.alibi_slopes[blk.b * p.alibi_batch_stride + step.head] : 0.0f;
       general_probabilities_and_ds<kBlockM>(st, dpt, lse_cols, d_cols, blk, p, m0, lane_key0(fresh_tid()), slope,
-                                            blk.needs_mask(step));
+                                            blk.needs_mask(step), kp.has_dropout ? &kp.dropout : nullptr,
+                                            static_cast<uint32_t>(blk.b), static_cast<uint32_t>(step.head));
     } else {
 #pragma unroll
       for (int t = 0; t < kTTiles; ++t)
@@ -448,7 +449,7 @@ void launch_ws_backward(const WsBackwardArgs& args) {
   const dim3 grid = attention_grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.heads_k, p.batch,
                                    blocks_work_differs(p.window_left, p.window_right));
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (p.softcap > 0.0f || p.alibi_slopes != nullptr)
+  if (p.softcap > 0.0f || p.alibi_slopes != nullptr || args.kp.has_dropout)
     backward_ws_kernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(args);
   else
     backward_ws_kernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(args);
