@@ -56,51 +56,6 @@ void transpose_block(const float* src, int64_t row_stride, int cols, int width, 
       dst[static_cast<int64_t>(d) * kBlockK + col0 + j] = src[j * row_stride + d];
 }
 
-FA_CPU_DISPATCH void softmax_step(float* scores, float* m, float* l, float* acc,
-                                  int head_dim_v) {
-  float block_max = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : block_max)
-  for (int j = 0; j < kBlockK; ++j) block_max = scores[j] > block_max ? scores[j] : block_max;
-  // NaN if a score is NaN (or two are opposite infinities): the fast exp below is wrong there.
-  float probe = 0.0f;
-#pragma omp simd reduction(+ : probe)
-  for (int j = 0; j < kBlockK; ++j) probe += scores[j];
-  const float m_new = *m > block_max ? *m : block_max;
-  // Nothing visible in this row yet: every probability is 0 and the row stays as it was.
-  // The max skips NaN, so a block whose scores are all NaN (or NaN and masked) also lands
-  // here: then the running sum becomes NaN, which poisons the row's out and lse, as in the
-  // reference. (A block with some finite scores poisons the row through exp(NaN) below.)
-  if (m_new == -std::numeric_limits<float>::infinity()) {
-    for (int j = 0; j < kBlockK; ++j) {
-      if (scores[j] != scores[j]) *l = scores[j];
-      scores[j] = 0.0f;
-    }
-    return;
-  }
-  float sum = 0.0f;
-  if (probe == probe && m_new != std::numeric_limits<float>::infinity()) {
-    // The common case: every score - m_new is <= 0 or -inf.
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < kBlockK; ++j) {
-      const float p = exp_nonpositive(scores[j] - m_new);
-      scores[j] = p;
-      sum += p;
-    }
-  } else {  // NaN (or inf - inf) poisons the row
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < kBlockK; ++j) {
-      const float p = exp_approx(scores[j] - m_new);
-      scores[j] = p;
-      sum += p;
-    }
-  }
-  const float alpha = exp_approx(*m - m_new);  // 0 when the row had seen nothing before
-  *l = *l * alpha + sum;
-  *m = m_new;
-  if (alpha != 1.0f)
-    for (int d = 0; d < head_dim_v; ++d) acc[d] *= alpha;
-}
-
 namespace {
 
 // The two tile products, written once over a vector type V of W floats (GCC/Clang vector
@@ -122,6 +77,159 @@ FA_INLINE void store(float* p, V v) {
 }
 template <typename V>
 constexpr int width = sizeof(V) / sizeof(float);
+
+template <int Bytes>
+struct IntVector;
+template <>
+struct IntVector<16> {
+  using type = int32_t __attribute__((vector_size(16)));
+};
+template <>
+struct IntVector<32> {
+  using type = int32_t __attribute__((vector_size(32)));
+};
+template <>
+struct IntVector<64> {
+  using type = int32_t __attribute__((vector_size(64)));
+};
+template <typename V>
+using IntOf = typename IntVector<sizeof(V)>::type;
+
+template <typename V>
+FA_INLINE V splat(float x) {
+  return V{} + x;
+}
+
+// The exponentials of U vectors at once, each step of exp_in_range (exp_approx.hpp) taken
+// for all U before the next: the steps of one vector form a chain of some 15 dependent
+// operations (the polynomial alone 7 multiply-adds), so one vector at a time left the loop
+// waiting on latency (about 22 cycles per 8 floats on Zen 1, 14 with U = 4). The same
+// arithmetic, so the same results bit for bit, except that 2^n is built from the bits of the
+// rounding sum t = x log2(e) + 1.5 * 2^23, whose low mantissa bits hold n, instead of
+// converting n back to an integer (one operation fewer; the same n).
+// kNonpositive: x <= 0 or -inf (exp_nonpositive), else any float (exp_approx).
+template <typename V, int U, bool kNonpositive>
+FA_INLINE void exp_lockstep(V (&x)[U]) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693145751953125f;
+  constexpr float kLn2Lo = 1.42860682030941723e-6f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  using I = IntOf<V>;
+  const V lo = splat<V>(-87.0f), hi = splat<V>(88.0f);
+  V c[U], t[U], r[U], p[U];
+  for (int u = 0; u < U; ++u) {
+    if constexpr (kNonpositive)
+      c[u] = x[u] >= lo ? x[u] : lo;
+    else
+      c[u] = x[u] >= lo ? (x[u] <= hi ? x[u] : hi) : lo;
+  }
+  for (int u = 0; u < U; ++u) t[u] = c[u] * kLog2e + kRound;
+  for (int u = 0; u < U; ++u) {
+    const V n = t[u] - kRound;
+    r[u] = (c[u] - n * kLn2Hi) - n * kLn2Lo;
+  }
+  for (int u = 0; u < U; ++u) p[u] = r[u] * (1.0f / 5040.0f) + 1.0f / 720.0f;
+  for (int u = 0; u < U; ++u) p[u] = p[u] * r[u] + 1.0f / 120.0f;
+  for (int u = 0; u < U; ++u) p[u] = p[u] * r[u] + 1.0f / 24.0f;
+  for (int u = 0; u < U; ++u) p[u] = p[u] * r[u] + 1.0f / 6.0f;
+  for (int u = 0; u < U; ++u) p[u] = p[u] * r[u] + 0.5f;
+  for (int u = 0; u < U; ++u) p[u] = p[u] * r[u] + 1.0f;
+  for (int u = 0; u < U; ++u) p[u] = p[u] * r[u] + 1.0f;
+  for (int u = 0; u < U; ++u) {
+    I bits;
+    __builtin_memcpy(&bits, &t[u], sizeof bits);
+    bits = (bits + (127 - 0x4B400000)) << 23;  // (n + 127) << 23
+    V scale;
+    __builtin_memcpy(&scale, &bits, sizeof scale);
+    const V result = p[u] * scale;
+    if constexpr (kNonpositive) {
+      x[u] = x[u] >= lo ? result : V{};
+    } else {
+      const V bounded = x[u] > hi ? splat<V>(std::numeric_limits<float>::infinity()) : result;
+      x[u] = x[u] < lo ? V{} : (x[u] != x[u] ? x[u] : bounded);
+    }
+  }
+}
+
+// softmax_step (kernels.hpp) over vectors of W floats.
+template <typename V>
+FA_INLINE void softmax_row(float* scores, float* m, float* l, float* acc, int head_dim_v) {
+  constexpr int W = width<V>;
+  constexpr int U = 4;
+  static_assert(kBlockK % (U * W) == 0, "a score row is a whole number of groups");
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  // One pass for the max (NaN skipped) and a probe sum, NaN if a score is NaN (or two are
+  // opposite infinities): the fast exp below is wrong there.
+  V vmax = splat<V>(-kInf), vprobe = V{};
+  for (int j = 0; j < kBlockK; j += W) {
+    const V x = load<V>(scores + j);
+    vmax = x > vmax ? x : vmax;
+    vprobe += x;
+  }
+  float block_max = -kInf, probe = 0.0f;
+  for (int w = 0; w < W; ++w) {
+    block_max = vmax[w] > block_max ? vmax[w] : block_max;
+    probe += vprobe[w];
+  }
+  const float m_new = *m > block_max ? *m : block_max;
+  // Nothing visible in this row yet: every probability is 0 and the row stays as it was.
+  // The max skips NaN, so a block whose scores are all NaN (or NaN and masked) also lands
+  // here: then the running sum becomes NaN, which poisons the row's out and lse, as in the
+  // reference. (A block with some finite scores poisons the row through exp(NaN) below.)
+  if (m_new == -kInf) {
+    for (int j = 0; j < kBlockK; ++j) {
+      if (scores[j] != scores[j]) *l = scores[j];
+      scores[j] = 0.0f;
+    }
+    return;
+  }
+  V vsum[U] = {};
+  const V shift = splat<V>(m_new);
+  if (probe == probe && m_new != kInf) {
+    // The common case: every score - m_new is <= 0 or -inf.
+    for (int j = 0; j < kBlockK; j += U * W) {
+      V x[U];
+      for (int u = 0; u < U; ++u) x[u] = load<V>(scores + j + u * W) - shift;
+      exp_lockstep<V, U, true>(x);
+      for (int u = 0; u < U; ++u) {
+        store(scores + j + u * W, x[u]);
+        vsum[u] += x[u];
+      }
+    }
+  } else {  // NaN (or inf - inf) poisons the row
+    for (int j = 0; j < kBlockK; j += U * W) {
+      V x[U];
+      for (int u = 0; u < U; ++u) x[u] = load<V>(scores + j + u * W) - shift;
+      exp_lockstep<V, U, false>(x);
+      for (int u = 0; u < U; ++u) {
+        store(scores + j + u * W, x[u]);
+        vsum[u] += x[u];
+      }
+    }
+  }
+  const V total = (vsum[0] + vsum[1]) + (vsum[2] + vsum[3]);
+  float sum = 0.0f;
+  for (int w = 0; w < W; ++w) sum += total[w];
+  const float alpha = exp_approx(*m - m_new);  // 0 when the row had seen nothing before
+  *l = *l * alpha + sum;
+  *m = m_new;
+  if (alpha != 1.0f)
+    for (int d = 0; d < head_dim_v; ++d) acc[d] *= alpha;
+}
+
+// backward_probabilities (kernels.hpp) over vectors of W floats.
+template <typename V>
+FA_INLINE void backward_probabilities_row(float* prob, float lse) {
+  constexpr int W = width<V>;
+  constexpr int U = 4;
+  const V shift = splat<V>(lse);
+  for (int j = 0; j < kBlockK; j += U * W) {
+    V x[U];
+    for (int u = 0; u < U; ++u) x[u] = load<V>(prob + j + u * W) - shift;
+    exp_lockstep<V, U, false>(x);
+    for (int u = 0; u < U; ++u) store(prob + j + u * W, x[u]);
+  }
+}
 
 // s[r][c0 + x] = sum_d q[r][d] * kt[d][c0 + x] for r < R, x < C * W.
 template <typename V, int R, int C>
@@ -242,11 +350,13 @@ using Float4 = float __attribute__((vector_size(16)));
 using Float8 = float __attribute__((vector_size(32)));
 using Float16 = float __attribute__((vector_size(64)));
 
-FA_INLINE void backward_probabilities_row(float* prob, float lse) {
-  for (int j = 0; j < kBlockK; ++j) prob[j] = exp_approx(prob[j] - lse);
-}
+template <typename V>
 void backward_probabilities_variant(float* prob, float lse) {
-  backward_probabilities_row(prob, lse);
+  backward_probabilities_row<V>(prob, lse);
+}
+template <typename V>
+void softmax_step_variant(float* scores, float* m, float* l, float* acc, int head_dim_v) {
+  softmax_row<V>(scores, m, l, acc, head_dim_v);
 }
 
 // The dot product in double over vectors VD of doubles: four accumulators, each lane a
@@ -279,6 +389,7 @@ using Double8 = double __attribute__((vector_size(64)));
 using ScoreTile = void (*)(const float*, const float*, float*, int, int);
 using DotDouble = double (*)(const float*, const float*, int);
 using BackwardProbabilities = void (*)(float*, float);
+using SoftmaxStep = void (*)(float*, float*, float*, float*, int);
 using AccumulatePv = void (*)(Weights, const float*, int64_t, float*, int64_t, int, int, int);
 
 // One variant per instruction set, with the register block that fills its register file:
@@ -305,6 +416,7 @@ struct TileProducts {
   AccumulatePv accumulate_pv;
   BackwardProbabilities backward_probabilities;
   DotDouble dot_double;
+  SoftmaxStep softmax_step;
 };
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
@@ -335,10 +447,20 @@ void accumulate_pv_avx2(Weights p, const float* v, int64_t v_row_stride, float* 
 
 FA_TARGET("avx512f,avx2,fma")
 void backward_probabilities_avx512(float* prob, float lse) {
-  backward_probabilities_row(prob, lse);
+  backward_probabilities_row<Float16>(prob, lse);
 }
 FA_TARGET("avx2,fma")
-void backward_probabilities_avx2(float* prob, float lse) { backward_probabilities_row(prob, lse); }
+void backward_probabilities_avx2(float* prob, float lse) {
+  backward_probabilities_row<Float8>(prob, lse);
+}
+FA_TARGET("avx512f,avx2,fma")
+void softmax_step_avx512(float* scores, float* m, float* l, float* acc, int head_dim_v) {
+  softmax_row<Float16>(scores, m, l, acc, head_dim_v);
+}
+FA_TARGET("avx2,fma")
+void softmax_step_avx2(float* scores, float* m, float* l, float* acc, int head_dim_v) {
+  softmax_row<Float8>(scores, m, l, acc, head_dim_v);
+}
 
 FA_TARGET("avx512f,avx2,fma")
 double dot_double_avx512(const float* a, const float* b, int n) {
@@ -353,16 +475,19 @@ TileProducts pick_tile_products() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f"))
     return {score_tile_avx512, accumulate_pv_avx512, backward_probabilities_avx512,
-            dot_double_avx512};
+            dot_double_avx512, softmax_step_avx512};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {score_tile_avx2, accumulate_pv_avx2, backward_probabilities_avx2, dot_double_avx2};
+    return {score_tile_avx2, accumulate_pv_avx2, backward_probabilities_avx2, dot_double_avx2,
+            softmax_step_avx2};
   return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>,
-          backward_probabilities_variant, dot_double_variant<Double2>};
+          backward_probabilities_variant<Float4>, dot_double_variant<Double2>,
+          softmax_step_variant<Float4>};
 }
 #else
 TileProducts pick_tile_products() {
   return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>,
-          backward_probabilities_variant, dot_double_variant<Double2>};
+          backward_probabilities_variant<Float4>, dot_double_variant<Double2>,
+          softmax_step_variant<Float4>};
 }
 #endif
 
@@ -379,6 +504,10 @@ void score_tile(const float* q, const float* kt, float* s, int rows, int head_di
 
 double dot_double(const float* a, const float* b, int n) {
   return tile_products().dot_double(a, b, n);
+}
+
+void softmax_step(float* scores, float* m, float* l, float* acc, int head_dim_v) {
+  tile_products().softmax_step(scores, m, l, acc, head_dim_v);
 }
 
 void backward_probabilities(float* prob, float lse) {
