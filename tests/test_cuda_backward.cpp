@@ -179,24 +179,45 @@ TEST(CudaMultiGpu, EachCallRunsOnItsTensorsGpu) {
   }
 }
 
+// The odd GQA case with dropout, and (on Hopper: the TMA kernel's turns, key blocks adding to
+// each dQ tile in their order) a longer causal one with a sliding window and softcap at head dim
+// 64, where 9 key blocks add to a tile and the first block differs from tile to tile.
 TEST(CudaBackward, DeterministicModeIsBitwiseReproducible) {
-  const Case c = odd_gqa_case();
-  SCOPED_TRACE(c.describe());
-  GpuProblem p(c, dropout_options(c, true));
-  DeviceTensors d(p);
-  std::vector<unsigned char> first[3];
-  for (int run = 0; run < 50; ++run) {
-    const RunInfo info = d.backward(p.o);
-    EXPECT_TRUE(info.deterministic);
-    const Buffer* grads[] = {&p.dq, &p.dk, &p.dv};
-    for (int g = 0; g < 3; ++g) {
-      if (run == 0)
-        first[g] = grads[g]->bytes;
-      else
-        ASSERT_EQ(grads[g]->bytes, first[g]) << "gradient " << "qkv"[g] << ", run " << run;
+  Case windowed;
+  windowed.batch = 2;
+  windowed.seqlen_q = 1000;
+  windowed.seqlen_k = 1100;
+  windowed.heads = 4;
+  windowed.heads_k = 2;
+  windowed.head_dim = 64;
+  windowed.dtype = DType::BFloat16;
+  windowed.causal = true;
+  windowed.window_left = 700;
+  windowed.softcap = 20.0f;
+  for (const Case& c : {odd_gqa_case(), windowed}) {
+    SCOPED_TRACE(c.describe());
+    Options o = dropout_options(c, true);
+    if (c.window_left >= 0) {
+      o.dropout_p = 0.0f;
+      o.window_left = c.window_left;
+      o.softcap = c.softcap;
     }
+    GpuProblem p(c, o);
+    DeviceTensors d(p);
+    std::vector<unsigned char> first[3];
+    for (int run = 0; run < 50; ++run) {
+      const RunInfo info = d.backward(p.o);
+      EXPECT_TRUE(info.deterministic);
+      const Buffer* grads[] = {&p.dq, &p.dk, &p.dv};
+      for (int g = 0; g < 3; ++g) {
+        if (run == 0)
+          first[g] = grads[g]->bytes;
+        else
+          ASSERT_EQ(grads[g]->bytes, first[g]) << "gradient " << "qkv"[g] << ", run " << run;
+      }
+    }
+    expect_gradients_match_reference(p, "deterministic");
   }
-  expect_gradients_match_reference(p, "deterministic");
 }
 
 TEST(CudaBackward, DefaultModeAgreesWithDeterministicMode) {

@@ -2,15 +2,16 @@
 // the call's dtype and head-dim bucket, and the dQ conversion.
 //
 //   1. preprocess:  D_i = rowsum(dO_i o O_i) in fp32 (O as the forward wrote it, dropout
-//                   included), and the fp32 dQ accumulator zeroed (default mode); for the
-//                   sm90 TMA kernel D and lse log2(e) into padded copies instead;
+//                   included), and the fp32 dQ accumulator zeroed (where there is one); for
+//                   the sm90 TMA kernel D and lse log2(e) into padded copies instead;
 //   2. the kernels: on Hopper the sm90 ones where they cover the call (the TMA kernel,
-//                   sm90/backward_ws_kernel.cuh, for dense plain calls at buckets 64 and 128;
-//                   the cp.async one, sm90/backward_kernel.cuh, for the other plain calls),
-//                   else the sm80 kernels (backward_kernel.cuh): dK and dV; dQ into the
-//                   accumulator (default), or dQ straight into dq by a query-parallel kernel
-//                   (deterministic mode);
-//   3. convert:     dq = softmax_scale * accumulator in dq's dtype (default mode).
+//                   sm90/backward_ws_kernel.cuh, for dense calls at buckets 64 and 128, every
+//                   feature, both modes; the cp.async one, sm90/backward_kernel.cuh, for the
+//                   other plain calls in the default mode), else the sm80 kernels
+//                   (backward_kernel.cuh): dK and dV; dQ into the accumulator (default mode
+//                   and the TMA kernel's deterministic one, which adds in a fixed order), or
+//                   dQ straight into dq by a query-parallel kernel (sm80, deterministic mode);
+//   3. convert:     dq = softmax_scale * accumulator in dq's dtype (where there is one).
 //
 // The workspace (accumulator, rows x bucket floats, and D, one float per row, both indexed
 // like lse; or for the TMA kernel the padded D and lse copies instead of D) is allocated and
@@ -130,15 +131,13 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
   }
 }
 
-// The sm90 kernels take calls in the default (atomic dQ) mode, on a GPU that loaded their
-// sm_90a code: the TMA kernel softcap, ALiBi and dropout too (its general variant), the
-// cp.async kernel plain calls only. FLASHATTN_CUDA_BACKWARD=sm80 keeps every call on the sm80
-// kernels.
-bool sm90_may_take(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
-  return forced != knobs::KernelFamily::Sm80 && !kp.bp.deterministic;
-}
+// The sm90 kernels take calls on a GPU that loaded their sm_90a code: the TMA kernel every
+// feature (softcap, ALiBi and dropout in its general variant) in both modes, the cp.async
+// kernel plain calls in the default (atomic dQ) mode. FLASHATTN_CUDA_BACKWARD=sm80 keeps every
+// call on the sm80 kernels.
+bool sm90_may_take(knobs::KernelFamily forced) { return forced != knobs::KernelFamily::Sm80; }
 bool is_plain(const sm80::BackwardKernelParams& kp) {
-  return kp.bp.fwd.softcap <= 0.0f && kp.bp.fwd.alibi_slopes == nullptr && !kp.has_dropout;
+  return kp.bp.fwd.softcap <= 0.0f && kp.bp.fwd.alibi_slopes == nullptr && !kp.has_dropout && !kp.bp.deterministic;
 }
 
 // The TMA kernel: dense calls at buckets 64 and 128 whose tensors TMA can describe (args gets
@@ -146,7 +145,7 @@ bool is_plain(const sm80::BackwardKernelParams& kp) {
 template <typename Element>
 bool prepare_sm90_ws(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced, sm90::WsBackwardArgs& args) {
   const ForwardParams& p = kp.bp.fwd;
-  if (!sm90_may_take(kp, forced) || p.is_varlen() || !knobs::sm90_backward_uses_tma()) return false;
+  if (!sm90_may_take(forced) || p.is_varlen() || !knobs::sm90_backward_uses_tma()) return false;
   switch (head_dim_bucket(p.head_dim)) {
     case 64: return sm90::prepare_backward_ws<Element, 64>(kp, args);
     case 128: return sm90::prepare_backward_ws<Element, 128>(kp, args);
@@ -158,7 +157,7 @@ bool prepare_sm90_ws(const sm80::BackwardKernelParams& kp, knobs::KernelFamily f
 template <typename Element>
 bool run_sm90(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced) {
   const ForwardParams& p = kp.bp.fwd;
-  if (!sm90_may_take(kp, forced) || !is_plain(kp)) return false;
+  if (!sm90_may_take(forced) || !is_plain(kp)) return false;
   switch (head_dim_bucket(p.head_dim)) {
     case 64: return sm90::run_backward<Element, 64>(kp);
     case 128: return sm90::run_backward<Element, 128>(kp);
@@ -220,20 +219,28 @@ size_t run_backward(const BackwardParams& bp, knobs::KernelFamily forced) {
   // Rows of the lse-shaped buffers: B H Sq dense, H total_q varlen.
   const int64_t rows = p.is_varlen() ? int64_t{p.heads} * p.lse_head_stride
                                      : int64_t{p.batch} * p.lse_batch_stride;
+  // The accumulator, but for the sm80 kernels' deterministic mode (their dQ kernel writes dQ).
   const size_t accum_bytes =
-      bp.deterministic ? 0 : static_cast<size_t>(rows) * kp.accum_dim * sizeof(float);
-  // D indexed like lse, or (TMA kernel) D and lse log2(e) per (b, h) in whole 64-row steps.
+      bp.deterministic && !ws ? 0 : static_cast<size_t>(rows) * kp.accum_dim * sizeof(float);
+  // D indexed like lse, or (TMA kernel) D and lse log2(e) per (b, h) in whole 64-row steps,
+  // and in deterministic mode a turn counter per step.
   kp.padded_rows = ws ? (p.seqlen_q + 63) / 64 * 64 : 0;
-  const size_t padded_bytes = static_cast<size_t>(int64_t{p.batch} * p.heads * kp.padded_rows) * sizeof(float);
+  const int64_t padded_count = int64_t{p.batch} * p.heads * kp.padded_rows;
+  const size_t padded_bytes = static_cast<size_t>(padded_count) * sizeof(float);
   const size_t stats_bytes = ws ? 2 * padded_bytes : static_cast<size_t>(rows) * sizeof(float);
+  const size_t turns_bytes = ws && bp.deterministic ? static_cast<size_t>(padded_count / 64) * sizeof(int) : 0;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  StreamAllocation workspace(accum_bytes + stats_bytes, stream, "backward workspace");
+  StreamAllocation workspace(accum_bytes + stats_bytes + turns_bytes, stream, "backward workspace");
   char* base = static_cast<char*>(workspace.data());
   kp.dq_accum = accum_bytes > 0 ? reinterpret_cast<float*>(base) : nullptr;
   if (ws) {
     kp.dq_accum_swizzled = true;
     kp.lse_log2 = reinterpret_cast<float*>(base + accum_bytes);
     kp.delta_padded = reinterpret_cast<float*>(base + accum_bytes + padded_bytes);
+    if (turns_bytes > 0) {
+      kp.dq_turns = reinterpret_cast<int*>(base + accum_bytes + stats_bytes);
+      throw_if_failed(cudaMemsetAsync(kp.dq_turns, 0, turns_bytes, stream), "zeroing the dQ turn counters");
+    }
   } else {
     kp.delta = reinterpret_cast<float*>(base + accum_bytes);
   }
@@ -243,7 +250,7 @@ size_t run_backward(const BackwardParams& bp, knobs::KernelFamily forced) {
   else
     run_all<__nv_bfloat16>(kp, forced, ws ? &ws_args : nullptr);
   throw_if_failed(cudaGetLastError(), "successful kernel launches");
-  return accum_bytes + stats_bytes;
+  return accum_bytes + stats_bytes + turns_bytes;
 }
 
 }  // namespace

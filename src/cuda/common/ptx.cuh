@@ -161,6 +161,23 @@ __device__ __forceinline__ void bulk_wait_all() {
 #endif
 }
 
+// A flag in global memory that orders work across CTAs (the deterministic backward's turns):
+// read with acquire, written with release, at GPU scope. Between them and the bulk
+// operations that the flag orders, fence_proxy_async_global: those run in the async proxy.
+__device__ __forceinline__ int ld_acquire_gpu(const int* flag) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(flag) : "memory");
+  return value;
+}
+__device__ __forceinline__ void st_release_gpu(int* flag, int value) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(value) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
 // Warpgroup MMA (wgmma, sm_90a; the instructions themselves are in wgmma.cuh). A shared-memory
 // operand is described by a 64-bit descriptor: its start address, the byte offsets between
 // its 8-row (K-major) or 64-column (MN-major) groups, and the swizzle. Only the 128-byte

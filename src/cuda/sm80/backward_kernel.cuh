@@ -49,7 +49,8 @@ namespace flashattn::detail::cuda::sm80 {
 // What the backward kernels get besides the call itself: the workspace and the dropout key.
 struct BackwardKernelParams {
   BackwardParams bp;
-  // fp32 dQ accumulator (default mode; unused in deterministic mode): row i of (b, h) is at
+  // fp32 dQ accumulator (default mode, and the sm90 TMA kernel's deterministic one; unused by
+  // the sm80 kernels in deterministic mode): row i of (b, h) is at
   // row_index(b, h, i) * accum_dim, accum_dim being the head-dim bucket.
   float* dq_accum = nullptr;
   int32_t accum_dim = 0;
@@ -70,6 +71,9 @@ struct BackwardKernelParams {
   // The TMA kernel's accumulator holds each row's 16-byte chunks swizzled
   // (sm90::dq_chunk); the conversion reads them back in place.
   bool dq_accum_swizzled = false;
+  // The TMA kernel in deterministic mode: one turn counter per (b, h, 64-row step), zeroed,
+  // at ((b H + h) padded_rows / 64 + step); the key blocks add dQ in their order (write_dq).
+  int* dq_turns = nullptr;
 };
 
 // Row i of sequence b, head h in lse-shaped buffers (dense (B, H, Sq); varlen (H, total_q)).

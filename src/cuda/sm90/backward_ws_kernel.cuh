@@ -21,7 +21,8 @@
 // and the writer warp and the consumers hand the dQ tile back and forth.
 //
 // Softcap, ALiBi and dropout run in its general variant (general_probabilities_and_ds: P^T and
-// dS^T together once dP^T is in); the deterministic mode is not on it yet.
+// dS^T together once dP^T is in); in deterministic mode the key blocks add to each dQ tile in
+// their order (write_dq).
 // It takes dense calls (no cu_seqlens): their tensors are the 4-D boxes TMA reads, rows past
 // a sequence's end filled with zeros. The stats come from the preprocess in a padded copy
 // (BackwardKernelParams::lse_log2, delta_padded), rows rounded up to whole 64-row steps, so
@@ -187,6 +188,13 @@ __device__ __forceinline__ void produce_backward(const WsBackwardArgs& args, con
 // The writer warp: each step's dQ tile from shared memory into the accumulator as one bulk
 // reduction of its rows within the sequence (the tile's rows are the accumulator's, 64
 // consecutive rows of one head), then the tile back to the consumers once it has been read.
+// In deterministic mode (kp.dq_turns) the key blocks that add to a tile take turns in their
+// order: the keys that rows [m0, m0 + 64) see are one range (each row's range starts and ends
+// no earlier than the row before's, and overlaps it), starting at the first row's first key,
+// so the blocks adding to it are n_first .. n_last with none missing, and block n waits for
+// the tile's counter to reach n - n_first, adds, waits for its addition to complete, and moves
+// the counter on. A block only waits for blocks the hardware started before it (lower
+// linear index, tile_order.cuh), which never wait for it.
 template <typename Cfg>
 __device__ __forceinline__ void write_dq(const WsBackwardArgs& args, const WsBackwardShared<Cfg>& sh,
                                          const BackwardBlock& blk, int lane) {
@@ -198,11 +206,29 @@ __device__ __forceinline__ void write_dq(const WsBackwardArgs& args, const WsBac
     const int64_t m0 = blk.first_row<Cfg::kBlockM>(step);
     named_barrier_sync(kDqFullBarrier, kDqHandoffThreads);
     if (lane == 0) {
+      const ForwardParams& p = kp.bp.fwd;
       const int64_t left = blk.seq.seqlen_q - m0;
       const int rows = left < Cfg::kBlockM ? static_cast<int>(left) : Cfg::kBlockM;
-      ptx::bulk_reduce_add_f32(kp.dq_accum + sm80::row_index(kp.bp.fwd, blk.b, step.head, 0, m0) * kp.accum_dim,
-                               sh.dq, static_cast<uint32_t>(rows * Cfg::kDqRowBytes));
-      ptx::bulk_wait_read();
+      int* turns = nullptr;
+      int turn = 0;
+      if (kp.dq_turns != nullptr) {
+        turns = kp.dq_turns + padded_stats_row(kp, blk.b, step.head, m0) / Cfg::kBlockM;
+        const int64_t first_key = visible_keys(m0, blk.seq.seqlen_q, blk.seq.seqlen_k, p.window_left,
+                                               p.window_right).begin;
+        turn = static_cast<int>(blk.j0 / Cfg::kBlockN - first_key / Cfg::kBlockN);
+        while (ptx::ld_acquire_gpu(turns) != turn) {
+        }
+        ptx::fence_proxy_async_global();
+      }
+      ptx::bulk_reduce_add_f32(kp.dq_accum + sm80::row_index(p, blk.b, step.head, 0, m0) * kp.accum_dim, sh.dq,
+                               static_cast<uint32_t>(rows * Cfg::kDqRowBytes));
+      if (turns != nullptr) {
+        ptx::bulk_wait_all();
+        ptx::fence_proxy_async_global();
+        ptx::st_release_gpu(turns, turn + 1);
+      } else {
+        ptx::bulk_wait_read();
+      }
     }
     __syncwarp();
     // The last step's tile is not handed back: every arrival then has its wait.
