@@ -20,8 +20,12 @@
 namespace flashattn::detail::cpu {
 
 // Query rows per forward work item: the keys and values it stages serve them all, so more
-// rows make staging cheaper per score (128 over 64: a fifth faster at head dim 64).
-inline constexpr int kBlockQ = 128;
+// rows make staging cheaper per score (128 over 64: a fifth faster at head dim 64; 256 over
+// 128: +2 % at head dim 64 and +4 % at 128, 2k, 1 thread, +13 % at 4k, head dim 128, 2
+// threads; causal 512 on 2 threads -3 %, fewer items to balance). The q and acc tiles are
+// then 256 x D and 256 x Dv floats: 2 threads at head dim 64 hold ~450 KB (tests/
+// test_memory.cpp asks for less than 512 KiB).
+inline constexpr int kBlockQ = 256;
 inline constexpr int kTileRows = 64;  // query rows per score tile (of a work item's kBlockQ)
 // Keys per inner step (a tile row of scores is kBlockK floats). 128 over 64: the per-block
 // work (the softmax's rescale of the accumulators, the P V product's loads and stores of
