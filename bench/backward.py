@@ -24,7 +24,8 @@ capture records.
 
 --softcap CAP and --alibi time ours with those features (the ALiBi paper's slopes per head);
 SDPA has neither, so the peers then run the plain call of the same shape (their figure is an
-upper bound), and ours is checked against float64 alone.
+upper bound), and ours is checked against float64 alone. --deterministic times ours in that
+mode (the peers as they are).
 
 Correctness before timing: ours's dq, dk, dv on poisoned memory against float64 gradients of
 a slice (some rows of dq, some rows of dk and dv, of two (batch, head) pairs) and against the
@@ -100,7 +101,7 @@ def reference_grads(q, k, v, dout, b: int, hh: int, rows, cols, causal: bool,
 def features(shape: h.Shape, args, device) -> dict:
     """flash_attn_func's keyword arguments of --softcap and --alibi for this shape."""
     import torch
-    extra = {}
+    extra = {"deterministic": True} if args.deterministic else {}
     if args.softcap > 0:
         extra["softcap"] = args.softcap
     if args.alibi:
@@ -121,7 +122,7 @@ def check(shape: h.Shape, sets: list[tuple], args) -> dict:
         grads = torch.autograd.grad(out, (q, k, v), dout)
     poisoned = all(g.data_ptr() in addresses for g in grads)
     peer, peer_grads = None, None
-    if not extra:  # the peers compute another function with the features
+    if not (args.softcap > 0 or args.alibi):  # else the peers compute another function
         peer, peer_grads = h.first_working_peer(args, lambda: torch.autograd.grad(
             h.sdpa_call(q, k, v, shape.causal), (q, k, v), dout))
     rows = h.sample_rows(shape.seqlen)
@@ -157,7 +158,7 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
     from flashattn import flash_attn_func
     sets = make_sets(shape, args)
     row = shape.fields() | {"softcap": args.softcap, "alibi": args.alibi,
-                            "check": check(shape, sets, args)}
+                            "deterministic": args.deterministic, "check": check(shape, sets, args)}
     extra = features(shape, args, sets[0][0].device)
 
     def backward_of(out, q, k, v, dout):
@@ -181,6 +182,7 @@ def add_feature_args(p) -> None:
                    help="ours with this softcap (the peers run the plain call)")
     p.add_argument("--alibi", action="store_true",
                    help="ours with ALiBi slopes per head (the peers run the plain call)")
+    p.add_argument("--deterministic", action="store_true", help="ours in deterministic mode")
 
 
 if __name__ == "__main__":
