@@ -7,8 +7,8 @@
 #     compute-sanitizer on the varlen tests (unless FEATURES_NO_SANITIZERS), and
 #     bench/forward_features.py (FEATURES_CHECK: which features) with the peers on this tree's
 #     package, and bench/backward.py once per ';'-separated argument list in FEATURES_BACKWARD_ARGS.
-#   phase check: this tree alone (forward suite, sm80 varlen/softcap cases, backward softcap
-#     cases, forward_features with the peers).
+#   phase check: this tree alone (forward suite or its FWD_FILTER cases, sm80 varlen/softcap
+#     cases unless FEATURES_SKIP_SM80, backward BWD_FILTER cases, forward_features with the peers).
 #   phase ab: dev/ab.sh's alternating rounds (AB_PASSES/AB_ARGS as there) over the trees
 #     (FEATURES_AB_TREES, default: the base and the variants); FEATURES_UPSTREAM=1 then runs
 #     upstream's test file (dev/upstream_tests.sh, UPSTREAM_IDS) on this tree's package.
@@ -65,12 +65,12 @@ check)  # this tree alone: the package, the forward suite and the backward suite
   { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=sm_90a \
       -DFLASHATTN_BUILD_BENCH=OFF && cmake --build build-gpu -j 10 --target test_forward_cuda test_backward_cuda; } >"$out/build.log" 2>&1
   stamp "suites build: $? $(grep -c 'spilled' "$out/build.log") spill lines, $(grep -c 'sm9017forward_ws.*spilled\|spilled.*sm9017forward_ws' "$out/build.log") in the sm90 forward"
-  timeout 200 build-gpu/tests/test_forward_cuda --gtest_brief=1 >"$out/fwd_suite.log" 2>&1
-  stamp "forward suite: $? $(grep -E '^\[  PASSED|^\[  FAILED' "$out/fwd_suite.log" | tr '\n' ' ')"
+  timeout 200 build-gpu/tests/test_forward_cuda --gtest_brief=1 --gtest_filter="${FWD_FILTER:-*}" >"$out/fwd_suite.log" 2>&1
+  stamp "forward suite (${FWD_FILTER:-all}): $? $(grep -E '^\[  PASSED|^\[  FAILED' "$out/fwd_suite.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED|Failure' "$out/fwd_suite.log" | head -12
-  FLASHATTN_CUDA_FORWARD=sm80 timeout 150 build-gpu/tests/test_forward_cuda --gtest_brief=1 --gtest_filter='Varlen.*:*FeatureGrid*softcap*' >"$out/fwd_sm80.log" 2>&1
+  [ -n "${FEATURES_SKIP_SM80:-}" ] || FLASHATTN_CUDA_FORWARD=sm80 timeout 150 build-gpu/tests/test_forward_cuda --gtest_brief=1 --gtest_filter='Varlen.*:*FeatureGrid*softcap*' >"$out/fwd_sm80.log" 2>&1
   stamp "forward suite on sm80, varlen and softcap: $? $(grep -E '^\[  PASSED|^\[  FAILED' "$out/fwd_sm80.log" | tr '\n' ' ')"
-  timeout 150 build-gpu/tests/test_backward_cuda --gtest_brief=1 --gtest_filter="${BWD_FILTER:-*oftcap*:*Alibi*:*ALiBi*}" >"$out/bwd.log" 2>&1
+  timeout "${BWD_TIMEOUT:-150}" build-gpu/tests/test_backward_cuda --gtest_brief=1 --gtest_filter="${BWD_FILTER:-*oftcap*:*Alibi*:*ALiBi*}" >"$out/bwd.log" 2>&1
   stamp "backward suite (${BWD_FILTER:-softcap/ALiBi}): $? $(grep -E '^\[  PASSED|^\[  FAILED' "$out/bwd.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED|Failure' "$out/bwd.log" | head -8
   wait $pip_pid
