@@ -329,7 +329,7 @@ __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols /
   const SequenceView& seq = blk.seq;
   const bool softcap = p.softcap > 0.0f;
   const float cap2 = softcap ? p.softcap * kLog2e : 0.0f;
-  const float tanh_exponent = -2.0f * kLog2e * p.softmax_scale / p.softcap;
+  const float tanh_exponent = softcap ? -2.0f * kLog2e * p.softmax_scale / p.softcap : 0.0f;
   const float score_scale = p.softmax_scale * kLog2e;
   const float slope2 = slope * kLog2e;
   const float keep_scale = rng != nullptr ? rng->scale : 1.0f;
