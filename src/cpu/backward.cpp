@@ -44,6 +44,14 @@ namespace {
 
 // Query rows per backward work item (and per tile: pass 1 walks query blocks of this size).
 constexpr int kBackwardBlockQ = 64;
+// Key blocks that the fused backward's pass 1 holds at once: each block of query rows it
+// loads (q, dO and out for D: rows of the caller's tensors, a row stride apart, reloaded for
+// every pass over the keys) then serves both. 2 over 1: +5 % fp32 forward + backward at head
+// dim 64 and +6 % at 128 (2k, 1 thread, AVX2 Zen 1; bitwise the same gradients). The working
+// memory grows by one block's five key tiles and no longer holds a tile of dropout
+// multipliers (drawn a row at a time): 2 threads at head dim 64 hold 919 KB, under
+// tests/test_memory.cpp's 1 MiB.
+constexpr int kKeyBlocksPerPass = 2;
 
 constexpr int64_t kAlignFloats = 16;  // 64-byte alignment for every tile
 
@@ -53,15 +61,18 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 struct Tiles {
   float* q;     // kBackwardBlockQ x D, pre-multiplied by query_scale
   float* dout;  // kBackwardBlockQ x Dv
-  float* kt;    // D x kBlockK: keys transposed, zero beyond the last key
-  float* k;     // kBlockK x D: keys (pass 2)
-  float* vt;    // Dv x kBlockK: values transposed, zero beyond the last key
+  // One block of keys: pass 1 holds kKeyBlocksPerPass of them (key[0] alone outside the fused
+  // backward), pass 2 uses key[0].
+  struct Keys {
+    float* kt;     // D x kBlockK: keys transposed, zero beyond the last key
+    float* k;      // kBlockK x D: keys (pass 2 and the fused dS K)
+    float* vt;     // Dv x kBlockK: values transposed, zero beyond the last key
+    float* acc;    // kBlockK x D: dK (pass 1) or kBackwardBlockQ x D: dQ (pass 2)
+    float* acc_v;  // kBlockK x Dv: dV (pass 1)
+  } key[kKeyBlocksPerPass];
   float* p;     // kBackwardBlockQ x kBlockK: scores, then P, then P o M
   float* ds;    // kBackwardBlockQ x kBlockK: dP, then dS
   float* grad;  // kBackwardBlockQ x kBlockK: softcap's derivative
-  float* mul;   // kBackwardBlockQ x kBlockK: dropout multipliers
-  float* acc;   // kBlockK x D: dK (pass 1) or kBackwardBlockQ x D: dQ (pass 2)
-  float* acc_v; // kBlockK x Dv: dV (pass 1)
   float* lse;   // kBackwardBlockQ
   float* d;     // kBackwardBlockQ: D_i = rowsum(dO o O)
   float* row;   // Dv: one row of out in fp32
@@ -79,15 +90,16 @@ struct Tiles {
     const int64_t tile = int64_t{kBackwardBlockQ} * kBlockK;
     take(t ? t->q : unused, int64_t{kBackwardBlockQ} * head_dim);
     take(t ? t->dout : unused, int64_t{kBackwardBlockQ} * head_dim_v);
-    take(t ? t->kt : unused, int64_t{kBlockK} * head_dim);
-    take(t ? t->k : unused, int64_t{kBlockK} * head_dim);
-    take(t ? t->vt : unused, int64_t{kBlockK} * head_dim_v);
+    for (int x = 0; x < kKeyBlocksPerPass; ++x) {
+      take(t ? t->key[x].kt : unused, int64_t{kBlockK} * head_dim);
+      take(t ? t->key[x].k : unused, int64_t{kBlockK} * head_dim);
+      take(t ? t->key[x].vt : unused, int64_t{kBlockK} * head_dim_v);
+      take(t ? t->key[x].acc : unused, int64_t{kBlockK} * head_dim);
+      take(t ? t->key[x].acc_v : unused, int64_t{kBlockK} * head_dim_v);
+    }
     take(t ? t->p : unused, tile);
     take(t ? t->ds : unused, tile);
     take(t ? t->grad : unused, tile);
-    take(t ? t->mul : unused, tile);
-    take(t ? t->acc : unused, int64_t{kBlockK} * head_dim);
-    take(t ? t->acc_v : unused, int64_t{kBlockK} * head_dim_v);
     take(t ? t->lse : unused, kBackwardBlockQ);
     take(t ? t->d : unused, kBackwardBlockQ);
     take(t ? t->row : unused, head_dim_v);
@@ -161,14 +173,15 @@ struct Pass {
   }
 
   // The tile of rows [i0, i0+rows) x keys [j0, j0+cols): leaves P o M in t.p and dS in t.ds.
-  // Needs t.q, t.dout, t.lse, t.d, t.kt and t.vt loaded.
+  // Needs t.q, t.dout, t.lse, t.d, keys.kt and keys.vt loaded.
   void tile(const SequenceView& seq, int32_t b, int32_t h, int64_t i0, int rows, int64_t j0,
-            int cols, Tiles& t, const NextRows* next = nullptr) const {
+            int cols, Tiles& t, const Tiles::Keys& keys,
+            const NextRows* next = nullptr) const {
     const int D = p.head_dim, Dv = p.head_dim_v;
     int p_zeros = 0, ds_zeros = 0;  // counts, not bools: integer sums vectorise
-    score_tile(t.q, t.kt, t.p, rows, D);
+    score_tile(t.q, keys.kt, t.p, rows, D);
     modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
-    score_tile(t.dout, t.vt, t.ds, rows, Dv);  // dO V^T
+    score_tile(t.dout, keys.vt, t.ds, rows, Dv);  // dO V^T
     for (int r = 0; r < rows; ++r) {
       if (next != nullptr && r < next->rows) next->prefetch(r, p.head_dim, p.head_dim_v);
       float* prob = t.p + static_cast<int64_t>(r) * kBlockK;
@@ -183,7 +196,7 @@ struct Pass {
       }
       backward_probabilities(prob, lse);  // masked: 0
       if (dropout != nullptr) {
-        float* m = t.mul + static_cast<int64_t>(r) * kBlockK;
+        float m[kBlockK];  // one row's multipliers (as in the forward)
         dropout_multipliers(*dropout, b, h, i0 + r, j0, cols, m);
         for (int j = 0; j < cols; ++j) {
           ds[j] = prob[j] * (ds[j] * m[j] - d);
@@ -209,41 +222,63 @@ struct Pass {
     t.ds_no_zeros = ds_zeros == 0;
   }
 
-  // Pass 1: dK and dV of keys [j0, j0 + kBlockK) of (b, kv head hk). with_dq (fp32 only,
-  // the fused backward): also dQ += dS K into the caller's dq, which must then belong to
-  // this thread for every query head of hk.
-  void keys(int32_t b, int32_t hk, int64_t block, Tiles& t, bool with_dq = false) const {
+  // Pass 1: dK and dV of key blocks [block, block + nb) (nb <= kKeyBlocksPerPass) of (b, kv
+  // head hk). with_dq (fp32 only, the fused backward): also dQ += dS K into the caller's dq,
+  // which must then belong to this thread for every query head of hk. Each element of dK,
+  // dV and dq sums its terms in the same order whatever nb is (query blocks ascending for
+  // dK and dV; key blocks ascending for dq).
+  void keys(int32_t b, int32_t hk, int64_t block, int nb, Tiles& t, bool with_dq = false) const {
     const SequenceView seq = sequence_view(p, b);
     // Keys past seqused_k take no part but are still this item's to write (with 0).
     const int64_t stored_k = seq.rows_k;
-    const int64_t j0 = block * kBlockK;
-    if (j0 >= stored_k) return;
-    const int stored = static_cast<int>(std::min<int64_t>(kBlockK, stored_k - j0));
-    const int cols = static_cast<int>(std::clamp<int64_t>(seq.seqlen_k - j0, 0, kBlockK));
     const int D = p.head_dim, Dv = p.head_dim_v;
-    std::fill(t.acc, t.acc + int64_t{kBlockK} * D, 0.0f);
-    std::fill(t.acc_v, t.acc_v + int64_t{kBlockK} * Dv, 0.0f);
-    if (cols > 0) {
+    struct Block {
+      int64_t j0;
+      int stored, cols;
+    } blocks[kKeyBlocksPerPass];
+    int n = 0;
+    for (int x = 0; x < nb && x < kKeyBlocksPerPass; ++x) {
+      const int64_t j0 = (block + x) * kBlockK;
+      if (j0 >= stored_k) break;
+      blocks[n++] = {j0, static_cast<int>(std::min<int64_t>(kBlockK, stored_k - j0)),
+                     static_cast<int>(std::clamp<int64_t>(seq.seqlen_k - j0, 0, kBlockK))};
+    }
+    bool any_cols = false;
+    for (int x = 0; x < n; ++x) {
+      const Tiles::Keys& kx = t.key[x];
+      const int64_t j0 = blocks[x].j0;
+      const int cols = blocks[x].cols;
+      std::fill(kx.acc, kx.acc + int64_t{kBlockK} * D, 0.0f);
+      std::fill(kx.acc_v, kx.acc_v + int64_t{kBlockK} * Dv, 0.0f);
+      if (cols == 0) continue;
+      any_cols = true;
       load_transposed(at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
                          seq.k_row0 + j0, hk),
-                      p.k_row_stride, cols, D, t.kt);
+                      p.k_row_stride, cols, D, kx.kt);
       load_transposed(at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b,
                          seq.k_row0 + j0, hk),
-                      p.v_row_stride, cols, Dv, t.vt);
+                      p.v_row_stride, cols, Dv, kx.vt);
       // dS K reads the keys' rows once per block of query rows: copied, not read where they
       // are, whose rows H * D elements apart (a multiple of 4 KiB at H * D = 1024) fall into
       // a few sets of the L1 cache (the forward's values, load_key_block, the same).
       if (with_dq)
         load_rows(at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b, seq.k_row0 + j0,
                      hk),
-                  p.k_row_stride, cols, D, 1.0f, t.k);
+                  p.k_row_stride, cols, D, 1.0f, kx.k);
     }
-    for (int32_t h = hk * p.group_size(); cols > 0 && h < (hk + 1) * p.group_size(); ++h) {
+    for (int32_t h = hk * p.group_size(); any_cols && h < (hk + 1) * p.group_size(); ++h) {
       for (int64_t i0 = 0; i0 < seq.seqlen_q; i0 += kBackwardBlockQ) {
         const int rows = static_cast<int>(std::min<int64_t>(kBackwardBlockQ, seq.seqlen_q - i0));
         const KeyRange seen = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
                                                    p.window_left, p.window_right);
-        if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
+        bool sees[kKeyBlocksPerPass] = {};
+        bool any = false;
+        for (int x = 0; x < n; ++x) {
+          sees[x] = blocks[x].cols > 0 && seen.end > blocks[x].j0 &&
+                    seen.begin < blocks[x].j0 + blocks[x].cols;
+          any = any || sees[x];
+        }
+        if (!any) continue;
         load_queries(seq, b, h, i0, rows, t);
         // The block after this one (of this head, else the next head's first): likely the
         // next that this loop loads (a block that sees none of these keys is skipped).
@@ -272,32 +307,44 @@ struct Pass {
             next.rows = static_cast<int>(std::min<int64_t>(kBackwardBlockQ, seq.seqlen_q - ni));
           }
         }
-        tile(seq, b, h, i0, rows, j0, cols, t, &next);
-        // The tiles read transposed: row j of (P o M)^T is column j of P o M.
-        const Weights pt{t.p, 1, kBlockK, t.p_no_zeros}, dst{t.ds, 1, kBlockK, t.ds_no_zeros};
-        accumulate_pv(pt, t.dout, Dv, t.acc_v, Dv, cols, rows, Dv);  // dV += (P o M)^T dO
-        accumulate_pv(dst, t.q, D, t.acc, D, cols, rows, D);  // dK += dS^T (q * query_scale)
-        if constexpr (std::is_same_v<T, float>) {
-          if (with_dq) {  // dQ += dS K, with the keys' rows copied above
-            T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
-                       seq.q_row0 + i0, h);
-            accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, t.k, D, dq,
-                          bp.dq_row_stride, rows, cols, D);
+        bool prefetched = false;
+        for (int x = 0; x < n; ++x) {
+          if (!sees[x]) continue;
+          const Tiles::Keys& kx = t.key[x];
+          const int64_t j0 = blocks[x].j0;
+          const int cols = blocks[x].cols;
+          tile(seq, b, h, i0, rows, j0, cols, t, kx, prefetched ? nullptr : &next);
+          prefetched = true;
+          // The tiles read transposed: row j of (P o M)^T is column j of P o M.
+          const Weights pt{t.p, 1, kBlockK, t.p_no_zeros}, dst{t.ds, 1, kBlockK, t.ds_no_zeros};
+          accumulate_pv(pt, t.dout, Dv, kx.acc_v, Dv, cols, rows, Dv);  // dV += (P o M)^T dO
+          accumulate_pv(dst, t.q, D, kx.acc, D, cols, rows, D);  // dK += dS^T (q * query_scale)
+          if constexpr (std::is_same_v<T, float>) {
+            if (with_dq) {  // dQ += dS K, with the keys' rows copied above
+              T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
+                         seq.q_row0 + i0, h);
+              accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, kx.k, D, dq,
+                            bp.dq_row_stride, rows, cols, D);
+            }
           }
         }
       }
     }
     // dK = scale dS^T q = (scale / query_scale) dS^T (q * query_scale).
     const float k_scale = p.softcap > 0.0f ? p.softcap : 1.0f;
-    T* dk = at(bp.dk, bp.dk_batch_stride, bp.dk_row_stride, bp.dk_head_stride, b,
-               seq.k_row0 + j0, hk);
-    T* dv = at(bp.dv, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride, b,
-               seq.k_row0 + j0, hk);
-    for (int j = 0; j < stored; ++j) {
-      for (int d = 0; d < D; ++d)
-        dk[j * bp.dk_row_stride + d] = from_float<T>(k_scale * t.acc[int64_t{j} * D + d]);
-      for (int d = 0; d < Dv; ++d)
-        dv[j * bp.dv_row_stride + d] = from_float<T>(t.acc_v[int64_t{j} * Dv + d]);
+    for (int x = 0; x < n; ++x) {
+      const Tiles::Keys& kx = t.key[x];
+      const int64_t j0 = blocks[x].j0;
+      T* dk = at(bp.dk, bp.dk_batch_stride, bp.dk_row_stride, bp.dk_head_stride, b,
+                 seq.k_row0 + j0, hk);
+      T* dv = at(bp.dv, bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride, b,
+                 seq.k_row0 + j0, hk);
+      for (int j = 0; j < blocks[x].stored; ++j) {
+        for (int d = 0; d < D; ++d)
+          dk[j * bp.dk_row_stride + d] = from_float<T>(k_scale * kx.acc[int64_t{j} * D + d]);
+        for (int d = 0; d < Dv; ++d)
+          dv[j * bp.dv_row_stride + d] = from_float<T>(kx.acc_v[int64_t{j} * Dv + d]);
+      }
     }
   }
 
@@ -313,7 +360,8 @@ struct Pass {
                seq.q_row0 + i, h));
     };
     for_dq_rows([&](T* dq) { std::fill(dq, dq + p.head_dim, T{}); });
-    for (int64_t block = 0; block < key_blocks; ++block) keys(b, hk, block, t, true);
+    for (int64_t block = 0; block < key_blocks; block += kKeyBlocksPerPass)
+      keys(b, hk, block, kKeyBlocksPerPass, t, true);
     for_dq_rows([&](T* dq) {
       for (int d = 0; d < p.head_dim; ++d)
         dq[d] = from_float<T>(p.softmax_scale * to_float(dq[d]));
@@ -328,7 +376,8 @@ struct Pass {
     const int rows = static_cast<int>(std::min<int64_t>(kBackwardBlockQ, seq.seqlen_q - i0));
     const int D = p.head_dim, Dv = p.head_dim_v;
     const int32_t hk = h / p.group_size();
-    std::fill(t.acc, t.acc + int64_t{kBackwardBlockQ} * D, 0.0f);
+    const Tiles::Keys& kx = t.key[0];
+    std::fill(kx.acc, kx.acc + int64_t{kBackwardBlockQ} * D, 0.0f);
     const KeyRange keys = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
                                                p.window_left, p.window_right);
     if (!keys.empty()) load_queries(seq, b, h, i0, rows, t);
@@ -336,29 +385,29 @@ struct Pass {
       const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.end - j0));
       const T* k = at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
                       seq.k_row0 + j0, hk);
-      load_transposed(k, p.k_row_stride, cols, D, t.kt);
+      load_transposed(k, p.k_row_stride, cols, D, kx.kt);
       // fp32 keys are read where they are for dS K; others are converted once.
-      const float* k_rows = t.k;
+      const float* k_rows = kx.k;
       int64_t k_row_stride = D;
       if constexpr (std::is_same_v<T, float>) {
         k_rows = k;
         k_row_stride = p.k_row_stride;
       } else {
-        load_rows(k, p.k_row_stride, cols, D, 1.0f, t.k);
+        load_rows(k, p.k_row_stride, cols, D, 1.0f, kx.k);
       }
       load_transposed(at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b,
                          seq.k_row0 + j0, hk),
-                      p.v_row_stride, cols, Dv, t.vt);
-      tile(seq, b, h, i0, rows, j0, cols, t);
+                      p.v_row_stride, cols, Dv, kx.vt);
+      tile(seq, b, h, i0, rows, j0, cols, t, kx);
       // dQ += dS K
-      accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, k_rows, k_row_stride, t.acc, D,
+      accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, k_rows, k_row_stride, kx.acc, D,
                     rows, cols, D);
     }
     T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
                seq.q_row0 + i0, h);
     for (int r = 0; r < rows; ++r)
       for (int d = 0; d < D; ++d)
-        dq[r * bp.dq_row_stride + d] = from_float<T>(p.softmax_scale * t.acc[int64_t{r} * D + d]);
+        dq[r * bp.dq_row_stride + d] = from_float<T>(p.softmax_scale * kx.acc[int64_t{r} * D + d]);
   }
 };
 
@@ -412,7 +461,7 @@ size_t backward_typed(const BackwardParams& bp) {
 #pragma omp for collapse(3) schedule(dynamic, 1)
       for (int32_t b = 0; b < p.batch; ++b)
         for (int32_t hk = 0; hk < p.heads_k; ++hk)
-          for (int64_t block = 0; block < key_blocks; ++block) pass.keys(b, hk, block, tiles);
+          for (int64_t block = 0; block < key_blocks; ++block) pass.keys(b, hk, block, 1, tiles);
 #pragma omp for collapse(3) schedule(dynamic, 1)
       for (int32_t b = 0; b < p.batch; ++b)
         for (int32_t h = 0; h < p.heads; ++h)

@@ -231,6 +231,12 @@ FA_INLINE void backward_probabilities_row(float* prob, float lse) {
   }
 }
 
+// The register block's rows for what is left after blocks of R rows: R / 2, except 4 after
+// 6 (AVX2's block). 64 rows of a tile are 10 blocks of 6 and 4 rows: in blocks of 3 then 1,
+// the single row's 2 chains of multiply-adds waited on the FMA latency (5 cycles on Zen 1),
+// costing some 3 rows' time more; a 4-row block has 8 chains, enough for full speed.
+constexpr int tail_rows(int R) { return R == 6 ? 4 : R / 2; }
+
 // s[r][c0 + x] = sum_d q[r][d] * kt[d][c0 + x] for r < R, x < C * W.
 template <typename V, int R, int C>
 FA_INLINE void score_block(const float* q, const float* kt, float* s, int head_dim, int c0) {
@@ -260,10 +266,10 @@ FA_INLINE void score_tile_blocked(const float* q, const float* kt, float* s, int
       score_block<V, R, C>(q + static_cast<int64_t>(i) * head_dim, kt,
                            s + static_cast<int64_t>(i) * kBlockK, head_dim, c0);
   // Fewer than R rows left (a short block, or decoding's few query heads per key head): in
-  // blocks of R / 2, then of R / 4, ..., then single rows.
+  // blocks of fewer rows (tail_rows), down to single rows.
   if constexpr (R > 1)
     if (i < rows)
-      score_tile_blocked<V, R / 2, C>(q + static_cast<int64_t>(i) * head_dim, kt,
+      score_tile_blocked<V, tail_rows(R), C>(q + static_cast<int64_t>(i) * head_dim, kt,
                                       s + static_cast<int64_t>(i) * kBlockK, rows - i, head_dim);
 }
 
@@ -342,7 +348,7 @@ FA_INLINE void accumulate_pv_blocked(Weights p, const float* v, int64_t v_row_st
                      cols, head_dim_v);
   if constexpr (R > 1)  // the rows left: as in score_tile_blocked
     if (i < rows)
-      accumulate_pv_blocked<V, R / 2, C>(rows_from(i), v, v_row_stride, acc + i * acc_row_stride,
+      accumulate_pv_blocked<V, tail_rows(R), C>(rows_from(i), v, v_row_stride, acc + i * acc_row_stride,
                                          acc_row_stride, rows - i, cols, head_dim_v);
 }
 
