@@ -45,10 +45,11 @@ struct TunedWsForward {
 template <typename E>
 using TallWsForward = WsForwardConfig<E, 64, 128, 2, true, false, 3>;
 
-// The kernel compiles a plain variant (raw dot products, the scale folded into the
-// exponent) and a general one: softcap, ALiBi, a non-positive scale or dropout.
-inline bool needs_general_variant(const ForwardParams& p) {
-  return p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f) || p.dropout_p > 0.0f;
+// The kernel variant of a call (ScoreVariant, forward_ws_kernel.cuh).
+inline ScoreVariant score_variant(const ForwardParams& p) {
+  if (p.dropout_p > 0.0f) return ScoreVariant::Dropout;
+  if (p.softcap > 0.0f || p.alibi_slopes != nullptr || !(p.softmax_scale > 0.0f)) return ScoreVariant::Modified;
+  return ScoreVariant::Plain;
 }
 
 // The tiles of a call with block_m query rows per tile, and their order (tile_order.cuh).
@@ -98,25 +99,29 @@ unsigned ws_forward_ctas(const ForwardTiles& tiles) {
 // cannot describe.
 template <typename Cfg>
 bool launch_forward_ws(const ForwardParams& p) {
-  if (p.is_paged() || (p.is_varlen() && !Cfg::kTakesVarlen) || (!Cfg::kHasGeneral && needs_general_variant(p)))
+  const ScoreVariant variant = score_variant(p);
+  if (p.is_paged() || (p.is_varlen() && !Cfg::kTakesVarlen) || (!Cfg::kHasGeneral && variant != ScoreVariant::Plain))
     return false;
   static PerDevice<bool> sm90_code;
-  if (!sm90_code.get([] { return kernel_ptx_version(forward_ws_kernel<Cfg, false>) >= 90; }) ||
+  if (!sm90_code.get([] { return kernel_ptx_version(forward_ws_kernel<Cfg, ScoreVariant::Plain>) >= 90; }) ||
       Cfg::kSharedBytes > shared_bytes_per_block_limit())
     return false;
   WsForwardArgs args{};
   if (!encode_tiled(args.q, tiled_q(p), Cfg::kBlockM) || !encode_tiled(args.k, tiled_k(p), Cfg::kBlockN) ||
       !encode_tiled(args.v, tiled_v(p), Cfg::kBlockN) || !encode_tiled(args.out, tiled_out(p), kOutBoxRows))
     return false;
-  // The general variant's kernel where the shape compiles one (else the plain one twice).
-  constexpr auto general_kernel = forward_ws_kernel<Cfg, Cfg::kHasGeneral>;
+  // The general variants' kernels where the shape compiles them (else the plain one thrice).
+  constexpr auto plain_kernel = forward_ws_kernel<Cfg, ScoreVariant::Plain>;
+  constexpr auto modified_kernel = forward_ws_kernel<Cfg, Cfg::kHasGeneral ? ScoreVariant::Modified : ScoreVariant::Plain>;
+  constexpr auto dropout_kernel = forward_ws_kernel<Cfg, Cfg::kHasGeneral ? ScoreVariant::Dropout : ScoreVariant::Plain>;
   static PerDevice<bool> shared_bytes_allowed;
   shared_bytes_allowed.get([] {
-    allow_shared_bytes(forward_ws_kernel<Cfg, false>, Cfg::kSharedBytes);
-    allow_shared_bytes(general_kernel, Cfg::kSharedBytes);
+    for (const auto kernel : {plain_kernel, modified_kernel, dropout_kernel}) allow_shared_bytes(kernel, Cfg::kSharedBytes);
     return true;
   });
-  const auto kernel = needs_general_variant(p) ? general_kernel : forward_ws_kernel<Cfg, false>;
+  const auto kernel = variant == ScoreVariant::Dropout    ? dropout_kernel
+                      : variant == ScoreVariant::Modified ? modified_kernel
+                                                          : plain_kernel;
   args.tiles = forward_tiles(p, Cfg::kBlockM);
   kernel<<<ws_forward_ctas<Cfg>(args.tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
       args);

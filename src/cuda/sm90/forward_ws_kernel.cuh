@@ -127,6 +127,12 @@ struct WsShared {
 };
 inline constexpr int kKeysRing = 0, kValuesRing = 1;
 
+// The kernel's variants: plain calls (raw dot products, the scale folded into the exponent);
+// softcap, ALiBi or a non-positive scale (the scores modified first); and dropout, with any of
+// those. Dropout has a kernel of its own: its Philox rounds, inlined in the loop beside the
+// modifiers, made the loop's code several times longer than what a softcap or ALiBi call runs.
+enum class ScoreVariant { Plain, Modified, Dropout };
+
 // The tiles a CTA takes, round by round: round r deals tiles [r G, r G + G) out to the G CTAs,
 // every other round in reverse, so that under the masks (tiles in heaviest-first order,
 // tile_order.cuh) the CTA that took one round's heaviest tile takes the next one's lightest.
@@ -222,7 +228,7 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
 // and passes the turn by arriving on the next one's.
 inline constexpr int kTurnBarrier = 1;
 
-template <typename Cfg, bool kGeneral>
+template <typename Cfg, ScoreVariant kVariant>
 __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShared<Cfg>& sh, int consumer) {
   using Element = typename Cfg::Element;
   using SMma = ptx::Wgmma<Element, Cfg::kBlockN>;   // S = Q K^T: 64 x kBlockN per warpgroup
@@ -239,9 +245,10 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   const bool releases = thread == 0;  // one arrival per warpgroup on the empty barriers
   const int quad_col = (lane % 4) * 2;
   const auto cta_row = [&](int r) { return consumer * 64 + warp * 16 + lane / 4 + r * 8; };
+  constexpr bool kGeneral = kVariant != ScoreVariant::Plain;
   const bool softcap = kGeneral && p.softcap > 0.0f;
   const bool plain = !kGeneral || (!softcap && p.alibi_slopes == nullptr && p.softmax_scale > 0.0f);
-  const bool dropout = kGeneral && p.dropout_p > 0.0f;
+  const bool dropout = kVariant == ScoreVariant::Dropout && p.dropout_p > 0.0f;
   const DropoutRng rng = dropout ? make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p) : DropoutRng{};
   const ScoreScales scales = score_scales(plain, p.softmax_scale, softcap ? p.softcap : 0.0f);
   const float exp_scale = scales.exp;
@@ -491,7 +498,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   if (consumer == 0) take_turn();
 }
 
-template <typename Cfg, bool kGeneral>
+template <typename Cfg, ScoreVariant kVariant>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __grid_constant__ WsForwardArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char shared_raw[];
@@ -515,7 +522,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __gr
     return;
   }
   claim_registers<Cfg::kConsumerRegisters>();
-  consume<Cfg, kGeneral>(args, sh, warpgroup - 1);
+  consume<Cfg, kVariant>(args, sh, warpgroup - 1);
 #else
   __trap();  // compiled for sm_90a only; the host launches it only where that code is loaded
 #endif
