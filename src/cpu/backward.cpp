@@ -184,7 +184,7 @@ struct Pass {
       backward_probabilities(prob, lse);  // masked: 0
       if (dropout != nullptr) {
         float* m = t.mul + static_cast<int64_t>(r) * kBlockK;
-        dropout_multipliers(*dropout, b, h, i0 + r, j0, cols, m);
+        dropout_multipliers(p, *dropout, b, h, i0 + r, j0, cols, m);
         for (int j = 0; j < cols; ++j) {
           ds[j] = prob[j] * (ds[j] * m[j] - d);
           prob[j] *= m[j];
