@@ -26,7 +26,7 @@ Dropout and ALiBi are those of the whole sequence: a call with either option run
 flashattn call per (query piece, key piece) pair, each passing the global positions of its
 first row and first key (flashattn's positions, docs/SPEC.md "Positions"), so that dropout
 draws the keep bits of the global (row, key) and ALiBi measures |global row - global key|.
-A varlen call then runs per sequence too, as sequence b of a call whose sequences before it
+A varlen call then runs per sequence too, as sequence b of a call whose other sequences
 are empty (dropout's batch index and the (B, H) slopes' row are the whole batch's). The
 dropout seed is drawn as flash_attn_func draws it and rank 0's is used everywhere. Positions
 are in the CPU engine so far; the CUDA backend refuses them with dropout or ALiBi.
@@ -397,10 +397,10 @@ def _dense_steps(layout, rank, world_size, seqlen, window, positional=False) -> 
 
 
 def _positional_varlen_steps(layout, rank, world_size, lengths, window, device) -> list:
-    """Per ring step, the varlen calls with positions: one per (sequence, piece pair), each a
-    varlen call over just its rows whose first len(sequences before it) sequences are empty,
-    so that it is sequence b of its call as of the whole batch's (dropout's batch index, the
-    row of (B, H) ALiBi slopes), with the global positions of its first row and key."""
+    """Per ring step, the varlen calls with positions: one per (sequence b, piece pair), each a
+    varlen call over just its rows with the whole batch's B sequences, all empty but b, so
+    that it is sequence b as in the whole batch (dropout's batch index, the row of (B, H)
+    ALiBi slopes), with the global positions of its first row and key."""
     local = [n // world_size for n in lengths]
     bases = [sum(local[:b]) for b in range(len(local))]
     steps = []
@@ -412,8 +412,11 @@ def _positional_varlen_steps(layout, rank, world_size, lengths, window, device) 
             k_pieces = _pieces(layout, source, world_size, n)
             for r in _plan(q_pieces, k_pieces, *window, True):
                 rows, cols = r.q1 - r.q0, r.k1 - r.k0
-                cu_q = torch.tensor([0] * (b + 1) + [rows], dtype=torch.int32, device=device)
-                cu_k = torch.tensor([0] * (b + 1) + [cols], dtype=torch.int32, device=device)
+                after = len(lengths) - b  # sequence b and the empty ones after it
+                cu_q = torch.tensor([0] * (b + 1) + [rows] * after, dtype=torch.int32,
+                                    device=device)
+                cu_k = torch.tensor([0] * (b + 1) + [cols] * after, dtype=torch.int32,
+                                    device=device)
                 calls.append(_Call((base + r.q0, base + r.q1), (base + r.k0, base + r.k1),
                                    r.left, r.right, (cu_q, cu_k, rows, cols),
                                    (_global_start(q_pieces, r.q0), _global_start(k_pieces, r.k0))))
