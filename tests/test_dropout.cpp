@@ -175,5 +175,105 @@ TEST(DropoutMask, ForwardAndBackwardApplyTheReferenceMask) {
   EXPECT_GT(kept, 0);
 }
 
+// Positions (Options::positions): a call over rows [r0, r0 + n) of a whole self-attention,
+// with all its keys, must give exactly the whole call's rows: the same keep bits (dropout at
+// (r0 + i, j)) and the same ALiBi distances |(r0 + i) - j| (not the call's own bottom-right
+// |i + Sk - n - j|, which differs by r0 + n - Sk). A block of keys too: its lse and gradients
+// against the float64 reference, whose positions are checked against the whole mask here.
+struct Whole {
+  static constexpr int64_t B = 2, S = 48, H = 2, D = 16;
+  Buffer q{DType::Float32, B * S * H * D}, k{DType::Float32, B * S * H * D},
+      v{DType::Float32, B * S * H * D}, slopes{DType::Float32, H};
+  Options o;
+  Whole() {
+    q.fill_random();
+    k.fill_random();
+    v.fill_random();
+    slopes.set(0, 0.25f);
+    slopes.set(1, 0.0625f);
+    o.alibi_slopes = slopes.view({H});
+    o.dropout_p = 0.3f;
+    o.dropout_seed = rng()();
+    o.dropout_offset = 5;
+  }
+  // Rows [r0, r0 + n) of a (B, S, H, D) buffer.
+  static TensorView rows(Buffer& t, int64_t r0, int64_t n) {
+    return t.view({B, n, H, D}, {S * H * D, H * D, D, 1}, r0 * H * D);
+  }
+};
+
+TEST(Positions, RowBlockEqualsTheWholeCallsRows) {
+  Whole w;
+  const int64_t r0 = 16, n = 24;  // not at the end: bottom-right ALiBi would be off by 8
+  Buffer out{DType::Float32, w.B * w.S * w.H * w.D}, lse{DType::Float32, w.B * w.H * w.S};
+  forward(w.q.view({w.B, w.S, w.H, w.D}), w.k.view({w.B, w.S, w.H, w.D}),
+          w.v.view({w.B, w.S, w.H, w.D}), out.view({w.B, w.S, w.H, w.D}),
+          lse.view({w.B, w.H, w.S}), w.o);
+  Options block = w.o;
+  block.positions = Options::Positions{r0, 0};
+  Buffer bout{DType::Float32, w.B * n * w.H * w.D}, blse{DType::Float32, w.B * w.H * n};
+  forward(Whole::rows(w.q, r0, n), w.k.view({w.B, w.S, w.H, w.D}),
+          w.v.view({w.B, w.S, w.H, w.D}), bout.view({w.B, n, w.H, w.D}),
+          blse.view({w.B, w.H, n}), block);
+  const float* o_whole = reinterpret_cast<const float*>(out.bytes.data());
+  const float* o_block = reinterpret_cast<const float*>(bout.bytes.data());
+  const float* l_whole = reinterpret_cast<const float*>(lse.bytes.data());
+  const float* l_block = reinterpret_cast<const float*>(blse.bytes.data());
+  for (int64_t b = 0; b < w.B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < w.H; ++h) {
+        ASSERT_NEAR(l_block[(b * w.H + h) * n + i], l_whole[(b * w.H + h) * w.S + r0 + i],
+                    1e-5 * std::abs(l_whole[(b * w.H + h) * w.S + r0 + i]))
+            << "lse b=" << b << " h=" << h << " i=" << i;
+        for (int64_t d = 0; d < w.D; ++d)
+          ASSERT_NEAR(o_block[((b * n + i) * w.H + h) * w.D + d],
+                      o_whole[((b * w.S + r0 + i) * w.H + h) * w.D + d], 1e-5)
+              << "out b=" << b << " h=" << h << " i=" << i << " d=" << d;
+      }
+}
+
+TEST(Positions, KeyBlockMatchesTheReferenceForwardAndBackward) {
+  Whole w;
+  const int64_t r0 = 8, n = 24, c0 = 21, m = 23;  // c0 off the 4-key Philox groups
+  Options block = w.o;
+  block.positions = Options::Positions{r0, c0};
+  block.window_left = 20;  // the call's own mask stays bottom-right aligned
+  const TensorView q = Whole::rows(w.q, r0, n), k = Whole::rows(w.k, c0, m),
+                   v = Whole::rows(w.v, c0, m);
+  // The reference's keep bits of the block are the whole call's, moved by the positions.
+  for (int64_t b = 0; b < w.B; ++b)
+    for (int64_t h = 0; h < w.H; ++h) {
+      const std::vector<uint8_t> whole = reference::dropout_mask(w.o, b, h, w.S, w.S);
+      const std::vector<uint8_t> part = reference::dropout_mask(block, b, h, n, m);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j)
+          ASSERT_EQ(part[size_t(i * m + j)], whole[size_t((r0 + i) * w.S + c0 + j)]);
+    }
+  Buffer out{DType::Float32, w.B * n * w.H * w.D}, lse{DType::Float32, w.B * w.H * n},
+      dout{DType::Float32, w.B * n * w.H * w.D}, dq{DType::Float32, w.B * n * w.H * w.D},
+      dk{DType::Float32, w.B * m * w.H * w.D}, dv{DType::Float32, w.B * m * w.H * w.D};
+  dout.fill_random();
+  forward(q, k, v, out.view({w.B, n, w.H, w.D}), lse.view({w.B, w.H, n}), block);
+  backward(q, k, v, out.view({w.B, n, w.H, w.D}), dout.view({w.B, n, w.H, w.D}),
+           lse.view({w.B, w.H, n}), dq.view({w.B, n, w.H, w.D}), dk.view({w.B, m, w.H, w.D}),
+           dv.view({w.B, m, w.H, w.D}), block);
+  const reference::Result ref = reference::forward(q, k, v, block);
+  const reference::Gradients g =
+      reference::backward(q, k, v, dout.view({w.B, n, w.H, w.D}), block);
+  const auto expect_close = [](const Buffer& got, const std::vector<double>& want,
+                               const char* name) {
+    double scale = 1.0, err = 0.0;
+    for (double x : want) scale = std::max(scale, std::abs(x));
+    const float* g = reinterpret_cast<const float*>(got.bytes.data());
+    for (size_t n = 0; n < want.size(); ++n) err = std::max(err, std::abs(g[n] - want[n]));
+    EXPECT_LE(err, 1e-5 * scale) << name;
+  };
+  expect_close(out, ref.out, "out");
+  expect_close(lse, ref.lse, "lse");
+  expect_close(dq, g.dq, "dq");
+  expect_close(dk, g.dk, "dk");
+  expect_close(dv, g.dv, "dv");
+}
+
 }  // namespace
 }  // namespace flashattn::testing

@@ -340,6 +340,20 @@ std::vector<DenseCase> dense_cases() {
        {"[0, 1)"}, {"nan"}},
       {"dropout_p_inf", [](Dense& c) { c.options.dropout_p = kInf; }, kInvalid, "dropout_p",
        {"[0, 1)"}, {}, "inf"},
+      // Positions: tokens count from 0, and each moved row or key index stays below 2^31
+      // (dropout's Philox counter): Sq = 3 rows fit from 2^31 - 3, not from 2^31 - 2.
+      {"positions_query_negative",
+       [](Dense& c) { c.options.positions = Options::Positions{-1, 0}; }, kInvalid,
+       "positions.query", {">= 0"}, {}, "-1"},
+      {"positions_key_negative",
+       [](Dense& c) { c.options.positions = Options::Positions{0, -7}; }, kInvalid,
+       "positions.key", {">= 0"}, {}, "-7"},
+      {"positions_query_past_2_31",
+       [](Dense& c) { c.options.positions = Options::Positions{(int64_t{1} << 31) - 2, 0}; },
+       kInvalid, "positions.query", {"+ 3", "<= 2^31"}, {}, "2147483646"},
+      {"positions_key_past_2_31",
+       [](Dense& c) { c.options.positions = Options::Positions{0, int64_t{1} << 40}; },
+       kInvalid, "positions.key", {"+ 5", "<= 2^31"}, {}, "1099511627776"},
   };
 }
 

@@ -117,6 +117,8 @@ std::vector<KvErrorCase> kvcache_cases() {
        {"0", "inference"}, {}, "0.1"},
       {"dropout_p_1_still_a_probability_error", [](Kv& c) { c.options.dropout_p = 1.0f; },
        kInvalid, "dropout_p", {"[0, 1)"}, {}, "1"},
+      {"positions", [](Kv& c) { c.options.positions = Options::Positions{4, 0}; },
+       kUnsupported, "positions", {"none", "forward_kvcache"}, {}, "positions"},
       {"window_left_minus_2", [](Kv& c) { c.options.window_left = -2; }, kInvalid,
        "window_left", {"-1 (unbounded)"}, {}, "-2"},
       {"num_splits_negative", [](Kv& c) { c.cache.num_splits = -1; }, kInvalid, "num_splits",

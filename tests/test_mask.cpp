@@ -1,6 +1,7 @@
 // The masking rule of src/common/mask.hpp (and flashattn::visible_keys, which states it for
 // callers) against docs/SPEC.md's literal statement and examples.
 #include "common/mask.hpp"
+#include "common/params.hpp"
 
 #include <string>
 
@@ -191,11 +192,25 @@ TEST(Mask, RowsSeeingAKeyBlockAreExact) {
 }
 
 TEST(Mask, AlibiBiasIsMinusSlopeTimesDistanceFromTheDiagonal) {
-  EXPECT_FLOAT_EQ(alibi_bias(0.5f, 0, 3, 2, 5), -0.5f * 0);   // d = 0 + 5 - 2 = 3
-  EXPECT_FLOAT_EQ(alibi_bias(0.5f, 0, 0, 2, 5), -0.5f * 3);
-  EXPECT_FLOAT_EQ(alibi_bias(0.25f, 1, 4, 2, 5), -0.25f * 0);
-  EXPECT_FLOAT_EQ(alibi_bias(0.25f, 4, 0, 5, 2), -0.25f * 1); // d = 4 + 2 - 5 = 1
-  EXPECT_FLOAT_EQ(alibi_bias(1.0f, 0, 1, 5, 2), -1.0f * 4);   // key after the diagonal
+  // diagonal = seqlen_k - seqlen_q: the call's own bottom-right alignment.
+  EXPECT_FLOAT_EQ(alibi_bias(0.5f, 0, 3, 5 - 2), -0.5f * 0);   // d = 0 + 5 - 2 = 3
+  EXPECT_FLOAT_EQ(alibi_bias(0.5f, 0, 0, 5 - 2), -0.5f * 3);
+  EXPECT_FLOAT_EQ(alibi_bias(0.25f, 1, 4, 5 - 2), -0.25f * 0);
+  EXPECT_FLOAT_EQ(alibi_bias(0.25f, 4, 0, 2 - 5), -0.25f * 1); // d = 4 + 2 - 5 = 1
+  EXPECT_FLOAT_EQ(alibi_bias(1.0f, 0, 1, 2 - 5), -1.0f * 4);   // key after the diagonal
+}
+
+TEST(Mask, AlibiDiagonalIsBottomRightOrTheOffsetBetweenPositions) {
+  ForwardParams p;
+  SequenceView s;
+  s.seqlen_q = 2;
+  s.seqlen_k = 5;
+  EXPECT_EQ(alibi_diagonal(p, s), 3);
+  p.has_positions = true;
+  p.query_position0 = 40;  // row i is token 40 + i, key j token 8 + j
+  p.key_position0 = 8;
+  EXPECT_EQ(alibi_diagonal(p, s), 32);
+  EXPECT_FLOAT_EQ(alibi_bias(0.5f, 1, 30, alibi_diagonal(p, s)), -0.5f * 3);  // 41 - 38
 }
 
 }  // namespace

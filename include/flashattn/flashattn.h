@@ -63,6 +63,12 @@ typedef struct fa_options {
   uint64_t dropout_seed;
   uint64_t dropout_offset;
   int32_t deterministic; /* backward: bitwise reproducible gradients (the CPU always is) */
+  /* Positions (Options::positions in flashattn.hpp): the call is a block of a longer
+   * self-attention, its query row i token query_position + i and its key j token
+   * key_position + j, for ALiBi and dropout. 0: none (the two positions are ignored). */
+  int32_t has_positions;
+  int64_t query_position;
+  int64_t key_position;
 } fa_options;
 
 typedef struct fa_execution {

@@ -99,6 +99,17 @@ struct Options {
   float dropout_p = 0.0f;              // in [0, 1); 0: off
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;         // advance it between training steps for a fresh mask
+  // Positions (docs/SPEC.md, "Positions"): this call computes a block of a longer
+  // self-attention, its query row i being token query + i and its key j token key + j of that
+  // sequence. ALiBi then measures |(query + i) - (key + j)| (instead of the call's bottom-right
+  // distance) and dropout draws the keep bits of (query + i, key + j), so the block gets
+  // exactly the biases and bits of the whole-sequence call (ring attention's chunk calls).
+  // Masks (causal, window) stay the call's own. Not for forward_kvcache.
+  struct Positions {
+    int64_t query = 0;  // >= 0, query + (the longest sequence's rows) <= 2^31
+    int64_t key = 0;    // >= 0, key + (the longest sequence's keys) <= 2^31
+  };
+  std::optional<Positions> positions;  // none: the call is the whole sequence
   // Backward: ask for gradients that are bitwise identical run to run. The CPU engine is
   // deterministic whatever this says; the CUDA backward's default mode adds dq with atomics
   // in no fixed order, and this option trades that for a second, query-parallel kernel

@@ -18,6 +18,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
@@ -170,7 +171,7 @@ struct Call {
 
   Call(std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
        float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset,
-       bool deterministic, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
+       bool deterministic, nb::handle positions, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
     fa_options_init(&options);
     fa_execution_init(&execution);
     options.has_softmax_scale = softmax_scale.has_value();
@@ -185,6 +186,12 @@ struct Call {
     options.dropout_seed = seed;
     options.dropout_offset = offset;
     options.deterministic = deterministic;
+    if (!positions.is_none()) {  // (query, key): Options::positions
+      const auto [query, key] = nb::cast<std::pair<int64_t, int64_t>>(positions);
+      options.has_positions = 1;
+      options.query_position = query;
+      options.key_position = key;
+    }
     execution.backend = backend;
     execution.stream = reinterpret_cast<void*>(stream);
     execution.num_threads = num_threads;
@@ -220,6 +227,7 @@ int run(F&& call) {
       nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, \
       nb::arg("alibi_slopes").none() = nb::none(), nb::arg("dropout_p") = 0.0f,             \
       nb::arg("seed") = 0, nb::arg("offset") = 0, nb::arg("deterministic") = false,         \
+      nb::arg("positions").none() = nb::none(),                                             \
       nb::arg("backend") = 0, nb::arg("stream") = 0, nb::arg("num_threads") = 0,            \
       nb::arg("trust_devices") = false
 
@@ -264,9 +272,9 @@ NB_MODULE(_C, m) {
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
          std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
          float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset,
-         bool deterministic, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
+         bool deterministic, nb::handle positions, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-               dropout_p, seed, offset, deterministic, backend, stream, num_threads, trust_devices);
+               dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
         Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tv = tensor(v, "v"),
             tout = tensor(out, "out");
         std::optional<Arg> tlse = optional_tensor(lse, "lse");
@@ -287,9 +295,9 @@ NB_MODULE(_C, m) {
          int64_t max_seqlen_k, nb::handle seqused_k, nb::handle block_table,
          std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
          float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset,
-         bool deterministic, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
+         bool deterministic, nb::handle positions, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-               dropout_p, seed, offset, deterministic, backend, stream, num_threads, trust_devices);
+               dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
         Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tv = tensor(v, "v"),
             tout = tensor(out, "out"), tcq = tensor(cu_seqlens_q, "cu_seqlens_q"),
             tck = tensor(cu_seqlens_k, "cu_seqlens_k");
@@ -316,9 +324,9 @@ NB_MODULE(_C, m) {
          nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
          std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
          float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset,
-         bool deterministic, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
+         bool deterministic, nb::handle positions, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-               dropout_p, seed, offset, deterministic, backend, stream, num_threads, trust_devices);
+               dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
         Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tv = tensor(v, "v"),
             tout = tensor(out, "out"), tdout = tensor(dout, "dout"), tlse = tensor(lse, "lse"),
             tdq = tensor(dq, "dq"), tdk = tensor(dk, "dk"), tdv = tensor(dv, "dv");
@@ -338,10 +346,10 @@ NB_MODULE(_C, m) {
          nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
          nb::handle seqused_k, std::optional<float> softmax_scale, bool causal, int window_left,
          int window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-         uint64_t seed, uint64_t offset, bool deterministic, int backend, uintptr_t stream,
+         uint64_t seed, uint64_t offset, bool deterministic, nb::handle positions, int backend, uintptr_t stream,
          int num_threads, bool trust_devices) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-               dropout_p, seed, offset, deterministic, backend, stream, num_threads, trust_devices);
+               dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
         Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tv = tensor(v, "v"),
             tout = tensor(out, "out"), tdout = tensor(dout, "dout"), tlse = tensor(lse, "lse"),
             tdq = tensor(dq, "dq"), tdk = tensor(dk, "dk"), tdv = tensor(dv, "dv"),
@@ -364,10 +372,10 @@ NB_MODULE(_C, m) {
       "attention_probabilities",
       [](nb::handle q, nb::handle k, nb::handle probs, std::optional<float> softmax_scale,
          bool causal, int window_left, int window_right, float softcap, nb::handle alibi_slopes,
-         float dropout_p, uint64_t seed, uint64_t offset, bool deterministic, int backend,
+         float dropout_p, uint64_t seed, uint64_t offset, bool deterministic, nb::handle positions, int backend,
          uintptr_t stream, int num_threads, bool trust_devices) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-               dropout_p, seed, offset, deterministic, backend, stream, num_threads, trust_devices);
+               dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
         Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tprobs = tensor(probs, "probs");
         return run([&](fa_run_info* info) {
           return fa_attention_probabilities(tq.ptr(), tk.ptr(), tprobs.ptr(), &c.options,
@@ -384,10 +392,10 @@ NB_MODULE(_C, m) {
          nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
          nb::handle seqused_k, std::optional<float> softmax_scale, bool causal, int window_left,
          int window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-         uint64_t seed, uint64_t offset, bool deterministic, int backend, uintptr_t stream,
+         uint64_t seed, uint64_t offset, bool deterministic, nb::handle positions, int backend, uintptr_t stream,
          int num_threads, bool trust_devices) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-               dropout_p, seed, offset, deterministic, backend, stream, num_threads, trust_devices);
+               dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
         Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tprobs = tensor(probs, "probs"),
             tcq = tensor(cu_seqlens_q, "cu_seqlens_q"), tck = tensor(cu_seqlens_k, "cu_seqlens_k");
         std::optional<Arg> tsk = optional_tensor(seqused_k, "seqused_k");
@@ -410,10 +418,10 @@ NB_MODULE(_C, m) {
          nb::handle cache_batch_idx, nb::handle cache_leftpad, nb::handle block_table,
          int num_splits, std::optional<float> softmax_scale, bool causal, int window_left,
          int window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-         uint64_t seed, uint64_t offset, bool deterministic, int backend, uintptr_t stream,
+         uint64_t seed, uint64_t offset, bool deterministic, nb::handle positions, int backend, uintptr_t stream,
          int num_threads, bool trust_devices) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-               dropout_p, seed, offset, deterministic, backend, stream, num_threads, trust_devices);
+               dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
         Arg tq = tensor(q, "q"), tout = tensor(out, "out"), tkc = tensor(k_cache, "k_cache"),
             tvc = tensor(v_cache, "v_cache"), tsl = tensor(cache_seqlens, "cache_seqlens");
         std::optional<Arg> tlse = optional_tensor(lse, "lse"), tk = optional_tensor(k_new, "k"),

@@ -22,10 +22,14 @@ window arguments on one call, possibly over a trimmed rectangle (_plan). Splits:
 2P - 1 - r, so that every rank does the same work under a causal mask); split_sequence /
 unsplit_sequence and the zigzag_* helpers cut and reassemble tensors in either layout.
 
-Not supported (clear errors): dropout (exact whole-sequence dropout bits need position
-offsets in the kernels, not there yet) and ALiBi (a chunk call measures the ALiBi distance
-from its own bottom-right diagonal; the global offset between two chunks cannot be
-expressed).
+Dropout and ALiBi are those of the whole sequence: a call with either option runs one
+flashattn call per (query piece, key piece) pair, each passing the global positions of its
+first row and first key (flashattn's positions, docs/SPEC.md "Positions"), so that dropout
+draws the keep bits of the global (row, key) and ALiBi measures |global row - global key|.
+A varlen call then runs per sequence too, as sequence b of a call whose other sequences
+are empty (dropout's batch index and the (B, H) slopes' row are the whole batch's). The
+dropout seed is drawn as flash_attn_func draws it and rank 0's is used everywhere. Positions
+are in the CPU engine so far; the CUDA backend refuses them with dropout or ALiBi.
 
 Communication is torch.distributed's: P2P isend/irecv (NCCL on GPUs, where it runs on its own
 stream, ordered against the compute stream by torch; Gloo on CPUs), plus one small all_gather
@@ -267,14 +271,16 @@ def _fit(blocks, rows, cols) -> Optional[_Rect]:
 
 
 @lru_cache(maxsize=4096)
-def _plan(q_pieces, k_pieces, left, right) -> Tuple[_Rect, ...]:
+def _plan(q_pieces, k_pieces, left, right, per_block=False) -> Tuple[_Rect, ...]:
     """The calls of one ring step over one sequence: disjoint rectangles that together show
     exactly the global mask (left, right: the global window, -1 unbounded, causal folded into
     right = 0). Tried in order: the whole local block as one call; else per query piece, its
     visible key pieces as one call (merged with the previous query piece's call when one
     window covers both); else per block, the rectangle trimmed to the rows and columns that
     see anything, which one window always expresses (its first row sees its first column and
-    its last row its last column, so the window values come out >= 0)."""
+    its last row its last column, so the window values come out >= 0).
+    per_block: only the last form, so that every call's rows lie in one query piece and its
+    keys in one key piece (contiguous global positions: what dropout and ALiBi need)."""
     lo_g = -left if left >= 0 else -math.inf
     hi_g = right if right >= 0 else math.inf
     blocks = []  # (rows, cols, lo, hi): the global interval of c - r for each piece pair
@@ -285,6 +291,8 @@ def _plan(q_pieces, k_pieces, left, right) -> Tuple[_Rect, ...]:
     visible = [b for b in blocks if _clip(b[2], b[3], b[0], b[1])]
     if not visible:
         return ()
+    if per_block:
+        return tuple(_trimmed(b) for b in visible)
     rows = (min(b[0][0] for b in visible), max(b[0][1] for b in visible))
     cols = (min(b[1][0] for b in visible), max(b[1][1] for b in visible))
     whole = _fit(blocks, rows, cols)
@@ -325,42 +333,94 @@ class _Options:
     softmax_scale: float
     softcap: float
     deterministic: bool
+    dropout_p: float = 0.0
+    rng_state: Optional[Tensor] = None  # (seed, offset): one draw, shared by every rank
+    alibi_slopes: Optional[Tensor] = None
+
+    @property
+    def positional(self) -> bool:
+        """Whether the calls must say where their rows and keys sit in the whole sequence
+        (Options::positions): dropout's keep bits and ALiBi's distances are global."""
+        return self.dropout_p > 0.0 or self.alibi_slopes is not None
 
 
 @dataclass(frozen=True)
 class _Call:
     """One flashattn call of a step: local query rows `rows`, local key rows `cols`, the
     window; `varlen` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a varlen
-    call over the whole local tensors, None for a dense call over the slices."""
+    call over those rows, None for a dense call over the slices; `positions` = the global
+    positions of the first row and first key (None when no option needs them)."""
     rows: Tuple[int, int]
     cols: Tuple[int, int]
     left: int
     right: int
     varlen: Optional[tuple] = None
+    positions: Optional[Tuple[int, int]] = None
 
     def forward(self, q, k, v, o: _Options):
-        args = (0.0, o.softmax_scale, False, self.left, self.right, o.softcap, None,
-                o.deterministic, None)
+        args = (o.dropout_p, o.softmax_scale, False, self.left, self.right, o.softcap,
+                o.alibi_slopes, o.deterministic, o.rng_state)
         if self.varlen is None:
-            return torch_ops._fwd_impl(q, k, v, *args)
-        return torch_ops._varlen_fwd_impl(q, k, v, *self.varlen, *args)
+            return torch_ops._fwd_impl(q, k, v, *args, positions=self.positions)
+        return torch_ops._varlen_fwd_impl(q, k, v, *self.varlen, *args,
+                                          positions=self.positions)
 
     def backward(self, dout, q, k, v, out, lse, o: _Options):
-        args = (None, 0.0, o.softmax_scale, False, self.left, self.right, o.softcap, None,
-                o.deterministic)
+        args = (o.rng_state, o.dropout_p, o.softmax_scale, False, self.left, self.right,
+                o.softcap, o.alibi_slopes, o.deterministic)
         if self.varlen is None:
-            return torch_ops._bwd_impl(dout, q, k, v, out, lse, *args)
-        return torch_ops._varlen_bwd_impl(dout, q, k, v, out, lse, *self.varlen, *args)
+            return torch_ops._bwd_impl(dout, q, k, v, out, lse, *args, positions=self.positions)
+        return torch_ops._varlen_bwd_impl(dout, q, k, v, out, lse, *self.varlen, *args,
+                                          positions=self.positions)
 
 
-def _dense_steps(layout, rank, world_size, seqlen, window) -> list:
-    """Per ring step, the dense calls (every batch row has the same geometry)."""
+def _global_start(pieces, local0: int) -> int:
+    """The global position of local row `local0`, which lies in one of `pieces`."""
+    for row, start, length in pieces:
+        if row <= local0 < row + length:
+            return start + local0 - row
+    raise AssertionError(f"local row {local0} is in no piece {pieces}")
+
+
+def _dense_steps(layout, rank, world_size, seqlen, window, positional=False) -> list:
+    """Per ring step, the dense calls (every batch row has the same geometry). positional:
+    one call per piece pair, each with its global positions."""
+    steps = []
+    q_pieces = _pieces(layout, rank, world_size, seqlen)
+    for step in range(world_size):
+        k_pieces = _pieces(layout, (rank - step) % world_size, world_size, seqlen)
+        rects = _plan(q_pieces, k_pieces, *window, positional)
+        steps.append([_Call((r.q0, r.q1), (r.k0, r.k1), r.left, r.right, positions=(
+            _global_start(q_pieces, r.q0), _global_start(k_pieces, r.k0)) if positional else None)
+            for r in rects])
+    return steps
+
+
+def _positional_varlen_steps(layout, rank, world_size, lengths, window, device) -> list:
+    """Per ring step, the varlen calls with positions: one per (sequence b, piece pair), each a
+    varlen call over just its rows with the whole batch's B sequences, all empty but b, so
+    that it is sequence b as in the whole batch (dropout's batch index, the row of (B, H)
+    ALiBi slopes), with the global positions of its first row and key."""
+    local = [n // world_size for n in lengths]
+    bases = [sum(local[:b]) for b in range(len(local))]
     steps = []
     for step in range(world_size):
         source = (rank - step) % world_size
-        rects = _plan(_pieces(layout, rank, world_size, seqlen),
-                      _pieces(layout, source, world_size, seqlen), *window)
-        steps.append([_Call((r.q0, r.q1), (r.k0, r.k1), r.left, r.right) for r in rects])
+        calls = []
+        for b, (n, base) in enumerate(zip(lengths, bases)):
+            q_pieces = _pieces(layout, rank, world_size, n)
+            k_pieces = _pieces(layout, source, world_size, n)
+            for r in _plan(q_pieces, k_pieces, *window, True):
+                rows, cols = r.q1 - r.q0, r.k1 - r.k0
+                after = len(lengths) - b  # sequence b and the empty ones after it
+                cu_q = torch.tensor([0] * (b + 1) + [rows] * after, dtype=torch.int32,
+                                    device=device)
+                cu_k = torch.tensor([0] * (b + 1) + [cols] * after, dtype=torch.int32,
+                                    device=device)
+                calls.append(_Call((base + r.q0, base + r.q1), (base + r.k0, base + r.k1),
+                                   r.left, r.right, (cu_q, cu_k, rows, cols),
+                                   (_global_start(q_pieces, r.q0), _global_start(k_pieces, r.k0))))
+        steps.append(calls)
     return steps
 
 
@@ -563,7 +623,8 @@ class _RingAttention(torch.autograd.Function):
 
 # The arguments whose values every rank must share, in the order of the exchanged record.
 _SHARED = ("q", "k", "v", "dtype", "device", "softmax_scale", "causal", "window_size",
-           "softcap", "layout", "deterministic", "cu_seqlens", "max_seqlen", "requires_grad")
+           "softcap", "layout", "deterministic", "cu_seqlens", "max_seqlen", "requires_grad",
+           "dropout_p", "alibi_slopes")
 # The arguments a rank's own check can reject (their index travels in the record, so that
 # every rank raises, naming it, rather than some waiting for the others forever).
 _LOCAL = ("q", "k", "v", "dropout_p", "alibi_slopes", "window_size", "softcap", "layout",
@@ -616,15 +677,13 @@ def _check_local(q, k, v, dims, dropout_p, alibi_slopes, window, window_text, so
         if t.dim() != dims:
             raise _ArgumentError(name, f"{name}: expected {dims} dimensions {layout_text}, "
                                        f"given {t.dim()} (shape {tuple(t.shape)})")
-    if dropout_p != 0.0:
-        raise _ArgumentError("dropout_p", f"dropout_p: expected 0.0 for ring attention (the "
-                             f"whole-sequence dropout bits need position offsets in the "
-                             f"kernels, not there yet), given {dropout_p}")
-    if alibi_slopes is not None:
-        raise _ArgumentError("alibi_slopes", "alibi_slopes: expected None for ring attention "
-                             "(a chunk call measures the ALiBi distance from its own "
-                             "bottom-right diagonal, which cannot express the offset between "
-                             "two chunks), given a tensor")
+    if not 0.0 <= dropout_p < 1.0:
+        raise _ArgumentError("dropout_p", f"dropout_p: expected a probability in [0, 1), "
+                                          f"given {dropout_p}")
+    if alibi_slopes is not None and not isinstance(alibi_slopes, Tensor):
+        raise _ArgumentError("alibi_slopes", f"alibi_slopes: expected None or a float32 "
+                                             f"tensor (nheads) or (batch, nheads), given "
+                                             f"{type(alibi_slopes).__name__}")
     if layout not in LAYOUTS:
         raise _ArgumentError("layout", f"layout: expected one of {LAYOUTS}, given {layout!r}")
     if min(window) < -1:
@@ -652,9 +711,10 @@ def _check_local(q, k, v, dims, dropout_p, alibi_slopes, window, window_text, so
     lengths_check()
 
 
-def _exchange(group, rank_error, record, device):
+def _exchange(group, rank_error, record, device) -> list:
     """Every rank's record (a fixed-length list of ints, the first two for a local error) is
-    gathered; a mismatch or another rank's error raises ValueError naming the argument."""
+    gathered; a mismatch or another rank's error raises ValueError naming the argument.
+    Returns rank 0's record (its values past the shared ones are what every rank adopts)."""
     mine = torch.tensor(record, dtype=torch.int64, device=device)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, mine, group=group)
@@ -672,12 +732,13 @@ def _exchange(group, rank_error, record, device):
                 raise ValueError(f"{name}: expected the same value on every rank of the group, "
                                  f"given {_show(name, rows[0][at])} on rank 0 and "
                                  f"{_show(name, row[at])} on rank {r}")
+    return rows[0]
 
 
 def _show(name, values):
     if name in ("q", "k", "v"):
         return "shape " + str(tuple(x for x in values if x >= 0))
-    if name in ("softmax_scale", "softcap"):
+    if name in ("softmax_scale", "softcap", "dropout_p"):
         return repr(struct.unpack("<d", struct.pack("<q", values[0]))[0])
     if name == "dtype":
         return str(_DTYPES[values[0]]) if 0 <= values[0] < len(_DTYPES) else "another dtype"
@@ -687,11 +748,13 @@ def _show(name, values):
         return f"lengths with checksum {values[0]}"
     if name == "window_size":
         return str(tuple(values))
+    if name == "alibi_slopes":
+        return "a tensor" if values[0] else "None"
     return str(values[0])
 
 
 def _record(q, k, v, scale, causal, window, softcap, layout, deterministic, lengths,
-            max_seqlen, requires_grad):
+            max_seqlen, requires_grad, dropout_p, has_alibi):
     def shape(t):
         dims = list(t.shape)[:_DIMS] if isinstance(t, Tensor) else []
         return dims + [-1] * (_DIMS - len(dims))
@@ -709,6 +772,8 @@ def _record(q, k, v, scale, causal, window, softcap, layout, deterministic, leng
         "cu_seqlens": [zlib.crc32(struct.pack(f"<{len(lengths)}q", *lengths)) if lengths else -1],
         "max_seqlen": [max_seqlen],
         "requires_grad": [int(requires_grad)],
+        "dropout_p": [_float_bits(dropout_p)],
+        "alibi_slopes": [int(has_alibi)],
     }
     return [x for name in _SHARED for x in values[name]]
 
@@ -763,19 +828,28 @@ def _attention(q, k, v, group, dropout_p, softmax_scale, causal, window_size, so
     requires_grad = torch.is_grad_enabled() and any(
         isinstance(t, Tensor) and t.requires_grad for t in (q, k, v))
     record = [int(error is not None), _LOCAL.index(error.name) if error else 0]
+    p = float(dropout_p) if error is None else 0.0
     record += _record(q, k, v, scale, causal, window, float(softcap), layout, deterministic,
-                      lengths, int(max_seqlen or 0), requires_grad)
+                      lengths, int(max_seqlen or 0), requires_grad, p, alibi_slopes is not None)
+    # The dropout seed, drawn as flash_attn_func draws it (torch's generator: with the same
+    # torch.manual_seed the ring and the whole-sequence call drop the same elements); rank 0's
+    # draw is every rank's, so that a rank whose generator differs cannot split the mask.
+    rng_state = torch_ops._draw_rng_state(p)
+    record.append(int(rng_state[0]))
     # NCCL gathers CUDA tensors only (the current device: the rank's, by NCCL's rules).
     nccl = dist.get_backend(group) == "nccl"
-    _exchange(group, error, record, torch.device("cuda", torch.cuda.current_device())
-              if nccl else torch.device("cpu"))
+    rank0 = _exchange(group, error, record, torch.device("cuda", torch.cuda.current_device())
+                      if nccl else torch.device("cpu"))
+    rng_state[0] = rank0[-1]
 
-    if varlen:
+    options = _Options(scale, float(softcap), bool(deterministic), p, rng_state, alibi_slopes)
+    if varlen and options.positional:
+        steps = _positional_varlen_steps(layout, rank, world_size, lengths, window, q.device)
+    elif varlen:
         steps = _varlen_steps(layout, rank, world_size, lengths, window, q.device)
     else:
-        steps = _dense_steps(layout, rank, world_size, lengths[0], window)
-    run = _RingRun(_Ring(group, communicate), steps, 0 if varlen else 1,
-                   _Options(scale, float(softcap), bool(deterministic)))
+        steps = _dense_steps(layout, rank, world_size, lengths[0], window, options.positional)
+    run = _RingRun(_Ring(group, communicate), steps, 0 if varlen else 1, options)
     if requires_grad:
         out, lse = _RingAttention.apply(q, k, v, run)
     else:
@@ -784,19 +858,23 @@ def _attention(q, k, v, group, dropout_p, softmax_scale, causal, window_size, so
 
 
 _ARGS_DOC = """\
-        dropout_p: float. Must be 0.0: ring attention has no dropout yet (a ValueError says
-            so). Exact whole-sequence dropout bits need position offsets in the kernels.
+        dropout_p: float. Dropout probability: the keep bits are exactly those of
+            flash_attn_func over the whole sequence (each chunk call passes its global
+            positions, docs/SPEC.md "Positions"); the seed is drawn from torch's generator as
+            flash_attn_func draws it, rank 0's draw used by every rank. CPU backend only for
+            now (the CUDA kernels do not take positions yet: a ValueError says so).
         softmax_scale: float. Default 1 / sqrt(headdim).
         causal: bool. The causal mask over the *global* positions (query i sees key j <= i).
         window_size: (left, right), global: query i sees keys i - left .. i + right (-1:
             unbounded on that side); causal sets right = 0.
         softcap: float. > 0: scores become softcap * tanh(scores / softcap).
-        alibi_slopes: must be None (a ValueError says why): a chunk call cannot express the
-            ALiBi distance between two chunks.
+        alibi_slopes: (nheads) or (batch_size, nheads), fp32: the bias -slope * |i - j| of
+            the whole sequence's global positions (each chunk call passes them). CPU backend
+            only for now, like dropout.
         deterministic: bool. Passed to flashattn's backward; the ring adds its steps in a
             fixed order, so the result is as reproducible as that backward.
         return_attn_probs: bool. Also return the local rows' log-sum-exp over the whole
-            sequence, and None (no dropout, so no S_dmask).
+            sequence, and None (no S_dmask: it would be the whole sequence's).
         group: the torch.distributed process group whose ranks hold the slices (default: the
             world). Every rank of it must call with the same shapes and options (checked: a
             ValueError names the argument that differs), and every rank must backpropagate.

@@ -120,8 +120,12 @@ def _rng_args(dropout_p: float, rng_state: Tensor) -> dict:
 
 
 def _options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-             deterministic) -> dict:
+             deterministic, positions=None) -> dict:
+    """positions: None, or (query, key), the tokens of the call's first query row and first key
+    in a longer self-attention (Options::positions: ALiBi and dropout of the whole sequence;
+    ring attention's chunk calls pass them)."""
     return {
+        "positions": positions,
         "softmax_scale": softmax_scale,
         "causal": causal,
         "window_left": window_left,
@@ -162,7 +166,7 @@ def _wants_grad(*tensors: Optional[Tensor]) -> bool:
 # ---------------------------------------------------------------------------- dense
 
 def _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-              alibi_slopes, deterministic, rng_state, want_lse=True):
+              alibi_slopes, deterministic, rng_state, want_lse=True, positions=None):
     _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     _check_dim(v, "v", 4, "(batch, seqlen_k, nheads_k, headdim_v)")
     q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
@@ -173,13 +177,14 @@ def _fwd_impl(q, k, v, dropout_p, softmax_scale, causal, window_left, window_rig
     _C.forward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
                _desc(lse, "lse"),
                **_options(softmax_scale, causal, window_left, window_right, softcap,
-                          alibi_slopes, deterministic),
+                          alibi_slopes, deterministic, positions),
                **_rng_args(dropout_p, rng_state), **_execution(q))
     return out, lse
 
 
 def _bwd_impl(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, causal,
-              window_left, window_right, softcap, alibi_slopes, deterministic, grads=None):
+              window_left, window_right, softcap, alibi_slopes, deterministic, grads=None,
+              positions=None):
     """dq, dk, dv: new tensors, or written into `grads` (dq, dk, dv) when given."""
     dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
     # empty_like: a third of torch.empty(shape, dtype=, device=)'s host time.
@@ -189,7 +194,7 @@ def _bwd_impl(dout, q, k, v, out, lse, rng_state, dropout_p, softmax_scale, caus
                 _desc(dout, "dout"), _desc(lse, "lse"), _desc(dq, "dq"), _desc(dk, "dk"),
                 _desc(dv, "dv"),
                 **_options(softmax_scale, causal, window_left, window_right, softcap,
-                           alibi_slopes, deterministic),
+                           alibi_slopes, deterministic, positions),
                 **_rng_args(dropout_p, rng_state), **_execution(q))
     return dq, dk, dv
 
@@ -305,7 +310,8 @@ def forward(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right
 
 def _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      dropout_p, softmax_scale, causal, window_left, window_right, softcap,
-                     alibi_slopes, deterministic, rng_state, block_table=None, seqused_k=None):
+                     alibi_slopes, deterministic, rng_state, block_table=None, seqused_k=None,
+                     positions=None):
     _check_dim(q, "q", 3, "(total_q, nheads, headdim)")
     if block_table is None:
         _check_dim(v, "v", 3, "(total_k, nheads_k, headdim_v)")
@@ -321,7 +327,7 @@ def _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                       seqused_k=_desc(seqused_k, "seqused_k"),
                       block_table=_desc(block_table, "block_table"),
                       **_options(softmax_scale, causal, window_left, window_right, softcap,
-                                 alibi_slopes, deterministic),
+                                 alibi_slopes, deterministic, positions),
                       **_rng_args(dropout_p, rng_state), **_execution(q))
     return out, lse
 
@@ -329,7 +335,7 @@ def _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 def _varlen_bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, rng_state, dropout_p, softmax_scale, causal, window_left,
                      window_right, softcap, alibi_slopes, deterministic, grads=None,
-                     seqused_k=None):
+                     seqused_k=None, positions=None):
     dout, q, k, v, out = (_contiguous_last(t) for t in (dout, q, k, v, out))
     dq, dk, dv = grads if grads is not None else (
         torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -340,7 +346,7 @@ def _varlen_bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
                        _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
                        seqused_k=_desc(seqused_k, "seqused_k"),
                        **_options(softmax_scale, causal, window_left, window_right,
-                                  softcap, alibi_slopes, deterministic),
+                                  softcap, alibi_slopes, deterministic, positions),
                        **_rng_args(dropout_p, rng_state), **_execution(q))
     return dq, dk, dv
 

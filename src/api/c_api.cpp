@@ -57,6 +57,7 @@ flashattn::Options to_options(const fa_options* o) {
   options.dropout_seed = o->dropout_seed;
   options.dropout_offset = o->dropout_offset;
   options.deterministic = o->deterministic != 0;
+  if (o->has_positions) options.positions = flashattn::Options::Positions{o->query_position, o->key_position};
   return options;
 }
 

@@ -43,6 +43,11 @@ void fill_options(ForwardParams& p, const Options& options, const Execution& exe
   p.dropout_p = options.dropout_p;
   p.dropout_seed = options.dropout_seed;
   p.dropout_offset = options.dropout_offset;
+  if (options.positions) {
+    p.has_positions = true;
+    p.query_position0 = options.positions->query;
+    p.key_position0 = options.positions->key;
+  }
   p.num_threads = execution.num_threads;
   p.stream = execution.stream;
 }

@@ -282,6 +282,27 @@ void check_options(const Options& o) {
     fail("dropout_p", "a probability in [0, 1)", number_string(o.dropout_p));
 }
 
+// Positions (Options::positions): tokens count from 0, and every token index of a call (its
+// rows and keys moved by the positions) stays below 2^31, where dropout's Philox counter
+// holds it. longest_q / longest_k: the most rows and keys a sequence of the call can have.
+void check_positions(const Options& o, int64_t longest_q, int64_t longest_k) {
+  if (!o.positions) return;
+  constexpr int64_t kTokens = int64_t{1} << 31;
+  const struct {
+    const char* name;
+    int64_t first, count;
+  } sides[] = {{"positions.query", o.positions->query, longest_q},
+               {"positions.key", o.positions->key, longest_k}};
+  for (const auto& side : sides) {
+    if (side.first < 0)
+      fail(side.name, "a token position >= 0", std::to_string(side.first));
+    if (side.first > kTokens - side.count)
+      fail(side.name,
+           "a position + " + std::to_string(side.count) + " (the call's longest sequence) <= 2^31",
+           std::to_string(side.first));
+  }
+}
+
 // Reads a host int32 vector (cu_seqlens, seqused_k); device tensors are checked by the backend.
 const int32_t* host_int32(const TensorView& t) {
   return t.device.type == DeviceType::CPU ? static_cast<const int32_t*>(t.data) : nullptr;
@@ -812,6 +833,7 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
                          : is_varlen ? "= (total_k, Hk, D) like k"
                                      : "= (B, Sk, Hk, D) like k",
                          out, is_varlen ? "= (total_q, H, D) like q" : "= (B, Sq, H, D) like q");
+  check_positions(options, call.rows_q, call.rows_k);
 
   const Extent lse_extent =
       is_varlen ? expect_lse(lse, q, {call.heads, call.rows_q}, "= (H, total_q)")
@@ -827,6 +849,14 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
   check_outputs_disjoint(inputs, out_checked, lse, lse_extent);
   call.backend = check_backend_memory(execution, q, call.head_dim, copied_by_rows, inputs,
                                       out_checked, lse);
+  // The CUDA attention kernels measure ALiBi and draw dropout in the call's own coordinates
+  // (attention_probabilities' kernel has positions): refused rather than computed wrongly.
+  if (call.backend == Backend::CUDA && options.positions &&
+      (options.dropout_p > 0.0f || options.alibi_slopes))
+    unsupported("positions",
+                "none with dropout or ALiBi on the CUDA backend (not implemented in its "
+                "kernels yet; the CPU backend has them)",
+                std::string("positions with ") + (options.dropout_p > 0.0f ? "dropout" : "ALiBi"));
   // Last, as in validate_kvcache: the values, after every structural check (host only).
   if (paged) check_paged_lengths(*varlen, call.batch, k, call.rows_k);
   return call;
@@ -838,6 +868,9 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
   check_options(options);
   if (options.dropout_p != 0.0f)
     fail("dropout_p", "0 (forward_kvcache is inference only)", number_string(options.dropout_p));
+  if (options.positions)
+    unsupported("positions", "none for forward_kvcache (the cache gives the positions)",
+                "positions");
   if (cache.num_splits < 0 || cache.num_splits > kMaxSplits)
     fail("num_splits",
          "0 (choose) or a key chunk count in [1, " + std::to_string(kMaxSplits) + "]",
@@ -971,6 +1004,7 @@ ValidatedCall validate_probabilities(const TensorView& q, const TensorView& k,
           .extent;
   ValidatedCall call = batch_dimensions(q, k, varlen);
   check_query_key_shapes(call, q, is_varlen ? "cu_seqlens_q" : "q", "k", k);
+  check_positions(options, call.rows_q, call.rows_k);
   append(inputs, expect_alibi(options, q, call.batch, call.heads));
   if (is_varlen)
     append(inputs, expect_varlen(*varlen, q, call.batch, call.rows_q, call.rows_k));

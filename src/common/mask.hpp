@@ -115,10 +115,10 @@ FA_HOST_DEVICE KeyRange rows_seeing_keys(int64_t j0, int64_t j1, int64_t seqlen_
   return r;
 }
 
-// ALiBi: the bias added to the score of (i, j), -slope * |i + seqlen_k - seqlen_q - j|.
-FA_HOST_DEVICE float alibi_bias(float slope, int64_t i, int64_t j, int64_t seqlen_q,
-                                int64_t seqlen_k) {
-  int64_t distance = i + seqlen_k - seqlen_q - j;
+// ALiBi: the bias added to the score of (i, j), -slope * |i + diagonal - j|, diagonal =
+// seqlen_k - seqlen_q for the call's own bottom-right alignment (alibi_diagonal in params.hpp).
+FA_HOST_DEVICE float alibi_bias(float slope, int64_t i, int64_t j, int64_t diagonal) {
+  int64_t distance = i + diagonal - j;
   if (distance < 0) distance = -distance;
   return -slope * static_cast<float>(distance);
 }

@@ -67,6 +67,13 @@ struct ForwardParams {
   int64_t num_pages = 0;
   int32_t page_size = 0;
 
+  // Positions (Options::positions; docs/SPEC.md): query row i of every sequence is token
+  // query_position0 + i and key j token key_position0 + j (both 0 without positions), which
+  // dropout's keep bits use; with positions, ALiBi measures between those tokens
+  // (alibi_diagonal).
+  bool has_positions = false;
+  int64_t query_position0 = 0, key_position0 = 0;
+
   FA_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
   FA_HOST_DEVICE bool is_paged() const { return block_table != nullptr; }
   FA_HOST_DEVICE int32_t group_size() const { return heads / heads_k; }  // query heads per key/value head
@@ -143,6 +150,13 @@ FA_HOST_DEVICE SequenceView sequence_view(const ForwardParams& p, int32_t b) {
                    ? at_most(static_cast<uint32_t>(p.seqused_k[b]), static_cast<uint32_t>(s.rows_k))
                    : s.rows_k;
   return s;
+}
+
+// ALiBi's distance of (i, j) in sequence s is |i + alibi_diagonal - j|: the call's
+// bottom-right alignment (seqlen_k - seqlen_q), or with positions the offset between the
+// query and key tokens (the whole sequence is self-attention: token t sees token t at distance 0).
+FA_HOST_DEVICE int64_t alibi_diagonal(const ForwardParams& p, const SequenceView& s) {
+  return p.has_positions ? p.query_position0 - p.key_position0 : s.seqlen_k - s.seqlen_q;
 }
 
 // Where key j (0 <= j < total_k < 2^31) of sequence b of a paged batch lives. The page index

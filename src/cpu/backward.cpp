@@ -197,7 +197,7 @@ struct Pass {
       backward_probabilities(prob, lse);  // masked: 0
       if (dropout != nullptr) {
         float m[kBlockK];  // one row's multipliers (as in the forward)
-        dropout_multipliers(*dropout, b, h, i0 + r, j0, cols, m);
+        dropout_multipliers(p, *dropout, b, h, i0 + r, j0, cols, m);
         for (int j = 0; j < cols; ++j) {
           ds[j] = prob[j] * (ds[j] * m[j] - d);
           prob[j] *= m[j];

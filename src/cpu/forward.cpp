@@ -202,7 +202,7 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
         // softmax, and only what multiplies v is dropped and rescaled.
         if (dropout != nullptr) {
           float m[kBlockK];
-          dropout_multipliers(*dropout, b, block.head(r0 + r), block.position(r0 + r), j0, cols,
+          dropout_multipliers(p, *dropout, b, block.head(r0 + r), block.position(r0 + r), j0, cols,
                               m);
           for (int j = 0; j < cols; ++j) row[j] *= m[j];
         }

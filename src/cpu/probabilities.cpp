@@ -82,7 +82,7 @@ void probabilities_of_block(const ProbabilitiesParams& pp, const DropoutRng* dro
                                        p.window_right);
     for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
       const int cols = block_cols(j0);
-      if (dropout != nullptr) dropout_multipliers(*dropout, b, h, i0 + r, j0, cols, multipliers);
+      if (dropout != nullptr) dropout_multipliers(p, *dropout, b, h, i0 + r, j0, cols, multipliers);
       for (int c = 0; c < cols; ++c) {
         const int64_t j = j0 + c;
         float& x = row[j];

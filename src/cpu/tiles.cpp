@@ -27,7 +27,7 @@ void modify_scores(const ForwardParams& p, const SequenceView& seq, float slope,
     }
     if (p.alibi_slopes != nullptr)
       for (int j = 0; j < cols; ++j)
-        row[j] += alibi_bias(slope, i, j0 + j, seq.seqlen_q, seq.seqlen_k);
+        row[j] += alibi_bias(slope, i, j0 + j, alibi_diagonal(p, seq));
     if (full) continue;
     const KeyRange keys = visible_keys(i, seq.seqlen_q, seq.seqlen_k, p.window_left,
                                        p.window_right);
@@ -38,17 +38,19 @@ void modify_scores(const ForwardParams& p, const SequenceView& seq, float slope,
   }
 }
 
-void dropout_multipliers(const DropoutRng& rng, int32_t b, int32_t h, int64_t i, int64_t j0,
-                         int cols, float* m) {
-  // One Philox call per group of 4 keys; a block that starts mid-group (windows start
-  // anywhere) uses part of its first group.
-  int64_t j = j0;
-  const int64_t end = j0 + cols;
+void dropout_multipliers(const ForwardParams& p, const DropoutRng& rng, int32_t b, int32_t h,
+                         int64_t i, int64_t j0, int cols, float* m) {
+  // One Philox call per group of 4 keys; a block that starts mid-group (windows and positions
+  // start anywhere) uses part of its first group. j counts key tokens.
+  const int64_t first = j0 + p.key_position0;
+  int64_t j = first;
+  const int64_t end = first + cols;
+  const uint32_t row = static_cast<uint32_t>(i + p.query_position0);
   while (j < end) {
-    const uint32_t bits = rng.keep_bits4(static_cast<uint32_t>(b), static_cast<uint32_t>(h),
-                                         static_cast<uint32_t>(i), static_cast<uint32_t>(j / 4));
+    const uint32_t bits = rng.keep_bits4(static_cast<uint32_t>(b), static_cast<uint32_t>(h), row,
+                                         static_cast<uint32_t>(j / 4));
     for (; j < end; ++j) {
-      m[j - j0] = (bits >> (j % 4)) & 1u ? rng.scale : 0.0f;
+      m[j - first] = (bits >> (j % 4)) & 1u ? rng.scale : 0.0f;
       if (j % 4 == 3) {
         ++j;
         break;

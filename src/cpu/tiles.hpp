@@ -79,7 +79,8 @@ void modify_scores(const ForwardParams& p, const SequenceView& seq, float slope,
                    int64_t i0, int rows, int64_t j0, int cols, float* softcap_grad = nullptr);
 
 // Dropout's multipliers of row i, keys [j0, j0+cols) of (b, h): scale (kept) or 0 (dropped).
-void dropout_multipliers(const DropoutRng& rng, int32_t b, int32_t h, int64_t i, int64_t j0,
-                         int cols, float* m);
+// The keep bits are those of the tokens (p's positions added).
+void dropout_multipliers(const ForwardParams& p, const DropoutRng& rng, int32_t b, int32_t h,
+                         int64_t i, int64_t j0, int cols, float* m);
 
 }  // namespace flashattn::detail::cpu

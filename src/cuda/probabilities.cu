@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
       float s = 0.0f;
       for (int d = 0; d < p.head_dim; ++d) s = fmaf(q_row[d], element_to_float(kj[d]), s);
       if (p.softcap > 0.0f) s = apply_softcap(s, p.softcap);
-      if (p.alibi_slopes != nullptr) s += alibi_bias(slope, i, j, seq.seqlen_q, seq.seqlen_k);
+      if (p.alibi_slopes != nullptr) s += alibi_bias(slope, i, j, alibi_diagonal(p, seq));
       row[j] = s;
       m = fmaxf(m, s);
     }
@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t j = seen.begin + threadIdx.x; j < seen.end; j += kThreads) {
       float x = expf(row[j] - m);
       if (dropout && !rng.keep(static_cast<uint32_t>(b), static_cast<uint32_t>(h),
-                               static_cast<uint32_t>(i), static_cast<uint32_t>(j)))
+                               static_cast<uint32_t>(i + p.query_position0),
+                               static_cast<uint32_t>(j + p.key_position0)))
         x = -x;
       row[j] = x;
     }

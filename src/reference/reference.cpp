@@ -140,9 +140,21 @@ struct Problem {
     if (options.dropout_p > 0)
       dropout = detail::make_dropout_rng(options.dropout_seed, options.dropout_offset,
                                          options.dropout_p);
+    if (options.positions) {
+      query0 = options.positions->query;
+      key0 = options.positions->key;
+    }
   }
 
   double rnd(double x) const { return round_to(q.dtype, arithmetic, x); }
+
+  // Positions (SPEC.md): query row i is token query0 + i and key j token key0 + j; ALiBi
+  // measures between those tokens when positions are given, from the call's bottom-right
+  // diagonal otherwise.
+  int64_t query0 = 0, key0 = 0;
+  int64_t alibi_distance(int64_t i, int64_t j, int64_t Sq, int64_t Sk) const {
+    return options.positions ? (query0 + i) - (key0 + j) : i + Sk - Sq - j;
+  }
 
   struct Sequence {
     int64_t q0 = 0, k0 = 0, Sq = 0, Sk = 0;
@@ -220,12 +232,13 @@ struct Head {
           tanh[ij] = std::tanh(s / pr.cap);
           s = pr.rnd(pr.cap * tanh[ij]);
         }
-        if (pr.options.alibi_slopes) s = pr.rnd(s - slope * std::abs(double(i + Sk - Sq - j)));
+        if (pr.options.alibi_slopes) s = pr.rnd(s - slope * std::abs(double(pr.alibi_distance(i, j, Sq, Sk))));
         const int64_t diag = i + Sk - Sq;
         visible[ij] = (pr.left < 0 || j >= diag - pr.left) && (pr.right < 0 || j <= diag + pr.right);
         S[ij] = s;
         if (pr.dropout)
-          M[ij] = pr.dropout->keep(uint32_t(b), uint32_t(h), uint32_t(i), uint32_t(j))
+          M[ij] = pr.dropout->keep(uint32_t(b), uint32_t(h), uint32_t(i + pr.query0),
+                                   uint32_t(j + pr.key0))
                       ? 1.0 / (1.0 - double(pr.options.dropout_p))
                       : 0.0;
       }
@@ -369,7 +382,10 @@ std::vector<uint8_t> dropout_mask(const Options& options, int64_t b, int64_t h, 
       detail::make_dropout_rng(options.dropout_seed, options.dropout_offset, options.dropout_p);
   for (int64_t i = 0; i < seqlen_q; ++i)
     for (int64_t j = 0; j < seqlen_k; ++j)
-      mask[size_t(i * seqlen_k + j)] = rng.keep(uint32_t(b), uint32_t(h), uint32_t(i), uint32_t(j));
+      mask[size_t(i * seqlen_k + j)] =
+          rng.keep(uint32_t(b), uint32_t(h),
+                   uint32_t(i + (options.positions ? options.positions->query : 0)),
+                   uint32_t(j + (options.positions ? options.positions->key : 0)));
   return mask;
 }
 

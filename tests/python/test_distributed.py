@@ -39,6 +39,7 @@ if not dist.is_available():
                 allow_module_level=True)
 
 from flashattn import distributed as D  # noqa: E402
+from flashattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 from flashattn.distributed import (ring_flash_attn_func, ring_flash_attn_varlen_func,  # noqa: E402
                                    split_sequence, unsplit_sequence, zigzag_split,
                                    zigzag_split_varlen, zigzag_unsplit, zigzag_unsplit_varlen)
@@ -260,14 +261,34 @@ def inputs(seed, shapes, dtype, device):
     return [torch.randn(s, generator=g).to(dtype).to(device) for s in shapes]
 
 
+def alibi_and_keep(seed, whole_call, shape, alibi, dropout_p, device):
+    """The ALiBi slopes (shape, fp32, or None) and the dropout keep bits (B, H, Sq, Sk) of the
+    single whole-sequence flashattn call (its S_dmask, negated where dropped), drawn with
+    torch's generator at `seed`, which the ring's call then reuses. None without dropout."""
+    slopes = None
+    if alibi:
+        slopes = torch.rand(shape, generator=torch.Generator().manual_seed(seed + 1)).to(device)
+    keep = None
+    if dropout_p > 0:
+        torch.manual_seed(seed)
+        keep = ~torch.signbit(whole_call(slopes))
+        assert 0 < keep.float().mean().item() < 1
+    return slopes, keep
+
+
 # ---------------------------------------------------------------------------- cases (per rank)
 
 def case_dense(ctx, seed, dtype, b, s, h, hk, d, layout, causal=False, window=(-1, -1),
-               softcap=0.0, scale=None):
+               softcap=0.0, scale=None, dropout_p=0.0, alibi=None):
     dtype = getattr(torch, dtype)
     q, k, v, dout = inputs(seed, [(b, s, h, d), (b, s, hk, d), (b, s, hk, d), (b, s, h, d)],
                            dtype, ctx.device)
-    ref_kw = dict(softmax_scale=scale, causal=causal, window=window, softcap=softcap)
+    kw = dict(softmax_scale=scale, causal=causal, window_size=window, softcap=softcap)
+    slopes, keep = alibi_and_keep(seed, lambda slopes: flash_attn_func(
+        q, k, v, dropout_p=dropout_p, alibi_slopes=slopes, return_attn_probs=True, **kw)[2],
+        (h,) if alibi == "h" else (b, h), alibi, dropout_p, ctx.device)
+    ref_kw = dict(softmax_scale=scale, causal=causal, window=window, softcap=softcap,
+                  alibi=slopes, keep=keep, dropout_p=dropout_p)
     ref = references(lambda q, k, v: attention_reference(q, k, v, **ref_kw), (q, k, v), dout,
                      dtype)
 
@@ -275,33 +296,43 @@ def case_dense(ctx, seed, dtype, b, s, h, hk, d, layout, causal=False, window=(-
         return split_sequence(x, ctx.rank, ctx.world_size, layout, dim=2 if lse_dim else 1)
 
     local = [split(x).requires_grad_() for x in (q, k, v)]
+    torch.manual_seed(seed)  # the whole call's seed (alibi_and_keep)
     out, lse, probs = ring_flash_attn_func(*local, softmax_scale=scale, causal=causal,
                                            window_size=window, softcap=softcap,
-                                           return_attn_probs=True, layout=layout)
+                                           return_attn_probs=True, layout=layout,
+                                           dropout_p=dropout_p, alibi_slopes=slopes)
     assert probs is None and out.dtype == dtype and lse.shape == (b, h, s // ctx.world_size)
     grads = torch.autograd.grad(out, local, split(dout))
     check_all(out, lse, grads, ref, split)
     # Without a gradient: the forward alone, the same output.
+    torch.manual_seed(seed)
     with torch.no_grad():
         again = ring_flash_attn_func(*(x.detach() for x in local), softmax_scale=scale,
                                      causal=causal, window_size=window, softcap=softcap,
-                                     layout=layout)
+                                     layout=layout, dropout_p=dropout_p, alibi_slopes=slopes)
     assert torch.equal(again, out.detach())
 
 
 def case_varlen(ctx, seed, dtype, lengths, h, hk, d, layout, causal=False, window=(-1, -1),
-                softcap=0.0):
+                softcap=0.0, dropout_p=0.0, alibi=None):
     dtype = getattr(torch, dtype)
     total = sum(lengths)
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
     q, k, v, dout = inputs(seed, [(total, h, d), (total, hk, d), (total, hk, d), (total, h, d)],
                            dtype, ctx.device)
-    ref_kw = dict(causal=causal, window=window, softcap=softcap)
+    slopes, keep = alibi_and_keep(seed, lambda slopes: flash_attn_varlen_func(
+        q, k, v, cu, cu, max(lengths), max(lengths), dropout_p=dropout_p, causal=causal,
+        window_size=window, softcap=softcap, alibi_slopes=slopes, return_attn_probs=True)[2],
+        (h,) if alibi == "h" else (len(lengths), h), alibi, dropout_p, ctx.device)
+    ref_kw = dict(causal=causal, window=window, softcap=softcap, dropout_p=dropout_p)
 
     def attend(q, k, v):  # each sequence on its own, packed again
         outs, lses = [], []
-        for a, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
-            o, l = attention_reference(q[None, a:e], k[None, a:e], v[None, a:e], **ref_kw)
+        for n, (a, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+            o, l = attention_reference(
+                q[None, a:e], k[None, a:e], v[None, a:e], **ref_kw,
+                alibi=None if slopes is None else slopes if slopes.dim() == 1 else slopes[n:n + 1],
+                keep=None if keep is None else keep[n:n + 1, :, :e - a, :e - a])
             outs.append(o[0])
             lses.append(l[0])
         return torch.cat(outs), torch.cat(lses, dim=1)
@@ -314,9 +345,11 @@ def case_varlen(ctx, seed, dtype, lengths, h, hk, d, layout, causal=False, windo
 
     local = [split(x).requires_grad_() for x in (q, k, v)]
     cu_arg = cu.to(ctx.device)
+    torch.manual_seed(seed)  # the whole call's seed (alibi_and_keep)
     out, lse, _ = ring_flash_attn_varlen_func(*local, cu_arg, max(lengths), causal=causal,
                                               window_size=window, softcap=softcap,
-                                              return_attn_probs=True, layout=layout)
+                                              return_attn_probs=True, layout=layout,
+                                              dropout_p=dropout_p, alibi_slopes=slopes)
     assert lse.shape == (h, total // ctx.world_size)
     grads = torch.autograd.grad(out, local, split(dout))
     check_all(out, lse, grads, ref, split)
@@ -337,9 +370,9 @@ def case_errors(ctx, seed):
     q, k, v = inputs(seed, [(1, 4 * p, 4, 8), (1, 4 * p, 2, 8), (1, 4 * p, 2, 8)],
                      torch.float32, ctx.device)
     ql, kl, vl = (zigzag_split(x, r, p) for x in (q, k, v))
-    msg = raises("dropout_p", lambda: ring_flash_attn_func(ql, kl, vl, dropout_p=0.1))
-    assert "position offsets" in msg and "0.1" in msg
-    raises("alibi_slopes", lambda: ring_flash_attn_func(ql, kl, vl, alibi_slopes=torch.ones(4)))
+    msg = raises("dropout_p", lambda: ring_flash_attn_func(ql, kl, vl, dropout_p=1.5))
+    assert "[0, 1)" in msg and "1.5" in msg
+    raises("alibi_slopes", lambda: ring_flash_attn_func(ql, kl, vl, alibi_slopes=[1.0] * 4))
     raises("window_size", lambda: ring_flash_attn_func(ql, kl, vl, window_size=(-2, 0)))
     raises("layout", lambda: ring_flash_attn_func(ql, kl, vl, layout="striped"))
     raises("k", lambda: ring_flash_attn_func(ql, kl[:, :2], vl[:, :2]))
@@ -347,7 +380,7 @@ def case_errors(ctx, seed):
     raises("q", lambda: ring_flash_attn_func(ql[0], kl, vl))
     raises("q", lambda: ring_flash_attn_func(ql[:, :3], kl[:, :3], vl[:, :3], layout="zigzag"))
     # Only one rank is wrong: every rank raises, naming the argument (none waits forever).
-    bad = 0.5 if r == p - 1 else 0.0
+    bad = 1.5 if r == p - 1 else 0.0
     msg = raises("dropout_p", lambda: ring_flash_attn_func(ql, kl, vl, dropout_p=bad))
     assert r == p - 1 or f"rank {p - 1}" in msg, msg
     # Shapes or options that differ between ranks.
@@ -355,6 +388,9 @@ def case_errors(ctx, seed):
     msg = raises("q", lambda: ring_flash_attn_func(ql[:, :n], kl[:, :n], vl[:, :n]))
     assert "on rank 0" in msg and "every rank" in msg, msg
     raises("causal", lambda: ring_flash_attn_func(ql, kl, vl, causal=(r == 1)))
+    raises("dropout_p", lambda: ring_flash_attn_func(ql, kl, vl, dropout_p=0.1 * (r == 1)))
+    raises("alibi_slopes", lambda: ring_flash_attn_func(
+        ql, kl, vl, alibi_slopes=torch.ones(4) if r == 1 else None))
     # A rank whose inputs require grad would run a backward ring the others never join.
     raises("requires_grad", lambda: ring_flash_attn_func(ql.requires_grad_(r == 0), kl, vl))
     ql.requires_grad_(False)
@@ -408,6 +444,14 @@ DENSE = [  # (world_size, layout, b, s, h, hk, d, features)
     # Softcap and a scale pass through; an odd head dim.
     (2, "zigzag", 2, 24, 3, 1, 13, dict(causal=True, softcap=2.5, scale=0.3)),
     (4, "contiguous", 1, 32, 2, 2, 37, dict(softcap=4.0)),
+    # Dropout and ALiBi: the whole call's keep bits and distances (flashattn's positions).
+    (2, "zigzag", 2, 32, 4, 2, 16, dict(causal=True, dropout_p=0.3)),
+    (2, "contiguous", 2, 32, 4, 4, 16, dict(dropout_p=0.2, alibi="bh")),
+    (4, "zigzag", 1, 64, 4, 2, 16, dict(causal=True, alibi="h")),
+    (4, "contiguous", 1, 64, 4, 1, 16, dict(causal=True, dropout_p=0.25, alibi="h")),
+    (4, "zigzag", 1, 64, 2, 2, 8, dict(window=(5, 13), dropout_p=0.3, alibi="bh")),
+    (2, "zigzag", 1, 40, 2, 1, 8, dict(causal=True, window=(7, -1), dropout_p=0.5,
+                                       softcap=2.0, alibi="h")),
 ]
 
 
@@ -439,6 +483,10 @@ VARLEN = [  # (world_size, layout, lengths, features): lengths multiples of the 
     # The window is in tokens, the chunks differ per sequence: per-sequence plans.
     (2, "zigzag", [8, 32, 16], dict(window=(5, 3))),
     (4, "contiguous", [8, 32, 4, 20], dict(causal=True, window=(6, -1), softcap=3.0)),
+    # Dropout and ALiBi: per-sequence positional calls, batch index and (B, H) slopes kept.
+    (2, "zigzag", [16, 8, 0, 24], dict(causal=True, dropout_p=0.3, alibi="bh")),
+    (4, "contiguous", [8, 32, 4, 20], dict(dropout_p=0.2)),
+    (4, "zigzag", [8, 32, 16], dict(causal=True, window=(5, -1), alibi="h")),
 ]
 
 
