@@ -17,9 +17,12 @@ P so; docs/SPEC.md, "FP8 inputs"). bf16 inputs through the same CPU path are the
 line. Figures are measured on the CPU; the GPU kernel's own figure comes with it.
 
     python bench/fp8_accuracy.py [--batch 2 --seqlen 1024 --heads 8 --headdim 128 --seed 0]
+                                 [--quick] [--out DIR]   (DIR/fp8_accuracy.{json,md})
 """
 import argparse
+import json
 import math
+import pathlib
 
 import torch
 
@@ -74,7 +77,11 @@ def main():
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a small shape, for a first look")
+    parser.add_argument("--out", type=pathlib.Path, help="also write fp8_accuracy.{json,md} here")
     args = parser.parse_args()
+    if args.quick:
+        args.batch, args.seqlen, args.heads = 1, 256, 2
 
     g = torch.Generator().manual_seed(args.seed)
     shape = (args.batch, args.seqlen, args.heads, args.headdim)
@@ -83,10 +90,10 @@ def main():
 
     bf16 = flashattn.flash_attn_func(*(t.to(torch.bfloat16) for t in (q, k, v)),
                                      causal=args.causal)
-    print(f"outlier-heavy inputs {shape}, causal={args.causal}, seed {args.seed}; "
-          f"RMSE of out against float64 (CPU)")
-    print(f"{'scheme':34} {'CPU path':>10} {'P in e4m3':>10}")
-    print(f"{'bf16 inputs (reference line)':34} {rmse(bf16, exact):10.2e} {'':>10}")
+    title = (f"outlier-heavy inputs {shape}, causal={args.causal}, seed {args.seed}; "
+             f"RMSE of out against float64 (measured on the CPU)")
+    rows = [{"scheme": "bf16 inputs (reference line)", "cpu_path": rmse(bf16, exact),
+             "p_in_e4m3": None}]
 
     def quantise(scheme, x, rotate):
         if scheme == "per-tensor":
@@ -104,8 +111,20 @@ def main():
             emulated = attention_p_in_e4m3(dequantize_fp8(q8, qd).double(),
                                            dequantize_fp8(k8, kd).double(),
                                            dequantize_fp8(v8, vd).double(), args.causal)
-            name = scheme + (" + Hadamard" if rotate else "")
-            print(f"{name:34} {rmse(out, exact):10.2e} {rmse(emulated, exact):10.2e}")
+            rows.append({"scheme": scheme + (" + Hadamard" if rotate else ""),
+                         "cpu_path": rmse(out, exact), "p_in_e4m3": rmse(emulated, exact)})
+
+    lines = [title, "", "| scheme | CPU path | P in e4m3 |", "|---|---|---|"]
+    for r in rows:
+        emulated = "" if r["p_in_e4m3"] is None else f"{r['p_in_e4m3']:.2e}"
+        lines.append(f"| {r['scheme']} | {r['cpu_path']:.2e} | {emulated} |")
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "fp8_accuracy.md").write_text("\n".join(lines) + "\n")
+        (args.out / "fp8_accuracy.json").write_text(json.dumps(
+            {"shape": list(shape), "causal": args.causal, "seed": args.seed, "rows": rows},
+            indent=1))
 
 
 if __name__ == "__main__":

@@ -171,6 +171,17 @@ TEST(Fp8Forward, DenseMqaHeadDim256) {
   run_dense(c);
 }
 
+// No keys: every row sees none (out 0, lse -inf); no queries: nothing to write.
+TEST(Fp8Forward, EmptySequences) {
+  Case c;
+  c.Sk = 0;
+  c.k_scaling = c.v_scaling = Scaling::PerBlock;  // (B, Hk, 0)
+  run_dense(c);
+  c = Case{};
+  c.Sq = 0;
+  run_dense(c);
+}
+
 // Three sequences (one with no queries, one whose keys seqused_k shortens): packed rows,
 // blocks counted from each sequence's start.
 TEST(Fp8Forward, VarlenWithSequsedK) {

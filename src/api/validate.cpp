@@ -712,15 +712,18 @@ std::vector<Argument> expect_descales(const Options& options, const TensorView& 
          number_string(options.dropout_p));
   const int64_t seqlen_q = varlen != nullptr ? varlen->max_seqlen_q : call.rows_q;
   const int64_t seqlen_k = varlen != nullptr ? varlen->max_seqlen_k : call.rows_k;
+  const auto layout = [](const char* seqlen) {
+    return "= (B, Hk) or (B, Hk, ceil(" + std::string(seqlen) + " / " +
+           std::to_string(kFp8ScaleBlockRows) + "))";
+  };
   const struct {
     const char* name;
     const std::optional<TensorView>& factors;
     int64_t seqlen;
-    const char* per_block_layout;
-  } descales[] = {
-      {"q_descale", options.q_descale, seqlen_q, "= (B, Hk) or (B, Hk, ceil(Sq / 128))"},
-      {"k_descale", options.k_descale, seqlen_k, "= (B, Hk) or (B, Hk, ceil(Sk / 128))"},
-      {"v_descale", options.v_descale, seqlen_k, "= (B, Hk) or (B, Hk, ceil(Sk / 128))"}};
+    std::string per_block_layout;
+  } descales[] = {{"q_descale", options.q_descale, seqlen_q, layout("Sq")},
+                  {"k_descale", options.k_descale, seqlen_k, layout("Sk")},
+                  {"v_descale", options.v_descale, seqlen_k, layout("Sk")}};
   std::vector<Argument> checked;
   for (const auto& d : descales) {
     if (!d.factors) continue;
