@@ -304,6 +304,33 @@ TEST(Fp8Forward, ThroughTheCAbi) {
   EXPECT_EQ(out.bytes, expected.bytes);
 }
 
+// The kernels' rule (SPEC's accuracy rule for fp8) is no blank cheque: the plain fp8
+// implementation (P rounded to e4m3) differs from the exact result, and the tolerance it gives
+// stays within a few percent of the output's magnitude, while the CPU engine, which does not
+// round P, is well inside it.
+TEST(Fp8Forward, TheKernelRuleIsTight) {
+  const int64_t B = 1, S = 256, H = 2, D = 64;
+  Buffer q = fp8_random(B * S * H * D), k = fp8_random(B * S * H * D), v = fp8_random(B * S * H * D);
+  Buffer out(DType::BFloat16, B * S * H * D);
+  const TensorView qv = q.view({B, S, H, D}), kv = k.view({B, S, H, D}), vv = v.view({B, S, H, D});
+  Options o;
+  o.softmax_scale = 0.01f;  // spread-out probabilities, most of them rounded
+  forward(qv, kv, vv, out.view({B, S, H, D}), std::nullopt, o);
+  const reference::Result exact = reference::forward(qv, kv, vv, o);
+  const reference::Result plain =
+      reference::forward(qv, kv, vv, o, nullptr, reference::Arithmetic::InputDType);
+  double largest = 0;
+  for (double x : exact.out) largest = std::max(largest, std::abs(x));
+  const double plain_error = reference::max_abs_error(plain.out, exact.out);
+  EXPECT_GT(plain_error, 1e-3 * largest) << plain_error << " vs largest " << largest;
+  const reference::Check rule =
+      reference::check_forward(DType::Float8E4M3, reference::gather(out.view({B, S, H, D})),
+                               exact.out, plain.out);
+  EXPECT_TRUE(rule.passed());
+  EXPECT_LT(rule.tolerance, 0.05 * largest) << rule.tolerance << " vs largest " << largest;
+  EXPECT_LT(rule.max_abs_error, 0.5 * rule.tolerance) << rule.max_abs_error << " vs " << rule.tolerance;
+}
+
 // ---- Errors: each names the argument, what was expected and what was given.
 
 struct ErrorCall {

@@ -746,3 +746,18 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k
     total_q, nheads, _ = q.shape
     out = q.new_empty((total_q, nheads, v.shape[-1]), dtype=_fp8_out_dtype(q))
     return out, q.new_empty((nheads, total_q), dtype=torch.float32)
+
+
+def _fp8_setup_context(ctx, inputs, output):
+    pass
+
+
+def _fp8_backward(ctx, dout, dlse):
+    # As FlashAttention-3: the forward runs whether or not its inputs require grad (fp8 tensors
+    # may), and a backward through it stops here.
+    raise NotImplementedError("q: expected dtype float32, float16 or bfloat16 for a backward, "
+                              "given torch.float8_e4m3fn (fp8 inputs are forward only)")
+
+
+fwd_fp8.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)
+varlen_fwd_fp8.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)

@@ -95,6 +95,13 @@ def test_errors_name_the_argument():
         flashattn.flash_attn_func(qb, kb, vb, v_descale=torch.ones(2, 2))
 
 
+def test_no_backward():
+    q = random_fp8(1, 4, 2, 8).requires_grad_(True)
+    out = flashattn.flash_attn_func(q, q, q)
+    with pytest.raises(NotImplementedError, match="fp8 inputs are forward only"):
+        out.float().sum().backward()
+
+
 # ---- quantize_fp8
 
 def outlier_heavy(*shape, generator=None):
