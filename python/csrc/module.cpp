@@ -55,9 +55,10 @@ int32_t dtype_from_dlpack(const nb::dlpack::dtype& d, const char* name) {
     // as uint16 views of the same bits.
     if (d.code == static_cast<uint8_t>(code::UInt) && d.bits == 16) return FA_BFLOAT16;
     if (d.code == static_cast<uint8_t>(code::Int) && d.bits == 32) return FA_INT32;
+    if (d.code == static_cast<uint8_t>(code::Float8_E4M3FN) && d.bits == 8) return FA_FLOAT8_E4M3;
   }
-  type_error(std::string(name) + ": expected dtype fp32, fp16, bf16 (int32 for sequence "
-             "offsets), given DLPack dtype code " + std::to_string(d.code) + " with " +
+  type_error(std::string(name) + ": expected dtype fp32, fp16, bf16, float8_e4m3fn (int32 "
+             "for sequence offsets), given DLPack dtype code " + std::to_string(d.code) + " with " +
              std::to_string(d.bits) + " bits");
 }
 

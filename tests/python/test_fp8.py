@@ -102,6 +102,15 @@ def test_no_backward():
         out.float().sum().backward()
 
 
+def test_dlpack_fp8_through_the_thin_binding():
+    """flashattn._C (for other frameworks) takes DLPack float8_e4m3fn arrays and descales."""
+    q = random_fp8(1, 6, 2, 8)
+    qd = random_descale(1, 2)
+    out = torch.empty(1, 6, 2, 8, dtype=torch.bfloat16)
+    flashattn._C.forward(q, q, q, out, None, q_descale=qd)
+    assert torch.equal(out, flashattn.flash_attn_func(q, q, q, q_descale=qd))
+
+
 # ---- quantize_fp8
 
 def outlier_heavy(*shape, generator=None):
