@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/numeric.hpp"
@@ -45,14 +46,22 @@ size_t forward_fp8(const ForwardParams& p) {
   const int32_t B = p.batch, H = p.heads, Hk = p.heads_k, D = p.head_dim, Dv = p.head_dim_v;
 
   // The packed batch: sequence b's queries and (used) keys, one sequence after another.
+  // Its prefix sums are int32, as every varlen batch's.
   std::vector<SequenceView> seqs(static_cast<size_t>(B));
   std::vector<int32_t> cu_q(static_cast<size_t>(B) + 1, 0), cu_k(static_cast<size_t>(B) + 1, 0);
-  int64_t longest_q = 0, longest_k = 0;
+  int64_t longest_q = 0, longest_k = 0, rows_q = 0, rows_k = 0;
   for (int32_t b = 0; b < B; ++b) {
     const SequenceView s = sequence_view(p, b);
     seqs[size_t(b)] = s;
-    cu_q[size_t(b) + 1] = static_cast<int32_t>(cu_q[size_t(b)] + s.seqlen_q);
-    cu_k[size_t(b) + 1] = static_cast<int32_t>(cu_k[size_t(b)] + s.seqlen_k);
+    rows_q += s.seqlen_q;
+    rows_k += s.seqlen_k;
+    if (rows_q > INT32_MAX || rows_k > INT32_MAX)
+      throw Error(ErrorCode::Unsupported, rows_q > INT32_MAX ? "q" : "k",
+                  "fewer than 2^31 rows in all for fp8_e4m3 inputs on the cpu backend",
+                  std::to_string(std::max(rows_q, rows_k)) + " rows in the first " +
+                      std::to_string(b + 1) + " sequences");
+    cu_q[size_t(b) + 1] = static_cast<int32_t>(rows_q);
+    cu_k[size_t(b) + 1] = static_cast<int32_t>(rows_k);
     longest_q = std::max(longest_q, s.seqlen_q);
     longest_k = std::max(longest_k, s.seqlen_k);
   }

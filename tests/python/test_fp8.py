@@ -220,3 +220,11 @@ def test_accuracy_demo_runs_and_the_rotation_helps(tmp_path):
     plain, rotated = rows["per-(batch, head)"], rows["per-(batch, head) + Hadamard"]
     assert rotated["cpu_path"] < plain["cpu_path"]
     assert rotated["p_in_e4m3"] < plain["p_in_e4m3"]
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and flashattn.cuda_compiled()),
+                    reason="needs a GPU and the CUDA backend")
+def test_cuda_refuses_fp8_until_its_kernel_exists():
+    q = random_fp8(1, 4, 2, 8).cuda()
+    with pytest.raises(NotImplementedError, match="fp8_e4m3"):
+        flashattn.flash_attn_func(q, q, q, q_descale=torch.ones(1, 2, device="cuda"))
