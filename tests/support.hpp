@@ -75,6 +75,9 @@ struct Buffer {
       case DType::BFloat16:
         reinterpret_cast<detail::bfloat16_t*>(bytes.data())[i] = detail::to_bfloat16(x);
         break;
+      case DType::Float8E4M3:  // saturating at 448
+        reinterpret_cast<detail::float8_e4m3_t*>(bytes.data())[i] = detail::to_float8_e4m3(x);
+        break;
       case DType::Int32:
         reinterpret_cast<int32_t*>(bytes.data())[i] = static_cast<int32_t>(x);
         break;

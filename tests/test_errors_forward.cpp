@@ -39,7 +39,7 @@ std::vector<DenseCase> dense_cases() {
       // ---- Dtypes.
       {"q_int32",
        [](Dense& c) { c.q.dtype = c.k.dtype = c.v.dtype = c.out.dtype = DType::Int32; },
-       kInvalid, "q", {"fp32, fp16 or bf16"}, {"dtype int32"}},
+       kInvalid, "q", {"fp32, fp16, bf16 or fp8_e4m3"}, {"dtype int32"}},
       {"q_unknown_dtype_code", [](Dense& c) { c.q.dtype = static_cast<DType>(9); }, kInvalid,
        "q", {"fp32, fp16, bf16, int32"}, {"dtype code 9"}},
       {"out_unknown_dtype_code", [](Dense& c) { c.out.dtype = static_cast<DType>(-1); },

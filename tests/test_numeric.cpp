@@ -1,4 +1,4 @@
-// The fp16/bf16 storage conversions, checked exhaustively or against an independent rule.
+// The fp16/bf16/fp8 e4m3 storage conversions, checked exhaustively or against an independent rule.
 #include <cmath>
 #include <limits>
 
@@ -91,6 +91,78 @@ TEST(Numeric, FloatToBfloat16RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(to_float(to_bfloat16(std::nanf("")))));
   EXPECT_EQ(to_float(to_bfloat16(std::numeric_limits<float>::infinity())),
             std::numeric_limits<float>::infinity());
+}
+
+
+// FP8 e4m3 (float8_e4m3fn) decoded from its fields with ldexp: 4 exponent bits of bias 7, 3
+// mantissa bits, subnormals m * 2^-9, no infinities, S.1111.111 NaN.
+double decode_e4m3(uint8_t x) {
+  const int sign = x >> 7, exponent = (x >> 3) & 0xf, mantissa = x & 7;
+  double magnitude;
+  if (exponent == 0xf && mantissa == 7)
+    magnitude = std::numeric_limits<double>::quiet_NaN();
+  else if (exponent == 0)
+    magnitude = std::ldexp(mantissa, -9);
+  else
+    magnitude = std::ldexp(8 + mantissa, exponent - 10);
+  return sign ? -magnitude : magnitude;
+}
+
+TEST(Numeric, E4m3ToFloatIsExactForEveryBitPattern) {
+  EXPECT_EQ(decode_e4m3(0x7e), 448.0);
+  EXPECT_EQ(decode_e4m3(0x01), std::ldexp(1.0, -9));
+  for (uint32_t bits = 0; bits < 256; ++bits) {
+    const double expected = decode_e4m3(static_cast<uint8_t>(bits));
+    const float got = to_float(float8_e4m3_t{static_cast<uint8_t>(bits)});
+    if (std::isnan(expected))
+      ASSERT_TRUE(std::isnan(got)) << bits;
+    else
+      ASSERT_EQ(static_cast<double>(got), expected) << bits;
+  }
+}
+
+TEST(Numeric, E4m3RoundTripsEveryNonNanValue) {
+  for (uint32_t bits = 0; bits < 256; ++bits) {
+    const float8_e4m3_t x{static_cast<uint8_t>(bits)};
+    if (std::isnan(to_float(x))) {
+      EXPECT_TRUE(std::isnan(to_float(to_float8_e4m3(to_float(x)))));
+      continue;
+    }
+    ASSERT_EQ(to_float8_e4m3(to_float(x)).bits, x.bits) << bits;
+  }
+}
+
+// The nearest of the 127 positive finite values (and zero) by search, ties to the even
+// code; magnitudes above 448 saturate to 448.
+uint8_t nearest_e4m3_code(double magnitude) {
+  uint8_t best = 0;
+  for (uint8_t c = 1; c <= 0x7e; ++c) {
+    const double d = std::abs(decode_e4m3(c) - magnitude), db = std::abs(decode_e4m3(best) - magnitude);
+    if (d < db || (d == db && c % 2 == 0)) best = c;
+  }
+  return best;
+}
+
+TEST(Numeric, FloatToE4m3RoundsToNearestEvenAndSaturates) {
+  std::vector<float> values{0.0f, 448.0f, 449.0f, 464.0f, 465.0f, 1e6f, 1e-9f, 0x1p-10f,
+                            0x3p-11f, std::numeric_limits<float>::infinity()};
+  // Every value, every midpoint between neighbours and points near them.
+  for (uint32_t c = 0; c < 0x7e; ++c) {
+    const double lo = decode_e4m3(uint8_t(c)), hi = decode_e4m3(uint8_t(c + 1));
+    const float mid = static_cast<float>((lo + hi) / 2);
+    values.insert(values.end(), {static_cast<float>(lo), mid, std::nextafter(mid, 0.0f),
+                                 std::nextafter(mid, 1e9f)});
+  }
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> exponent(-12.0f, 10.0f);
+  for (int n = 0; n < 20000; ++n) values.push_back(std::exp2(exponent(gen)));
+  for (const float f : values)
+    for (const float s : {f, -f}) {
+      const uint8_t expected = static_cast<uint8_t>((s < 0 || std::signbit(s) ? 0x80 : 0) |
+                                                    nearest_e4m3_code(std::abs(double(s))));
+      ASSERT_EQ(to_float8_e4m3(s).bits, expected) << s;
+    }
+  EXPECT_TRUE(std::isnan(to_float(to_float8_e4m3(std::nanf("")))));
 }
 
 }  // namespace

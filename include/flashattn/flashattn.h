@@ -30,7 +30,8 @@ typedef enum fa_dtype {
   FA_FLOAT32 = 0,
   FA_FLOAT16 = 1,
   FA_BFLOAT16 = 2,
-  FA_INT32 = 3
+  FA_INT32 = 3,
+  FA_FLOAT8_E4M3 = 4 /* fp8 e4m3 (float8_e4m3fn): the forward's q, k, v, with a bf16 out */
 } fa_dtype;
 
 typedef enum fa_device_type { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 } fa_device_type;
@@ -69,7 +70,14 @@ typedef struct fa_options {
   int32_t has_positions;
   int64_t query_position;
   int64_t key_position;
+  /* FP8 (e4m3) q, k, v: fp32 descales, NULL: 1. (B, Hk), or (B, Hk, ceil(S / 128)) per block
+   * of FA_FP8_SCALE_BLOCK_ROWS rows (docs/SPEC.md, "FP8 inputs"). */
+  const fa_tensor* q_descale;
+  const fa_tensor* k_descale;
+  const fa_tensor* v_descale;
 } fa_options;
+
+#define FA_FP8_SCALE_BLOCK_ROWS 128
 
 typedef struct fa_execution {
   size_t struct_size;

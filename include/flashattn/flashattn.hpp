@@ -27,7 +27,10 @@
 
 namespace flashattn {
 
-enum class DType : int32_t { Float32 = 0, Float16 = 1, BFloat16 = 2, Int32 = 3 };
+// Float8E4M3: FP8 e4m3 (the float8_e4m3fn of PyTorch and CUDA: 1 sign bit, 4 exponent bits of
+// bias 7, 3 mantissa bits, no infinities, NaN = S.1111.111, largest finite 448), for the
+// forward's q, k and v only, with descales in Options and a bf16 out (docs/SPEC.md, "FP8 inputs").
+enum class DType : int32_t { Float32 = 0, Float16 = 1, BFloat16 = 2, Int32 = 3, Float8E4M3 = 4 };
 enum class DeviceType : int32_t { CPU = 0, CUDA = 1 };
 
 struct Device {
@@ -115,7 +118,17 @@ struct Options {
   // in no fixed order, and this option trades that for a second, query-parallel kernel
   // (docs/ARCHITECTURE.md says how).
   bool deterministic = false;
+  // FP8 (e4m3) q, k, v (forward only): the fp32 factors that turn each stored value into the
+  // value it stands for, q*q_descale and so on (absent: 1). Each is (B, Hk), one factor per
+  // (sequence, key/value head; a query head takes its group's), or (B, Hk, ceil(S /
+  // kFp8ScaleBlockRows)), one per block of kFp8ScaleBlockRows rows of a sequence (S: Sq for
+  // q, Sk for k and v; varlen: max_seqlen_q/k), contiguous, on q's device (docs/SPEC.md).
+  std::optional<TensorView> q_descale, k_descale, v_descale;
 };
+
+// The rows of a sequence that share one factor of a block-scaled descale (Options::q_descale):
+// the Hopper kernel's query tile.
+inline constexpr int64_t kFp8ScaleBlockRows = 128;
 
 // The mask of `options` (causal, window_left, window_right) for one sequence: the keys that
 // query row `row` (0 <= row < seqlen_q) sees are positions [begin, end) of its seqlen_k keys,

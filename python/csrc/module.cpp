@@ -56,9 +56,10 @@ int32_t dtype_from_dlpack(const nb::dlpack::dtype& d, const char* name) {
     // as uint16 views of the same bits.
     if (d.code == static_cast<uint8_t>(code::UInt) && d.bits == 16) return FA_BFLOAT16;
     if (d.code == static_cast<uint8_t>(code::Int) && d.bits == 32) return FA_INT32;
+    if (d.code == static_cast<uint8_t>(code::Float8_E4M3FN) && d.bits == 8) return FA_FLOAT8_E4M3;
   }
-  type_error(std::string(name) + ": expected dtype fp32, fp16, bf16 (int32 for sequence "
-             "offsets), given DLPack dtype code " + std::to_string(d.code) + " with " +
+  type_error(std::string(name) + ": expected dtype fp32, fp16, bf16, float8_e4m3fn (int32 "
+             "for sequence offsets), given DLPack dtype code " + std::to_string(d.code) + " with " +
              std::to_string(d.bits) + " bits");
 }
 
@@ -168,6 +169,7 @@ struct Call {
   fa_options options{};
   fa_execution execution{};
   std::optional<Arg> alibi;
+  std::optional<Arg> q_descale, k_descale, v_descale;
 
   Call(std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
        float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset,
@@ -197,7 +199,21 @@ struct Call {
     execution.num_threads = num_threads;
     execution.trust_devices = trust_devices;
   }
+
+  // FP8 (e4m3) inputs' descales (the forward's only): fp32 tensors or None.
+  void set_descales(nb::handle q, nb::handle k, nb::handle v) {
+    q_descale = optional_tensor(q, "q_descale");
+    k_descale = optional_tensor(k, "k_descale");
+    v_descale = optional_tensor(v, "v_descale");
+    options.q_descale = ptr(q_descale);
+    options.k_descale = ptr(k_descale);
+    options.v_descale = ptr(v_descale);
+  }
 };
+
+#define FA_DESCALE_ARGS                                                                  \
+  nb::arg("q_descale").none() = nb::none(), nb::arg("k_descale").none() = nb::none(), \
+      nb::arg("v_descale").none() = nb::none()
 
 // Runs one C ABI call without the GIL (the CPU engine is multithreaded and may take long)
 // and raises on failure. The thread-local error message is read on the same thread.
@@ -245,6 +261,8 @@ NB_MODULE(_C, m) {
   m.attr("DTYPE_FLOAT16") = static_cast<int>(FA_FLOAT16);
   m.attr("DTYPE_BFLOAT16") = static_cast<int>(FA_BFLOAT16);
   m.attr("DTYPE_INT32") = static_cast<int>(FA_INT32);
+  m.attr("DTYPE_FLOAT8_E4M3") = static_cast<int>(FA_FLOAT8_E4M3);
+  m.attr("FP8_SCALE_BLOCK_ROWS") = static_cast<int>(FA_FP8_SCALE_BLOCK_ROWS);
   m.attr("DEVICE_CPU") = static_cast<int>(FA_DEVICE_CPU);
   m.attr("DEVICE_CUDA") = static_cast<int>(FA_DEVICE_CUDA);
   // DLPack's device codes as from_array reads them (for _array.py's choice of array module).
@@ -272,9 +290,11 @@ NB_MODULE(_C, m) {
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
          std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
          float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset,
-         bool deterministic, nb::handle positions, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
+         bool deterministic, nb::handle positions, int backend, uintptr_t stream, int num_threads, bool trust_devices,
+         nb::handle q_descale, nb::handle k_descale, nb::handle v_descale) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
+        c.set_descales(q_descale, k_descale, v_descale);
         Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tv = tensor(v, "v"),
             tout = tensor(out, "out");
         std::optional<Arg> tlse = optional_tensor(lse, "lse");
@@ -284,7 +304,7 @@ NB_MODULE(_C, m) {
         });
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
-      FA_COMMON_ARGS,
+      FA_COMMON_ARGS, FA_DESCALE_ARGS,
       "fa_forward: writes out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (may be None). "
       "Returns the fa_backend code that ran.");
 
@@ -295,9 +315,11 @@ NB_MODULE(_C, m) {
          int64_t max_seqlen_k, nb::handle seqused_k, nb::handle block_table,
          std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
          float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset,
-         bool deterministic, nb::handle positions, int backend, uintptr_t stream, int num_threads, bool trust_devices) {
+         bool deterministic, nb::handle positions, int backend, uintptr_t stream, int num_threads, bool trust_devices,
+         nb::handle q_descale, nb::handle k_descale, nb::handle v_descale) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
+        c.set_descales(q_descale, k_descale, v_descale);
         Arg tq = tensor(q, "q"), tk = tensor(k, "k"), tv = tensor(v, "v"),
             tout = tensor(out, "out"), tcq = tensor(cu_seqlens_q, "cu_seqlens_q"),
             tck = tensor(cu_seqlens_k, "cu_seqlens_k");
@@ -313,7 +335,7 @@ NB_MODULE(_C, m) {
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
       nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
       nb::arg("max_seqlen_k"), nb::arg("seqused_k").none() = nb::none(),
-      nb::arg("block_table").none() = nb::none(), FA_COMMON_ARGS,
+      nb::arg("block_table").none() = nb::none(), FA_COMMON_ARGS, FA_DESCALE_ARGS,
       "fa_forward_varlen_paged (fa_forward_varlen without block_table): q (total_q, H, D), "
       "k/v (total_k, Hk, D) or, with block_table int32 (B, max_pages), paged "
       "(num_pages, page_size, Hk, D); out (total_q, H, Dv), lse (H, total_q) fp32.");

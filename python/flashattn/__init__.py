@@ -30,6 +30,17 @@ __version__ = _C.version()
 if "torch" in sys.modules:
     from . import torch_ops  # noqa: F401
 
+
+def quantize_fp8(x, **kwargs):
+    """flashattn.fp8.quantize_fp8 (imported on first use: it needs torch)."""
+    from .fp8 import quantize_fp8 as quantize
+
+    return quantize(x, **kwargs)
+
+
+# The rows of a sequence that share one factor of a block-scaled fp8 descale.
+FP8_SCALE_BLOCK_ROWS = _C.FP8_SCALE_BLOCK_ROWS
+
 __all__ = [
     "flash_attn_func",
     "flash_attn_kvpacked_func",
@@ -39,6 +50,8 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "BlockTableError",
+    "quantize_fp8",
+    "FP8_SCALE_BLOCK_ROWS",
     "cuda_compiled",
 ]
 

@@ -27,7 +27,14 @@ _COMMON_ARGS = """\
             order instead.
         return_attn_probs: bool. Also return the log-sum-exp and, when dropout_p > 0, the
             probabilities with the dropout mask in their signs (S_dmask, below). For testing
-            only: S_dmask costs O(batch * nheads * seqlen_q * seqlen_k) memory and time."""
+            only: S_dmask costs O(batch * nheads * seqlen_q * seqlen_k) memory and time.
+        q_descale, k_descale, v_descale: keyword only, for torch.float8_e4m3fn q, k, v (a
+            forward only, no dropout; out is bf16). fp32 factors that turn each stored value
+            into the value it stands for (None: 1): (batch_size, nheads_k), or
+            (batch_size, nheads_k, ceil(seqlen / flashattn.FP8_SCALE_BLOCK_ROWS)) for one
+            factor per block of 128 rows of a sequence (seqlen: seqlen_q for q, seqlen_k for k
+            and v; varlen: max_seqlen_q/k). flashattn.quantize_fp8 makes them. CPU only for
+            now: CUDA refuses fp8 (NotImplementedError) until its kernel exists."""
 
 _MASKS = """\
     Masks (1 = attend, 0 = masked out). With causal=True the mask is aligned to the bottom-right
@@ -103,10 +110,31 @@ def _dropout(dropout_p) -> float:
     return p
 
 
+def _fp8_call(q, dropout_p, descales):
+    """Whether a call is an FP8 forward (docs/SPEC.md, "FP8 inputs"): fp8 e4m3 torch inputs,
+    or descales given (which the library then refuses for other dtypes, naming them)."""
+    is_fp8 = _is_torch(q) and str(q.dtype) == "torch.float8_e4m3fn"
+    if not (is_fp8 or any(d is not None for d in descales)):
+        return False
+    if not _is_torch(q):
+        raise TypeError("q_descale: expected torch tensors for an fp8 forward "
+                        f"(q torch.float8_e4m3fn), given q of type {type(q).__name__}")
+    if is_fp8 and dropout_p > 0:
+        raise ValueError("dropout_p: expected 0 for fp8_e4m3 inputs (forward only: no backward, "
+                         f"no training), given {dropout_p}")
+    return True
+
+
 def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-           deterministic, return_attn_probs):
+           deterministic, return_attn_probs, descales=(None, None, None)):
     probs = None
     dropout_p, (left, right) = _dropout(dropout_p), _window(window_size)
+    if _fp8_call(q, dropout_p, descales):
+        from . import torch_ops
+
+        out, lse = torch_ops.fwd_fp8(q, k, v, *descales, softmax_scale, bool(causal), left,
+                                     right, float(softcap), alibi_slopes)
+        return (out, lse, None) if return_attn_probs else out
     if _is_torch(q):
         from . import torch_ops
 
@@ -125,9 +153,17 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-            return_attn_probs, block_table):
+            return_attn_probs, block_table, descales=(None, None, None)):
     probs = None
     dropout_p, (left, right) = _dropout(dropout_p), _window(window_size)
+    if _fp8_call(q, dropout_p, descales):
+        from . import torch_ops
+
+        out, lse = torch_ops.varlen_fwd_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                            int(max_seqlen_q), int(max_seqlen_k), None,
+                                            block_table, *descales, softmax_scale, bool(causal),
+                                            left, right, float(softcap), alibi_slopes)
+        return (out, lse, None) if return_attn_probs else out
     if block_table is not None and return_attn_probs and dropout_p > 0:
         # S_dmask is a testing aid for dense keys; paged keys would need their own kernel.
         raise ValueError("return_attn_probs: expected False with block_table and dropout_p > 0 "
@@ -154,9 +190,10 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dro
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, q_descale=None, k_descale=None, v_descale=None):
     return _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                  alibi_slopes, deterministic, return_attn_probs)
+                  alibi_slopes, deterministic, return_attn_probs,
+                  (q_descale, k_descale, v_descale))
 
 
 flash_attn_func.__doc__ = f"""Exact attention, dense batch.
@@ -242,10 +279,11 @@ _VARLEN_NOTE = """\
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           q_descale=None, k_descale=None, v_descale=None):
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                    softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                   return_attn_probs, block_table)
+                   return_attn_probs, block_table, (q_descale, k_descale, v_descale))
 
 
 flash_attn_varlen_func.__doc__ = f"""Exact attention over a ragged batch.

@@ -46,7 +46,8 @@ from . import _C
 
 # The C ABI's codes come from the extension (flashattn.h's enums), never written here.
 _DTYPES = {torch.float32: _C.DTYPE_FLOAT32, torch.float16: _C.DTYPE_FLOAT16,
-           torch.bfloat16: _C.DTYPE_BFLOAT16, torch.int32: _C.DTYPE_INT32}
+           torch.bfloat16: _C.DTYPE_BFLOAT16, torch.int32: _C.DTYPE_INT32,
+           torch.float8_e4m3fn: _C.DTYPE_FLOAT8_E4M3}
 
 
 def _desc(t: Optional[Tensor], name: str):
@@ -55,8 +56,8 @@ def _desc(t: Optional[Tensor], name: str):
         return None
     dtype = _DTYPES.get(t.dtype)
     if dtype is None:
-        raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 (int32 for "
-                        f"sequence offsets), given {t.dtype}")
+        raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16 (float8_e4m3fn "
+                        f"for an fp8 forward, int32 for sequence offsets), given {t.dtype}")
     if t.is_cuda:
         return (t.data_ptr(), dtype, _C.DEVICE_CUDA, t.get_device(), t.shape, t.stride())
     if t.is_cpu:
@@ -675,3 +676,94 @@ def cache_seqlens_tensor(cache_seqlens, q: Tensor, k_cache: Tensor, k: Optional[
             raise TypeError(f"cache_seqlens: expected an int or an int32 (batch,) tensor, given "
                             f"{type(cache_seqlens).__name__}") from None
     return torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+
+
+# ---------------------------------------------------------------------------- fp8 (e4m3)
+# The forward on torch.float8_e4m3fn q, k, v with their fp32 descales (docs/SPEC.md, "FP8
+# inputs"): out is bf16. Forward only (no FP8 backward, as in FlashAttention-3), so the ops
+# have no autograd formula and no dropout.
+
+def _fp8_out_dtype(q: Tensor) -> torch.dtype:
+    """bf16 for fp8 inputs; q's own dtype otherwise (the library then refuses the descales)."""
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+
+
+def _descale_args(q_descale, k_descale, v_descale) -> dict:
+    return {"q_descale": _desc(q_descale, "q_descale"), "k_descale": _desc(k_descale, "k_descale"),
+            "v_descale": _desc(v_descale, "v_descale")}
+
+
+@torch.library.custom_op("flashattn::fwd_fp8", mutates_args=())
+def fwd_fp8(q: Tensor, k: Tensor, v: Tensor, q_descale: Optional[Tensor],
+            k_descale: Optional[Tensor], v_descale: Optional[Tensor],
+            softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+            softcap: float, alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """out (B, Sq, H, Dv) bf16, lse (B, H, Sq) fp32."""
+    _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
+    _check_dim(v, "v", 4, "(batch, seqlen_k, nheads_k, headdim_v)")
+    q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],), dtype=_fp8_out_dtype(q))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    _C.forward(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"), _desc(lse, "lse"),
+               **_options(softmax_scale, causal, window_left, window_right, softcap,
+                          alibi_slopes, False),
+               **_descale_args(q_descale, k_descale, v_descale), **_execution(q))
+    return out, lse
+
+
+@fwd_fp8.register_fake
+def _(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
+      window_right, softcap, alibi_slopes):
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, v.shape[-1]), dtype=_fp8_out_dtype(q))
+    return out, q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::varlen_fwd_fp8", mutates_args=())
+def varlen_fwd_fp8(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                   max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor],
+                   block_table: Optional[Tensor], q_descale: Optional[Tensor],
+                   k_descale: Optional[Tensor], v_descale: Optional[Tensor],
+                   softmax_scale: Optional[float], causal: bool, window_left: int,
+                   window_right: int, softcap: float,
+                   alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """out (total_q, H, Dv) bf16, lse (H, total_q) fp32."""
+    _check_dim(q, "q", 3, "(total_q, nheads, headdim)")
+    q, k, v, block_table = (_contiguous_last(t) for t in (q, k, v, block_table))
+    total_q, nheads, _ = q.shape
+    out = q.new_empty((total_q, nheads, v.shape[-1]), dtype=_fp8_out_dtype(q))
+    lse = q.new_empty((nheads, total_q), dtype=torch.float32)
+    _C.forward_varlen(_desc(q, "q"), _desc(k, "k"), _desc(v, "v"), _desc(out, "out"),
+                      _desc(lse, "lse"), _desc(cu_seqlens_q, "cu_seqlens_q"),
+                      _desc(cu_seqlens_k, "cu_seqlens_k"), max_seqlen_q, max_seqlen_k,
+                      seqused_k=_desc(seqused_k, "seqused_k"),
+                      block_table=_desc(block_table, "block_table"),
+                      **_options(softmax_scale, causal, window_left, window_right, softcap,
+                                 alibi_slopes, False),
+                      **_descale_args(q_descale, k_descale, v_descale), **_execution(q))
+    return out, lse
+
+
+@varlen_fwd_fp8.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table,
+      q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right, softcap,
+      alibi_slopes):
+    total_q, nheads, _ = q.shape
+    out = q.new_empty((total_q, nheads, v.shape[-1]), dtype=_fp8_out_dtype(q))
+    return out, q.new_empty((nheads, total_q), dtype=torch.float32)
+
+
+def _fp8_setup_context(ctx, inputs, output):
+    pass
+
+
+def _fp8_backward(ctx, dout, dlse):
+    # As FlashAttention-3: the forward runs whether or not its inputs require grad (fp8 tensors
+    # may), and a backward through it stops here.
+    raise NotImplementedError("q: expected dtype float32, float16 or bfloat16 for a backward, "
+                              "given torch.float8_e4m3fn (fp8 inputs are forward only)")
+
+
+fwd_fp8.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)
+varlen_fwd_fp8.register_autograd(_fp8_backward, setup_context=_fp8_setup_context)

@@ -78,7 +78,7 @@ int64_t TensorView::numel() const {
 }
 
 const char* dtype_name(DType dtype) {
-  return name_of_code(static_cast<int32_t>(dtype), {"fp32", "fp16", "bf16", "int32"});
+  return name_of_code(static_cast<int32_t>(dtype), {"fp32", "fp16", "bf16", "int32", "fp8_e4m3"});
 }
 
 size_t dtype_size(DType dtype) {
@@ -89,6 +89,8 @@ size_t dtype_size(DType dtype) {
     case DType::Float16:
     case DType::BFloat16:
       return 2;
+    case DType::Float8E4M3:
+      return 1;
   }
   return 0;
 }

@@ -6,6 +6,8 @@
 #include "flashattn/flashattn.h"
 #include "flashattn/flashattn.hpp"
 
+static_assert(FA_FP8_SCALE_BLOCK_ROWS == flashattn::kFp8ScaleBlockRows);
+
 namespace {
 
 using flashattn::Error;
@@ -58,6 +60,9 @@ flashattn::Options to_options(const fa_options* o) {
   options.dropout_offset = o->dropout_offset;
   options.deterministic = o->deterministic != 0;
   if (o->has_positions) options.positions = flashattn::Options::Positions{o->query_position, o->key_position};
+  options.q_descale = to_optional_view(o->q_descale, "q_descale");
+  options.k_descale = to_optional_view(o->k_descale, "k_descale");
+  options.v_descale = to_optional_view(o->v_descale, "v_descale");
   return options;
 }
 

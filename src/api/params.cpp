@@ -28,6 +28,17 @@ void fill_row_strides(bool is_varlen, std::initializer_list<RowStrides> tensors)
   }
 }
 
+// An FP8 input's descale, (B, Hk) or (B, Hk, blocks) (validated), as the params address it.
+Descale descale_of(const std::optional<TensorView>& factors) {
+  Descale d;
+  if (!factors) return d;
+  d.data = static_cast<const float*>(factors->data);
+  d.batch_stride = factors->strides[0];
+  d.head_stride = factors->strides[1];
+  d.block_stride = factors->ndim == 3 ? factors->strides[2] : 0;
+  return d;
+}
+
 // The options' part of the params (p.head_dim and p.heads already set), defaults resolved:
 // scale 1/sqrt(D), causal folded into window_right = 0.
 void fill_options(ForwardParams& p, const Options& options, const Execution& execution) {
@@ -48,6 +59,9 @@ void fill_options(ForwardParams& p, const Options& options, const Execution& exe
     p.query_position0 = options.positions->query;
     p.key_position0 = options.positions->key;
   }
+  p.q_descale = descale_of(options.q_descale);
+  p.k_descale = descale_of(options.k_descale);
+  p.v_descale = descale_of(options.v_descale);
   p.num_threads = execution.num_threads;
   p.stream = execution.stream;
 }

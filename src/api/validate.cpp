@@ -63,7 +63,8 @@ std::string number_string(double x) {
 }
 
 bool is_known_dtype(DType d) {
-  return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16 || d == DType::Int32;
+  return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16 || d == DType::Int32 ||
+         d == DType::Float8E4M3;
 }
 
 // [lowest, highest] element offsets a view can touch; false when it touches nothing.
@@ -81,7 +82,7 @@ Extent check_view(const std::string& name, const TensorView& t, int ndim) {
     fail(name, dimensions_string(ndim), given);
   }
   if (!is_known_dtype(t.dtype))
-    fail(name, "a dtype among fp32, fp16, bf16, int32",
+    fail(name, "a dtype among fp32, fp16, bf16, int32, fp8_e4m3",
          "dtype code " + std::to_string(static_cast<int>(t.dtype)));
   if (t.device.type != DeviceType::CPU && t.device.type != DeviceType::CUDA)
     fail(name, "device type cpu or cuda", device_string(t.device));
@@ -392,6 +393,11 @@ Backend resolve_backend(const Execution& execution, const TensorView& q) {
     if (q.device.type != DeviceType::CUDA)
       fail("q", "a tensor in GPU memory for the cuda backend", "a tensor on " +
                                                                  device_string(q.device));
+    if (q.dtype == DType::Float8E4M3)
+      unsupported("q",
+                  "dtype fp16 or bf16 for the cuda backend (its fp8_e4m3 forward kernel is not "
+                  "written yet; the cpu backend runs fp8_e4m3 inputs)",
+                  "dtype fp8_e4m3");
     if (q.dtype != DType::Float16 && q.dtype != DType::BFloat16)
       unsupported("q", "dtype fp16 or bf16 for the cuda backend",
                   std::string("dtype ") + dtype_name(q.dtype));
@@ -589,19 +595,29 @@ void append(std::vector<Argument>& to, const std::vector<Argument>& more) {
 // ---- The rules every attention call shares: the forward's, reused by the backward and the
 // kv-cache call (whose k and v are the caches).
 
-// q, k, v and out: rank (k and v: kv_rank), q's dtype (fp32, fp16 or bf16) and device, shared
-// by the others. Returns q, k, v and out with their extents.
+const std::vector<DType> kAttentionDTypes{DType::Float32, DType::Float16, DType::BFloat16};
+// The forward's q, k and v may also be fp8 e4m3 (docs/SPEC.md, "FP8 inputs").
+const std::vector<DType> kForwardDTypes{DType::Float32, DType::Float16, DType::BFloat16,
+                                        DType::Float8E4M3};
+
+// The dtype of out for inputs of `input`: the same, but bf16 for fp8 inputs (as FA3's).
+DType out_dtype_of(DType input) {
+  return input == DType::Float8E4M3 ? DType::BFloat16 : input;
+}
+
+// q, k, v and out: rank (k and v: kv_rank), q's dtype (one of q_dtypes) and device, shared
+// by k and v, and out's dtype out_dtype_of(q's). Returns q, k, v and out with their extents.
 std::vector<Argument> expect_attention_tensors(const TensorView& q, const char* k_name,
                                                const TensorView& k, const char* v_name,
                                                const TensorView& v, const TensorView& out,
-                                               int rank, int kv_rank) {
+                                               int rank, int kv_rank,
+                                               const std::vector<DType>& q_dtypes = kAttentionDTypes) {
   const std::vector<DType> like_q{q.dtype};
-  return expect(q, {{.name = "q", .view = &q, .rank = rank,
-                     .dtypes = {DType::Float32, DType::Float16, DType::BFloat16},
+  return expect(q, {{.name = "q", .view = &q, .rank = rank, .dtypes = q_dtypes,
                      .on_q_device = false},
                     {.name = k_name, .view = &k, .rank = kv_rank, .dtypes = like_q},
                     {.name = v_name, .view = &v, .rank = kv_rank, .dtypes = like_q},
-                    {.name = "out", .view = &out, .rank = rank, .dtypes = like_q}});
+                    {.name = "out", .view = &out, .rank = rank, .dtypes = {out_dtype_of(q.dtype)}}});
 }
 
 // The dimensions of q (B, Sq, H, D) or (total_q, H, D) and k (B, Sk, Hk, D), (total_k, Hk, D)
@@ -703,6 +719,51 @@ std::vector<Argument> expect_alibi(const Options& options, const TensorView& q, 
                                         : std::vector<int64_t>{heads},
                      .layout = per_batch ? "= (B, H)" : "= (H)",
                      .contiguous = true}});
+}
+
+// FP8 inputs' descales (docs/SPEC.md, "FP8 inputs"): given only for fp8 e4m3 q, k, v; each fp32,
+// contiguous, on q's device, (B, Hk) or (B, Hk, ceil(S / kFp8ScaleBlockRows)) with S the
+// rows of its tensor's longest sequence (Sq or Sk dense; max_seqlen_q/k varlen). And no
+// dropout with fp8 inputs: they have no backward, so no training.
+std::vector<Argument> expect_descales(const Options& options, const TensorView& q,
+                                      const ValidatedCall& call, const Varlen* varlen) {
+  const bool fp8 = q.dtype == DType::Float8E4M3;
+  if (fp8 && options.dropout_p != 0.0f)
+    fail("dropout_p", "0 for fp8_e4m3 inputs (forward only: no backward, no training)",
+         number_string(options.dropout_p));
+  const int64_t seqlen_q = varlen != nullptr ? varlen->max_seqlen_q : call.rows_q;
+  const int64_t seqlen_k = varlen != nullptr ? varlen->max_seqlen_k : call.rows_k;
+  const auto layout = [](const char* seqlen) {
+    return "= (B, Hk) or (B, Hk, ceil(" + std::string(seqlen) + " / " +
+           std::to_string(kFp8ScaleBlockRows) + "))";
+  };
+  const struct {
+    const char* name;
+    const std::optional<TensorView>& factors;
+    int64_t seqlen;
+    std::string per_block_layout;
+  } descales[] = {{"q_descale", options.q_descale, seqlen_q, layout("Sq")},
+                  {"k_descale", options.k_descale, seqlen_k, layout("Sk")},
+                  {"v_descale", options.v_descale, seqlen_k, layout("Sk")}};
+  std::vector<Argument> checked;
+  for (const auto& d : descales) {
+    if (!d.factors) continue;
+    const TensorView& t = *d.factors;
+    if (!fp8)
+      fail(d.name, "none: descales go with fp8_e4m3 inputs",
+           std::string("a descale for q of dtype ") + dtype_name(q.dtype));
+    if (t.ndim != 2 && t.ndim != 3)
+      fail(d.name, std::string("shape ") + d.per_block_layout, dimensions_string(t.ndim));
+    const int64_t blocks = (d.seqlen + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows;
+    append(checked, expect(q, {{.name = d.name, .view = &t, .rank = t.ndim, .dtypes = kFloat32,
+                                .shape = t.ndim == 2
+                                             ? std::vector<int64_t>{call.batch, call.heads_k}
+                                             : std::vector<int64_t>{call.batch, call.heads_k,
+                                                                    blocks},
+                                .layout = d.per_block_layout,
+                                .contiguous = true}}));
+  }
+  return checked;
 }
 
 // Outputs must not overlap an input (or each other): a write would change what is read.
@@ -822,7 +883,7 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
   const bool paged = is_varlen && varlen->block_table.has_value();
   const int rank = is_varlen ? 3 : 4;
   std::vector<Argument> inputs =
-      expect_attention_tensors(q, "k", k, "v", v, out, rank, paged ? 4 : rank);
+      expect_attention_tensors(q, "k", k, "v", v, out, rank, paged ? 4 : rank, kForwardDTypes);
   const Argument out_checked = inputs.back();
   inputs.pop_back();
   const std::vector<Argument> copied_by_rows{inputs[0], inputs[1], inputs[2], out_checked};
@@ -839,6 +900,7 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
       is_varlen ? expect_lse(lse, q, {call.heads, call.rows_q}, "= (H, total_q)")
                 : expect_lse(lse, q, {call.batch, call.heads, call.rows_q}, "= (B, H, Sq)");
   append(inputs, expect_alibi(options, q, call.batch, call.heads));
+  append(inputs, expect_descales(options, q, call, varlen));
   if (is_varlen)
     append(inputs, expect_varlen(*varlen, q, call.batch, call.rows_q,
                                  paged ? kNoRowBound : call.rows_k));
@@ -1035,6 +1097,10 @@ ValidatedCall validate_backward(const TensorView& q, const TensorView& k, const 
   if (varlen != nullptr && varlen->block_table)
     unsupported("block_table", "none for a backward (paged keys and values are forward only)",
                 "a block table");
+  // FP8 inputs are forward only (no FP8 backward, as in FlashAttention-3).
+  if (q.dtype == DType::Float8E4M3)
+    unsupported("q", "dtype fp32, fp16 or bf16 for a backward (fp8_e4m3 inputs are forward only)",
+                "dtype fp8_e4m3");
   // The forward's own checks cover q, k, v, out, lse, the options and the backend.
   const ValidatedCall call = validate_forward(q, k, v, out, lse, varlen, options, execution);
 

@@ -10,6 +10,21 @@
 
 namespace flashattn::detail {
 
+// The descale factors of one FP8 input (Options::q_descale and the like): row `row` (its
+// position within sequence b) of key/value head hk stands for its stored value times
+// data[b * batch_stride + hk * head_stride + (row / kFp8ScaleBlockRows) * block_stride].
+// Per-(batch, head) factors have block_stride 0; null data means a factor of 1.
+struct Descale {
+  const float* data = nullptr;
+  int64_t batch_stride = 0, head_stride = 0, block_stride = 0;
+
+  FA_HOST_DEVICE float at(int32_t b, int32_t hk, int64_t row) const {
+    return data == nullptr ? 1.0f
+                           : data[b * batch_stride + hk * head_stride +
+                                  (row / kFp8ScaleBlockRows) * block_stride];
+  }
+};
+
 struct ForwardParams {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -73,6 +88,9 @@ struct ForwardParams {
   // (alibi_diagonal).
   bool has_positions = false;
   int64_t query_position0 = 0, key_position0 = 0;
+  // FP8 (e4m3) q, k, v (dtype Float8E4M3, out bf16): their descales. A query head takes its
+  // key/value head's q factor.
+  Descale q_descale, k_descale, v_descale;
 
   FA_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
   FA_HOST_DEVICE bool is_paged() const { return block_table != nullptr; }

@@ -26,6 +26,7 @@
 #include "common/mask.hpp"
 #include "common/numeric.hpp"
 #include "cpu/attention.hpp"
+#include "cpu/fp8.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/tiles.hpp"
 
@@ -268,6 +269,8 @@ size_t forward(const ForwardParams& params) {
       return forward_typed<half_t>(params);
     case DType::BFloat16:
       return forward_typed<bfloat16_t>(params);
+    case DType::Float8E4M3:
+      return forward_fp8(params);
     case DType::Int32:
       break;
   }

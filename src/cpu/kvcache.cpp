@@ -272,6 +272,7 @@ KvCacheRun forward_kvcache(const KvCacheParams& params) {
     case DType::BFloat16:
       return forward_kvcache_typed<bfloat16_t>(params);
     case DType::Int32:
+    case DType::Float8E4M3:  // forward only: refused by validation
       break;
   }
   throw Error(ErrorCode::Internal, "dtype", "fp32, fp16 or bf16 after validation",

@@ -57,6 +57,13 @@ void run_bucket(const ForwardParams& p, knobs::KernelFamily forced) {
 }  // namespace
 
 size_t forward(const ForwardParams& p) {
+  // The validator refuses fp8 for CUDA already (api/validate.cpp, resolve_backend); this is
+  // where the Hopper fp8 kernel will be dispatched (issue 31), and until then never run the
+  // bf16 kernels on fp8 bytes.
+  if (p.dtype == DType::Float8E4M3)
+    throw Error(ErrorCode::Unsupported, "q",
+                "dtype fp16 or bf16 for the cuda backend (no fp8_e4m3 kernel yet)",
+                "dtype fp8_e4m3");
   check_heads_and_batch(p.heads, p.batch);  // the grid holds H and B (cuda/common/tile_order.cuh)
   const knobs::KernelFamily forced = knobs::forward_family();
   if (p.batch == 0 || p.seqlen_q == 0) return 0;

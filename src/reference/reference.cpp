@@ -18,6 +18,7 @@ namespace flashattn::reference {
 namespace {
 
 using detail::bfloat16_t;
+using detail::float8_e4m3_t;
 using detail::half_t;
 
 double element(const TensorView& t, int64_t offset) {
@@ -28,6 +29,8 @@ double element(const TensorView& t, int64_t offset) {
       return detail::to_float(static_cast<const half_t*>(t.data)[offset]);
     case DType::BFloat16:
       return detail::to_float(static_cast<const bfloat16_t*>(t.data)[offset]);
+    case DType::Float8E4M3:
+      return detail::to_float(static_cast<const float8_e4m3_t*>(t.data)[offset]);
     case DType::Int32:
       return static_cast<const int32_t*>(t.data)[offset];
   }
@@ -43,6 +46,8 @@ double round_to(DType dtype, Arithmetic arithmetic, double x) {
       return detail::round_through<half_t>(f);
     case DType::BFloat16:
       return detail::round_through<bfloat16_t>(f);
+    case DType::Float8E4M3:
+      return detail::round_through<float8_e4m3_t>(f);
     default:
       return f;
   }
@@ -80,6 +85,9 @@ void store(const TensorView& t, int64_t offset, double x) {
       return;
     case DType::BFloat16:
       static_cast<bfloat16_t*>(t.data)[offset] = detail::to_bfloat16(f);
+      return;
+    case DType::Float8E4M3:  // saturating at 448 (common/numeric.hpp)
+      static_cast<float8_e4m3_t*>(t.data)[offset] = detail::to_float8_e4m3(f);
       return;
     case DType::Int32:  // exact integers only: a cast of anything else is undefined
       if (!(x == std::floor(x) && x >= double(INT32_MIN) && x <= double(INT32_MAX)))
@@ -146,7 +154,22 @@ struct Problem {
     }
   }
 
-  double rnd(double x) const { return round_to(q.dtype, arithmetic, x); }
+  // InputDType arithmetic rounds scores and probabilities to the input dtype and the output
+  // to out's. FP8 inputs (docs/SPEC.md, "FP8 inputs"): scores in fp32, out in bf16, and the
+  // probabilities that multiply V in e4m3, taken as FA3's kernel takes them: exp(s - max),
+  // at most 1, rounded, then divided by the unrounded sum.
+  bool fp8() const { return q.dtype == DType::Float8E4M3; }
+  double rnd(double x) const { return round_to(fp8() ? DType::Float32 : q.dtype, arithmetic, x); }
+  double rnd_out(double x) const { return round_to(fp8() ? DType::BFloat16 : q.dtype, arithmetic, x); }
+
+  // The descale factor of row `row` of sequence b, key/value head hk (1 without descales).
+  double descale(const std::optional<TensorView>& factors, int64_t b, int64_t hk,
+                 int64_t row) const {
+    if (!factors) return 1.0;
+    const TensorView& f = *factors;
+    const int64_t block = f.ndim == 3 ? row / kFp8ScaleBlockRows : 0;
+    return element(f, b * f.stride(0) + hk * f.stride(1) + (f.ndim == 3 ? block * f.stride(2) : 0));
+  }
 
   // Positions (SPEC.md): query row i is token query0 + i and key j token key0 + j; ALiBi
   // measures between those tokens when positions are given, from the call's bottom-right
@@ -175,13 +198,17 @@ struct Problem {
 
   // A (rows, width) double matrix of one head of t (read once; the loops would otherwise
   // decode every element Sk or Sq times).
+  // FP8 inputs are dequantised with `factors` of key/value head hk: value times factor, exact.
   std::vector<double> load(const TensorView& t, int64_t b, int64_t head, int64_t row0,
-                           int64_t rows, int64_t width) const {
+                           int64_t rows, int64_t width,
+                           const std::optional<TensorView>& factors, int64_t hk) const {
     std::vector<double> m(static_cast<size_t>(rows * width));
     const int64_t base = (ragged ? 0 : b * t.stride(0)) + head * t.stride(r + 1);
-    for (int64_t i = 0; i < rows; ++i)
+    for (int64_t i = 0; i < rows; ++i) {
+      const double factor = descale(factors, b, hk, i);
       for (int64_t d = 0; d < width; ++d)
-        m[size_t(i * width + d)] = element(t, base + (row0 + i) * t.stride(r) + d);
+        m[size_t(i * width + d)] = element(t, base + (row0 + i) * t.stride(r) + d) * factor;
+    }
     return m;
   }
 
@@ -206,9 +233,9 @@ struct Head {
     Sq = seq.Sq;
     Sk = seq.Sk;
     const int64_t hk = h / (pr.H / pr.Hk);
-    Q = pr.load(pr.q, b, h, seq.q0, Sq, pr.D);
-    K = pr.load(pr.k, b, hk, seq.k0, Sk, pr.D);
-    V = pr.load(pr.v, b, hk, seq.k0, Sk, pr.Dv);
+    Q = pr.load(pr.q, b, h, seq.q0, Sq, pr.D, pr.options.q_descale, hk);
+    K = pr.load(pr.k, b, hk, seq.k0, Sk, pr.D, pr.options.k_descale, hk);
+    V = pr.load(pr.v, b, hk, seq.k0, Sk, pr.Dv, pr.options.v_descale, hk);
     double slope = 0;
     if (pr.options.alibi_slopes) {
       const auto* s = static_cast<const float*>(pr.options.alibi_slopes->data);
@@ -263,7 +290,10 @@ struct Head {
       lse[size_t(i)] = mx + std::log(sum);
       for (int64_t j = 0; j < Sk; ++j)
         if (visible[size_t(i * Sk + j)])
-          P[size_t(i * Sk + j)] = pr.rnd(std::exp(S[size_t(i * Sk + j)] - mx) / sum);
+          P[size_t(i * Sk + j)] =
+              pr.fp8() ? round_to(DType::Float8E4M3, pr.arithmetic,
+                                  std::exp(S[size_t(i * Sk + j)] - mx)) / sum
+                       : pr.rnd(std::exp(S[size_t(i * Sk + j)] - mx) / sum);
     }
   }
 
@@ -281,7 +311,7 @@ struct Head {
       const double p = dropped(pr, ij);
       for (int64_t d = 0; d < pr.Dv; ++d) acc[size_t(d)] += p * V[size_t(j * pr.Dv + d)];
     }
-    for (int64_t d = 0; d < pr.Dv; ++d) o[d] = pr.rnd(acc[size_t(d)]);
+    for (int64_t d = 0; d < pr.Dv; ++d) o[d] = pr.rnd_out(acc[size_t(d)]);
   }
 };
 
@@ -333,7 +363,7 @@ Gradients backward(const TensorView& q, const TensorView& k, const TensorView& v
       for (int64_t h = hk * (H / Hk); h < (hk + 1) * (H / Hk); ++h) {
         const Head head(pr, b, h);
         const int64_t Sq = head.Sq, Sk = head.Sk;
-        const std::vector<double> dO = pr.load(dout, b, h, seq.q0, Sq, Dv);
+        const std::vector<double> dO = pr.load(dout, b, h, seq.q0, Sq, Dv, std::nullopt, hk);
         std::vector<double> O(static_cast<size_t>(Dv));
         for (int64_t i = 0; i < Sq; ++i) {
           if (std::isinf(head.lse[size_t(i)])) continue;  // no visible key: zero gradients
@@ -474,6 +504,17 @@ Check check(DType dtype, const std::vector<double>& actual, const std::vector<do
 Check check_forward(DType dtype, const std::vector<double>& actual,
                     const std::vector<double>& exact, const std::vector<double>& low_precision) {
   return check(dtype, actual, exact, low_precision, 2);
+}
+
+Check check_forward_dequantised(const std::vector<double>& actual,
+                                const std::vector<double>& exact) {
+  Check c;
+  c.max_abs_error = max_abs_error(actual, exact);
+  double largest = 1e-30;
+  for (double e : exact)
+    if (std::isfinite(e)) largest = std::max(largest, std::abs(e));
+  c.tolerance = (0x1p-8 + 1e-5) * largest;
+  return c;
 }
 
 Check check_backward(DType dtype, const std::vector<double>& actual,

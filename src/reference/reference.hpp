@@ -17,7 +17,9 @@ namespace flashattn::reference {
 enum class Arithmetic {
   Float64,     // exact: the oracle
   InputDType,  // a plain low-precision implementation: scores, probabilities and output
-               // rounded to the input dtype at each step (what SPEC's tolerance rule compares to)
+               // rounded to the input dtype at each step (what SPEC's tolerance rule compares to);
+               // for fp8 e4m3 inputs, scores in fp32, exp(s - max) in e4m3 (as the GPU kernel
+               // rounds P for the P V product) and out in bf16 (docs/SPEC.md, "FP8 inputs")
 };
 
 struct Result {
@@ -26,7 +28,8 @@ struct Result {
                             // undropped softmax, as FlashAttention returns it
 };
 
-// Host tensors only. `varlen` null means a dense batch. Dropout (options.dropout_p > 0) uses
+// Host tensors only. `varlen` null means a dense batch. FP8 e4m3 inputs are decoded exactly
+// and multiplied by options.q_descale/k_descale/v_descale (docs/SPEC.md, "FP8 inputs"). Dropout (options.dropout_p > 0) uses
 // the library's own keep bits (common/philox.hpp): the mask is an input of the math, not
 // something the oracle could check, and the generator is checked on its own (known answers).
 Result forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -85,8 +88,15 @@ double max_abs_error(const std::vector<double>& actual, const std::vector<double
 
 // fp32: within 1e-5 relative to the largest exact magnitude (at least 1).
 // fp16/bf16: within 2x (forward) the error of the InputDType implementation, plus a floor.
+// fp8 e4m3 inputs (bf16 out): like bf16, against the InputDType implementation that rounds P
+// to e4m3 (the kernels' rule).
 Check check_forward(DType dtype, const std::vector<double>& actual,
                     const std::vector<double>& exact, const std::vector<double>& low_precision);
+// The CPU engine's rule for fp8 e4m3 inputs, which it dequantises exactly and computes in fp32:
+// within one bf16 rounding of out plus fp32's error, (2^-8 + 1e-5) times the largest exact
+// magnitude.
+Check check_forward_dequantised(const std::vector<double>& actual,
+                                const std::vector<double>& exact);
 // The same for a gradient: fp32 within 1e-5 relative, fp16/bf16 within 3x the InputDType
 // implementation's error plus a floor (the larger of the forward's floor and one unit in the
 // last place of `call_magnitude` times `floor_scale`: see reference.cpp for the cancellation

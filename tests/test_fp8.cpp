@@ -1,0 +1,482 @@
+// FP8 (e4m3) inputs on the CPU backend (docs/SPEC.md, "FP8 inputs"): the forward against the
+// float64 reference with the same fp8 inputs and descales, per-(batch, head) and per-block
+// descales, every forward feature, and the errors of the calls fp8 does not take.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/numeric.hpp"
+#include "flashattn/flashattn.h"
+#include "reference/reference.hpp"
+#include "support.hpp"
+
+namespace flashattn {
+namespace {
+
+using namespace testing;
+
+enum class Scaling { None, PerHead, PerBlock };
+
+const char* scaling_name(Scaling s) {
+  return s == Scaling::None ? "none" : s == Scaling::PerHead ? "per-head" : "per-block";
+}
+
+// Random descale factors in [0.25, 4) (not powers of two, so that a factor applied to the
+// wrong block or head shows): (B, Hk) or (B, Hk, ceil(S / kFp8ScaleBlockRows)).
+struct Descale {
+  Buffer factors;
+  std::optional<TensorView> view;
+
+  Descale(Scaling scaling, int64_t B, int64_t Hk, int64_t S) {
+    if (scaling == Scaling::None) return;
+    const int64_t blocks = (S + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows;
+    const int64_t n = scaling == Scaling::PerHead ? B * Hk : B * Hk * blocks;
+    factors = Buffer(DType::Float32, n);
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (int64_t i = 0; i < n; ++i) factors.set(i, std::exp2(u(rng())));
+    view = scaling == Scaling::PerHead ? factors.view({B, Hk}) : factors.view({B, Hk, blocks});
+  }
+};
+
+// An fp8 tensor of normal values times `spread` (saturating at 448).
+Buffer fp8_random(int64_t count, float spread = 8.0f) {
+  Buffer b(DType::Float8E4M3, count);
+  b.fill_random(spread);
+  return b;
+}
+
+struct Case {
+  int64_t B = 2, Sq = 37, Sk = 300, H = 4, Hk = 2, D = 40;
+  bool causal = false;
+  int32_t left = -1, right = -1;
+  float softcap = 0;
+  Scaling q_scaling = Scaling::PerHead, k_scaling = Scaling::PerHead,
+          v_scaling = Scaling::PerHead;
+};
+
+std::string describe(const Case& c) {
+  return "B=" + std::to_string(c.B) + " Sq=" + std::to_string(c.Sq) + " Sk=" +
+         std::to_string(c.Sk) + " H=" + std::to_string(c.H) + " Hk=" + std::to_string(c.Hk) +
+         " D=" + std::to_string(c.D) + " causal=" + std::to_string(c.causal) + " window=(" +
+         std::to_string(c.left) + "," + std::to_string(c.right) + ") softcap=" +
+         std::to_string(c.softcap) + " scaling q/k/v=" + scaling_name(c.q_scaling) + "/" +
+         scaling_name(c.k_scaling) + "/" + scaling_name(c.v_scaling) +
+         " seed=" + std::to_string(test_seed());
+}
+
+Options options_of(const Case& c) {
+  Options o;
+  o.causal = c.causal;
+  o.window_left = c.left;
+  o.window_right = c.right;
+  o.softcap = c.softcap;
+  return o;
+}
+
+// Checks the CPU engine's out (bf16) and lse against the float64 reference: out within the
+// engine's rule (exact dequantisation, fp32 arithmetic, one bf16 rounding) and the kernels'
+// looser one (the plain implementation that rounds P to e4m3); lse within fp32's.
+void expect_matches_reference(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const TensorView& lse,
+                              const Options& options, const Varlen* varlen) {
+  const reference::Result exact = reference::forward(q, k, v, options, varlen);
+  const reference::Result plain =
+      reference::forward(q, k, v, options, varlen, reference::Arithmetic::InputDType);
+  const std::vector<double> got_out = reference::gather(out), got_lse = reference::gather(lse);
+  const reference::Check out_check = reference::check_forward_dequantised(got_out, exact.out);
+  EXPECT_TRUE(out_check.passed()) << "out error " << out_check.max_abs_error << " > "
+                                  << out_check.tolerance;
+  const reference::Check kernel_rule =
+      reference::check_forward(DType::Float8E4M3, got_out, exact.out, plain.out);
+  EXPECT_TRUE(kernel_rule.passed()) << "out error " << kernel_rule.max_abs_error << " > "
+                                    << kernel_rule.tolerance << " (the kernels' rule)";
+  const reference::Check lse_check =
+      reference::check_forward(DType::Float32, got_lse, exact.lse, exact.lse);
+  EXPECT_TRUE(lse_check.passed()) << "lse error " << lse_check.max_abs_error << " > "
+                                  << lse_check.tolerance;
+}
+
+void run_dense(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  Buffer q = fp8_random(c.B * c.Sq * c.H * c.D), k = fp8_random(c.B * c.Sk * c.Hk * c.D),
+         v = fp8_random(c.B * c.Sk * c.Hk * c.D);
+  Buffer out(DType::BFloat16, c.B * c.Sq * c.H * c.D), lse(DType::Float32, c.B * c.H * c.Sq);
+  out.poison();
+  lse.poison();
+  const Descale qd(c.q_scaling, c.B, c.Hk, c.Sq), kd(c.k_scaling, c.B, c.Hk, c.Sk),
+      vd(c.v_scaling, c.B, c.Hk, c.Sk);
+  Options o = options_of(c);
+  o.q_descale = qd.view;
+  o.k_descale = kd.view;
+  o.v_descale = vd.view;
+  const TensorView qv = q.view({c.B, c.Sq, c.H, c.D}), kv = k.view({c.B, c.Sk, c.Hk, c.D}),
+                   vv = v.view({c.B, c.Sk, c.Hk, c.D}), ov = out.view({c.B, c.Sq, c.H, c.D}),
+                   lv = lse.view({c.B, c.H, c.Sq});
+  const RunInfo info = forward(qv, kv, vv, ov, lv, o);
+  EXPECT_EQ(info.backend, Backend::CPU);
+  expect_matches_reference(qv, kv, vv, ov, lv, o, nullptr);
+}
+
+TEST(Fp8Forward, DensePerHeadDescales) { run_dense({}); }
+
+TEST(Fp8Forward, DensePerBlockDescales) {
+  Case c;
+  c.q_scaling = c.k_scaling = c.v_scaling = Scaling::PerBlock;
+  c.Sq = 260;  // three query blocks, the last partial
+  run_dense(c);
+}
+
+TEST(Fp8Forward, DenseMixedScalingsAndAbsentDescales) {
+  Case c;
+  c.q_scaling = Scaling::None;
+  c.k_scaling = Scaling::PerBlock;
+  c.v_scaling = Scaling::PerHead;
+  run_dense(c);
+  c.q_scaling = Scaling::PerBlock;
+  c.k_scaling = Scaling::PerHead;
+  c.v_scaling = Scaling::PerBlock;
+  run_dense(c);
+}
+
+TEST(Fp8Forward, DenseFeatures) {
+  for (const bool causal : {false, true})
+    for (const int32_t left : {-1, 70})
+      for (const float softcap : {0.0f, 5.0f}) {
+        Case c;
+        c.B = 1;
+        c.Sq = 131;
+        c.Sk = 150;
+        c.H = 6;
+        c.Hk = 3;
+        c.D = 17;
+        c.causal = causal;
+        c.left = left;
+        c.right = causal ? -1 : 9;
+        c.softcap = softcap;
+        c.q_scaling = c.k_scaling = c.v_scaling = Scaling::PerBlock;
+        run_dense(c);
+      }
+}
+
+TEST(Fp8Forward, DenseMqaHeadDim256) {
+  Case c;
+  c.B = 1;
+  c.Sq = 5;
+  c.Sk = 129;
+  c.H = 3;
+  c.Hk = 1;
+  c.D = 256;
+  c.k_scaling = Scaling::PerBlock;
+  run_dense(c);
+}
+
+// No keys: every row sees none (out 0, lse -inf); no queries: nothing to write.
+TEST(Fp8Forward, EmptySequences) {
+  Case c;
+  c.Sk = 0;
+  c.k_scaling = c.v_scaling = Scaling::PerBlock;  // (B, Hk, 0)
+  run_dense(c);
+  c = Case{};
+  c.Sq = 0;
+  run_dense(c);
+}
+
+// Three sequences (one with no queries, one whose keys seqused_k shortens): packed rows,
+// blocks counted from each sequence's start.
+TEST(Fp8Forward, VarlenWithSequsedK) {
+  for (const Scaling scaling : {Scaling::PerHead, Scaling::PerBlock})
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE(std::string(scaling_name(scaling)) + (causal ? " causal" : "") +
+                   " seed=" + std::to_string(test_seed()));
+      const std::vector<int32_t> cu_q{0, 140, 140, 171}, cu_k{0, 150, 410, 431},
+          used{150, 200, 21};
+      const int64_t B = 3, H = 4, Hk = 2, D = 24, total_q = 180, total_k = 440;
+      const int64_t max_q = 140, max_k = 260;
+      Buffer q = fp8_random(total_q * H * D), k = fp8_random(total_k * Hk * D),
+             v = fp8_random(total_k * Hk * D);
+      Buffer out(DType::BFloat16, total_q * H * D), lse(DType::Float32, H * total_q);
+      out.poison();
+      lse.poison();
+      Buffer cq = int32_buffer(cu_q), ck = int32_buffer(cu_k), su = int32_buffer(used);
+      Varlen varlen;
+      varlen.cu_seqlens_q = cq.view({B + 1});
+      varlen.cu_seqlens_k = ck.view({B + 1});
+      varlen.max_seqlen_q = max_q;
+      varlen.max_seqlen_k = max_k;
+      varlen.seqused_k = su.view({B});
+      const Descale qd(scaling, B, Hk, max_q), kd(scaling, B, Hk, max_k),
+          vd(scaling, B, Hk, max_k);
+      Options o;
+      o.causal = causal;
+      o.q_descale = qd.view;
+      o.k_descale = kd.view;
+      o.v_descale = vd.view;
+      const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}),
+                       vv = v.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
+                       lv = lse.view({H, total_q});
+      forward_varlen(qv, kv, vv, ov, lv, varlen, o);
+      // Rows past cu_seqlens_q[B] are not written: compare the sequences' rows only.
+      for (int64_t i = cu_q.back() * H * D; i < total_q * H * D; ++i) out.set(i, 0.0f);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = cu_q.back(); i < total_q; ++i) lse.set(h * total_q + i, 0.0f);
+      expect_matches_reference(qv, kv, vv, ov, lv, o, &varlen);
+    }
+}
+
+// Paged keys: the same result, bit for bit, as the same keys stored dense (the reference has
+// no paged form). The two sequences share page 1, each with its own descales.
+TEST(Fp8Forward, PagedKeysEqualDenseOnes) {
+  const int64_t B = 2, Sq = 3, Sk = 10, H = 2, Hk = 1, D = 16, page_size = 4, pages = 5;
+  Buffer k = fp8_random(pages * page_size * Hk * D), v = fp8_random(pages * page_size * Hk * D);
+  const std::vector<int32_t> table_values{3, 1, 0, 1, 4, 2};  // (B, max_pages = 3)
+  Buffer table = int32_buffer(table_values);
+  // The dense copy: sequence b's key p from page table[b][p / page_size].
+  Buffer kd(DType::Float8E4M3, B * Sk * Hk * D), vd(DType::Float8E4M3, B * Sk * Hk * D);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t p = 0; p < Sk; ++p) {
+      const int64_t from = (table_values[size_t(b * 3 + p / page_size)] * page_size +
+                            p % page_size) * Hk * D;
+      std::memcpy(kd.bytes.data() + (b * Sk + p) * Hk * D, k.bytes.data() + from, size_t(Hk * D));
+      std::memcpy(vd.bytes.data() + (b * Sk + p) * Hk * D, v.bytes.data() + from, size_t(Hk * D));
+    }
+  Buffer q = fp8_random(B * Sq * H * D);
+  const Descale qs(Scaling::PerHead, B, Hk, Sq), ks(Scaling::PerBlock, B, Hk, Sk),
+      vs(Scaling::PerHead, B, Hk, Sk);
+  Options o;
+  o.causal = true;
+  o.q_descale = qs.view;
+  o.k_descale = ks.view;
+  o.v_descale = vs.view;
+  Buffer dense_out(DType::BFloat16, B * Sq * H * D), paged_out(DType::BFloat16, B * Sq * H * D);
+  forward(q.view({B, Sq, H, D}), kd.view({B, Sk, Hk, D}), vd.view({B, Sk, Hk, D}),
+          dense_out.view({B, Sq, H, D}), std::nullopt, o);
+  Buffer cq = int32_buffer({0, 3, 6}), ck = int32_buffer({0, 10, 20});
+  Varlen varlen;
+  varlen.cu_seqlens_q = cq.view({B + 1});
+  varlen.cu_seqlens_k = ck.view({B + 1});
+  varlen.max_seqlen_q = Sq;
+  varlen.max_seqlen_k = Sk;
+  varlen.block_table = table.view({B, 3});
+  forward_varlen(q.view({B * Sq, H, D}), k.view({pages, page_size, Hk, D}),
+                 v.view({pages, page_size, Hk, D}), paged_out.view({B * Sq, H, D}),
+                 std::nullopt, varlen, o);
+  EXPECT_EQ(dense_out.bytes, paged_out.bytes);
+}
+
+// The C ABI takes the same call: FA_FLOAT8_E4M3 tensors and fa_options' descales.
+TEST(Fp8Forward, ThroughTheCAbi) {
+  const int64_t B = 1, S = 9, H = 2, D = 8;
+  Buffer q = fp8_random(B * S * H * D), k = fp8_random(B * S * H * D), v = fp8_random(B * S * H * D);
+  Buffer out(DType::BFloat16, B * S * H * D), expected(DType::BFloat16, B * S * H * D);
+  const Descale qd(Scaling::PerHead, B, H, S), vd(Scaling::PerBlock, B, H, S);
+  Options o;
+  o.q_descale = qd.view;
+  o.v_descale = vd.view;
+  forward(q.view({B, S, H, D}), k.view({B, S, H, D}), v.view({B, S, H, D}),
+          expected.view({B, S, H, D}), std::nullopt, o);
+
+  const auto tensor = [](Buffer& b, fa_dtype dtype, std::vector<int64_t> sizes) {
+    fa_tensor t{};
+    t.data = b.data();
+    t.dtype = dtype;
+    t.ndim = static_cast<int32_t>(sizes.size());
+    int64_t stride = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      t.sizes[d] = sizes[size_t(d)];
+      t.strides[d] = stride;
+      stride *= sizes[size_t(d)];
+    }
+    return t;
+  };
+  Buffer qf = qd.factors, vf = vd.factors;
+  const fa_tensor tq = tensor(q, FA_FLOAT8_E4M3, {B, S, H, D}),
+                  tk = tensor(k, FA_FLOAT8_E4M3, {B, S, H, D}),
+                  tv = tensor(v, FA_FLOAT8_E4M3, {B, S, H, D}),
+                  to = tensor(out, FA_BFLOAT16, {B, S, H, D}),
+                  tqd = tensor(qf, FA_FLOAT32, {B, H}), tvd = tensor(vf, FA_FLOAT32, {B, H, 1});
+  fa_options options;
+  fa_options_init(&options);
+  options.q_descale = &tqd;
+  options.v_descale = &tvd;
+  ASSERT_EQ(fa_forward(&tq, &tk, &tv, &to, nullptr, &options, nullptr, nullptr), FA_OK)
+      << fa_last_error();
+  EXPECT_EQ(out.bytes, expected.bytes);
+}
+
+// The kernels' rule (SPEC's accuracy rule for fp8) is no blank cheque: the plain fp8
+// implementation (P rounded to e4m3) differs from the exact result, and the tolerance it gives
+// stays within a few percent of the output's magnitude, while the CPU engine, which does not
+// round P, is well inside it.
+TEST(Fp8Forward, TheKernelRuleIsTight) {
+  const int64_t B = 1, S = 256, H = 2, D = 64;
+  Buffer q = fp8_random(B * S * H * D), k = fp8_random(B * S * H * D), v = fp8_random(B * S * H * D);
+  Buffer out(DType::BFloat16, B * S * H * D);
+  const TensorView qv = q.view({B, S, H, D}), kv = k.view({B, S, H, D}), vv = v.view({B, S, H, D});
+  Options o;
+  o.softmax_scale = 0.01f;  // spread-out probabilities, most of them rounded
+  forward(qv, kv, vv, out.view({B, S, H, D}), std::nullopt, o);
+  const reference::Result exact = reference::forward(qv, kv, vv, o);
+  const reference::Result plain =
+      reference::forward(qv, kv, vv, o, nullptr, reference::Arithmetic::InputDType);
+  double largest = 0;
+  for (double x : exact.out) largest = std::max(largest, std::abs(x));
+  const double plain_error = reference::max_abs_error(plain.out, exact.out);
+  EXPECT_GT(plain_error, 1e-3 * largest) << plain_error << " vs largest " << largest;
+  const reference::Check rule =
+      reference::check_forward(DType::Float8E4M3, reference::gather(out.view({B, S, H, D})),
+                               exact.out, plain.out);
+  EXPECT_TRUE(rule.passed());
+  EXPECT_LT(rule.tolerance, 0.05 * largest) << rule.tolerance << " vs largest " << largest;
+  EXPECT_LT(rule.max_abs_error, 0.5 * rule.tolerance) << rule.max_abs_error << " vs " << rule.tolerance;
+}
+
+// ---- Errors: each names the argument, what was expected and what was given.
+
+struct ErrorCall {
+  int64_t B = 2, S = 5, H = 4, Hk = 2, D = 8;
+  Buffer q = fp8_random(B * S * H * D), k = fp8_random(B * S * Hk * D),
+         v = fp8_random(B * S * Hk * D);
+  Buffer out{DType::BFloat16, B * S * H * D};
+  Buffer factors{DType::Float32, B * Hk * 4};
+  Options options;
+
+  TensorView qv() { return q.view({B, S, H, D}); }
+  TensorView kv() { return k.view({B, S, Hk, D}); }
+  TensorView vv() { return v.view({B, S, Hk, D}); }
+  TensorView ov() { return out.view({B, S, H, D}); }
+  void run() { forward(qv(), kv(), vv(), ov(), std::nullopt, options); }
+};
+
+// Runs the call, which must throw an Error with this code and argument whose expected() and
+// given() mention the strings given.
+template <typename Call>
+void expect_refused(Call call, ErrorCode code, const std::string& argument,
+                    const std::string& expected, const std::string& given) {
+  try {
+    call();
+    ADD_FAILURE() << "accepted; expected an error naming " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_NE(e.expected().find(expected), std::string::npos) << e.what();
+    EXPECT_NE(e.given().find(given), std::string::npos) << e.what();
+  }
+}
+
+TEST(Fp8Errors, OutMustBeBf16) {
+  ErrorCall c;
+  c.out = Buffer(DType::Float16, c.B * c.S * c.H * c.D);
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "out", "dtype bf16", "dtype fp16");
+  c.out = Buffer(DType::Float8E4M3, c.B * c.S * c.H * c.D);
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "out", "dtype bf16",
+                 "dtype fp8_e4m3");
+}
+
+TEST(Fp8Errors, KAndVMustBeFp8LikeQ) {
+  ErrorCall c;
+  c.k = Buffer(DType::BFloat16, c.B * c.S * c.Hk * c.D);
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "k", "dtype fp8_e4m3",
+                 "dtype bf16");
+}
+
+TEST(Fp8Errors, DescaleShapes) {
+  ErrorCall c;
+  c.options.k_descale = c.factors.view({c.B, c.H});  // H, not Hk
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "k_descale", "(B, Hk)",
+                 "(2, 4)");
+  c.options.k_descale = c.factors.view({c.B, c.Hk, 2});  // ceil(5 / 128) = 1 block
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "k_descale",
+                 "ceil(Sk / 128)", "(2, 2, 2)");
+  c.options.k_descale = c.factors.view({c.B * c.Hk});
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "k_descale", "(B, Hk)",
+                 "1 dimension");
+  c.options.k_descale = std::nullopt;
+  c.options.v_descale = c.factors.view({c.B, c.Hk}, {1, c.B});  // column-major
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "v_descale", "contiguous", "");
+}
+
+TEST(Fp8Errors, DescaleDtypeAndDevice) {
+  ErrorCall c;
+  Buffer bf16(DType::BFloat16, c.B * c.Hk);
+  c.options.q_descale = bf16.view({c.B, c.Hk});
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "q_descale", "dtype fp32",
+                 "dtype bf16");
+  TensorView on_gpu = c.factors.view({c.B, c.Hk});
+  on_gpu.device = {DeviceType::CUDA, 0};
+  c.options.q_descale = on_gpu;
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "q_descale", "cpu", "cuda");
+}
+
+TEST(Fp8Errors, DescalesOnlyWithFp8Inputs) {
+  ErrorCall c;
+  c.q = Buffer(DType::BFloat16, c.B * c.S * c.H * c.D);
+  c.k = Buffer(DType::BFloat16, c.B * c.S * c.Hk * c.D);
+  c.v = Buffer(DType::BFloat16, c.B * c.S * c.Hk * c.D);
+  c.q.fill_random();
+  c.k.fill_random();
+  c.v.fill_random();
+  c.options.v_descale = c.factors.view({c.B, c.Hk});
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "v_descale", "fp8_e4m3",
+                 "bf16");
+}
+
+TEST(Fp8Errors, NoDropout) {
+  ErrorCall c;
+  c.options.dropout_p = 0.1f;
+  expect_refused([&] { c.run(); }, ErrorCode::InvalidArgument, "dropout_p", "fp8_e4m3", "0.1");
+}
+
+TEST(Fp8Errors, NoBackward) {
+  ErrorCall c;
+  Buffer lse(DType::Float32, c.B * c.H * c.S), dout(DType::BFloat16, c.B * c.S * c.H * c.D);
+  Buffer dq = fp8_random(c.B * c.S * c.H * c.D), dk = fp8_random(c.B * c.S * c.Hk * c.D),
+         dv = fp8_random(c.B * c.S * c.Hk * c.D);
+  expect_refused(
+      [&] {
+        backward(c.qv(), c.kv(), c.vv(), c.ov(), dout.view({c.B, c.S, c.H, c.D}),
+                 lse.view({c.B, c.H, c.S}), dq.view({c.B, c.S, c.H, c.D}),
+                 dk.view({c.B, c.S, c.Hk, c.D}), dv.view({c.B, c.S, c.Hk, c.D}), c.options);
+      },
+      ErrorCode::Unsupported, "q", "forward only", "dtype fp8_e4m3");
+}
+
+TEST(Fp8Errors, NoKvCacheOrProbabilitiesYet) {
+  ErrorCall c;
+  KvCache cache;
+  cache.k_cache = c.kv();
+  cache.v_cache = c.vv();
+  Buffer seqlens = int32_buffer({5, 5});
+  cache.cache_seqlens = seqlens.view({c.B});
+  expect_refused([&] { forward_kvcache(c.qv(), cache, c.ov(), std::nullopt); },
+                 ErrorCode::InvalidArgument, "q", "dtype fp32, fp16 or bf16", "fp8_e4m3");
+  Buffer probs(DType::Float32, c.B * c.H * c.S * c.S);
+  expect_refused(
+      [&] { attention_probabilities(c.qv(), c.kv(), probs.view({c.B, c.H, c.S, c.S})); },
+      ErrorCode::InvalidArgument, "q", "dtype fp32, fp16 or bf16", "fp8_e4m3");
+}
+
+TEST(Fp8Errors, TheCudaBackendRefusesFp8UntilItsKernelExists) {
+  ErrorCall c;
+  Execution on_cuda;
+  on_cuda.backend = Backend::CUDA;
+  on_cuda.trust_devices = true;
+  TensorView q = c.qv(), k = c.kv(), v = c.vv(), out = c.ov();
+  for (TensorView* t : {&q, &k, &v, &out}) t->device = {DeviceType::CUDA, 0};
+  // A CPU-only build refuses the backend itself; a CUDA build the dtype. Both Unsupported,
+  // before any memory is touched (these pointers are host memory).
+  try {
+    forward(q, k, v, out, std::nullopt, c.options, on_cuda);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+    const bool no_cuda = e.argument() == "backend";
+    if (!no_cuda) {
+      EXPECT_EQ(e.argument(), "q") << e.what();
+      EXPECT_NE(e.given().find("fp8_e4m3"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashattn
