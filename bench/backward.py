@@ -98,13 +98,21 @@ def reference_grads(q, k, v, dout, b: int, hh: int, rows, cols, causal: bool,
     return dq, dk, dv
 
 
+def feature_options(args) -> tuple:
+    """(softcap, alibi, deterministic) of the options add_feature_args adds; their defaults
+    where a caller's parser lacks them (bench/grid.py runs measure with its own)."""
+    return (getattr(args, "softcap", 0.0), getattr(args, "alibi", False),
+            getattr(args, "deterministic", False))
+
+
 def features(shape: h.Shape, args, device) -> dict:
-    """flash_attn_func's keyword arguments of --softcap and --alibi for this shape."""
+    """flash_attn_func's keyword arguments of --softcap, --alibi, --deterministic."""
     import torch
-    extra = {"deterministic": True} if args.deterministic else {}
-    if args.softcap > 0:
-        extra["softcap"] = args.softcap
-    if args.alibi:
+    softcap, alibi, deterministic = feature_options(args)
+    extra = {"deterministic": True} if deterministic else {}
+    if softcap > 0:
+        extra["softcap"] = softcap
+    if alibi:
         extra["alibi_slopes"] = torch.tensor(h.alibi_slopes(shape.heads), dtype=torch.float32,
                                              device=device)
     return extra
@@ -122,13 +130,14 @@ def check(shape: h.Shape, sets: list[tuple], args) -> dict:
         grads = torch.autograd.grad(out, (q, k, v), dout)
     poisoned = all(g.data_ptr() in addresses for g in grads)
     peer, peer_grads = None, None
-    if not (args.softcap > 0 or args.alibi):  # else the peers compute another function
+    softcap, alibi, _ = feature_options(args)
+    if not (softcap > 0 or alibi):  # else the peers compute another function
         peer, peer_grads = h.first_working_peer(args, lambda: torch.autograd.grad(
             h.sdpa_call(q, k, v, shape.causal), (q, k, v), dout))
     rows = h.sample_rows(shape.seqlen)
     pairs = sorted({(0, 0), (shape.batch - 1, shape.heads - 1)})
     slopes = extra.get("alibi_slopes")
-    refs = [reference_grads(q, k, v, dout, b, hh, rows, rows, shape.causal, args.softcap,
+    refs = [reference_grads(q, k, v, dout, b, hh, rows, rows, shape.causal, softcap,
                             None if slopes is None else float(slopes[hh])) for b, hh in pairs]
     index = rows.to(q.device)
     result = {"peer": peer, "poisoned": poisoned, "slices": [list(p) for p in pairs],
@@ -157,8 +166,9 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
     import torch
     from flashattn import flash_attn_func
     sets = make_sets(shape, args)
-    row = shape.fields() | {"softcap": args.softcap, "alibi": args.alibi,
-                            "deterministic": args.deterministic, "check": check(shape, sets, args)}
+    softcap, alibi, deterministic = feature_options(args)
+    row = shape.fields() | {"softcap": softcap, "alibi": alibi, "deterministic": deterministic,
+                            "check": check(shape, sets, args)}
     extra = features(shape, args, sets[0][0].device)
 
     def backward_of(out, q, k, v, dout):
