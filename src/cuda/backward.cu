@@ -5,7 +5,7 @@
 //                   included), and the fp32 dQ accumulator zeroed (where there is one); for
 //                   the sm90 TMA kernel D and lse log2(e) into padded copies instead;
 //   2. the kernels: on Hopper the sm90 ones where they cover the call (the TMA kernel,
-//                   sm90/backward_ws_kernel.cuh, for dense calls at buckets 64 and 128, every
+//                   sm90/backward_ws_kernel.cuh, for dense and varlen calls at buckets 64 and 128, every
 //                   feature, both modes; the cp.async one, sm90/backward_kernel.cuh, for the
 //                   other plain calls in the default mode), else the sm80 kernels
 //                   (backward_kernel.cuh): dK and dV; dQ into the accumulator (default mode
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
   const int64_t i = int64_t{blockIdx.x} * kRowsPerCta + threadIdx.x / kThreadsPerRow;
   const int part = threadIdx.x % kThreadsPerRow;
   const bool valid = i < seq.seqlen_q;
-  const bool padded = kp.lse_log2 != nullptr;  // the TMA kernel's stats, dense calls only
+  const bool padded = kp.lse_log2 != nullptr;  // the TMA kernel's stats
   float sum = 0.0f;
   if (valid) {
     const Element* out = static_cast<const Element*>(p.out) + b * p.out_batch_stride +
@@ -86,10 +86,10 @@ __global__ void __launch_bounds__(kRowsPerCta * kThreadsPerRow)
   for (int offset = 1; offset < kThreadsPerRow; offset *= 2)
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const int64_t at = sm80::row_index(p, b, h, seq.q_row0, i);
-  if (padded && part == 0 && i < kp.padded_rows) {
+  if (padded && part == 0 && i < (seq.seqlen_q + 63) / 64 * 64) {  // the sequence's whole steps
     constexpr float kLog2e = 1.4426950408889634f;
     const float lse = valid ? p.lse[at] : -INFINITY;
-    const int64_t padded_at = (int64_t{b} * p.heads + h) * kp.padded_rows + i;
+    const int64_t padded_at = sm90::padded_stats_row(kp, b, h, seq.q_row0, i);
     kp.lse_log2[padded_at] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     kp.delta_padded[padded_at] = valid ? sum : 0.0f;
   }
@@ -140,12 +140,12 @@ bool is_plain(const sm80::BackwardKernelParams& kp) {
   return kp.bp.fwd.softcap <= 0.0f && kp.bp.fwd.alibi_slopes == nullptr && !kp.has_dropout && !kp.bp.deterministic;
 }
 
-// The TMA kernel: dense calls at buckets 64 and 128 whose tensors TMA can describe (args gets
+// The TMA kernel: dense and varlen calls at buckets 64 and 128 whose tensors TMA can describe (args gets
 // their maps); FLASHATTN_SM90_BACKWARD_LOADS=cp.async leaves plain ones to the cp.async kernel.
 template <typename Element>
 bool prepare_sm90_ws(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced, sm90::WsBackwardArgs& args) {
   const ForwardParams& p = kp.bp.fwd;
-  if (!sm90_may_take(forced) || p.is_varlen() || !knobs::sm90_backward_uses_tma()) return false;
+  if (!sm90_may_take(forced) || p.is_paged() || !knobs::sm90_backward_uses_tma()) return false;
   switch (head_dim_bucket(p.head_dim)) {
     case 64: return sm90::prepare_backward_ws<Element, 64>(kp, args);
     case 128: return sm90::prepare_backward_ws<Element, 128>(kp, args);
@@ -186,7 +186,7 @@ void run_all(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced, s
   constexpr int kThreads = kRowsPerCta * kThreadsPerRow;
   if (p.seqlen_q > 0)
     backward_preprocess_kernel<Element>
-        <<<rows_grid(ws != nullptr ? kp.padded_rows : p.seqlen_q), kThreads, 0, stream>>>(kp);
+        <<<rows_grid(ws != nullptr ? (p.seqlen_q + 63) / 64 * 64 : p.seqlen_q), kThreads, 0, stream>>>(kp);
   if (ws != nullptr) {
     ws->kp = kp;
     if (head_dim_bucket(p.head_dim) == 64)
@@ -222,10 +222,10 @@ size_t run_backward(const BackwardParams& bp, knobs::KernelFamily forced) {
   // The accumulator, but for the sm80 kernels' deterministic mode (their dQ kernel writes dQ).
   const size_t accum_bytes =
       bp.deterministic && !ws ? 0 : static_cast<size_t>(rows) * kp.accum_dim * sizeof(float);
-  // D indexed like lse, or (TMA kernel) D and lse log2(e) per (b, h) in whole 64-row steps,
-  // and in deterministic mode a turn counter per step.
-  kp.padded_rows = ws ? (p.seqlen_q + 63) / 64 * 64 : 0;
-  const int64_t padded_count = int64_t{p.batch} * p.heads * kp.padded_rows;
+  // D indexed like lse, or (TMA kernel) D and lse log2(e) per (b, h) in whole 64-row steps
+  // (sm90::padded_stats_row), and in deterministic mode a turn counter per step.
+  if (ws) kp.padded_rows = p.is_varlen() ? (p.total_q + 64 * p.batch + 63) / 64 * 64 : (p.seqlen_q + 63) / 64 * 64;
+  const int64_t padded_count = (p.is_varlen() ? int64_t{1} : int64_t{p.batch}) * p.heads * kp.padded_rows;
   const size_t padded_bytes = static_cast<size_t>(padded_count) * sizeof(float);
   const size_t stats_bytes = ws ? 2 * padded_bytes : static_cast<size_t>(rows) * sizeof(float);
   const size_t turns_bytes = ws && bp.deterministic ? static_cast<size_t>(padded_count / 64) * sizeof(int) : 0;

@@ -63,8 +63,9 @@ struct BackwardKernelParams {
   bool bulk_dq = false;
   // The sm90 TMA kernel (sm90/backward_ws_kernel.cuh) reads the stats from padded copies that
   // the preprocess writes instead of delta: lse log2(e) (+inf where a row saw no key and for
-  // rows past the sequence) and D (0 there), the rows of (b, h) from (b H + h) padded_rows on,
-  // padded_rows a whole number of its steps. Null for the other kernels.
+  // rows past the sequence) and D (0 there), in whole 64-row steps of each sequence and head
+  // (sm90::padded_stats_row says where; padded_rows is a whole number of steps). Null for the
+  // other kernels.
   float* lse_log2 = nullptr;
   float* delta_padded = nullptr;
   int64_t padded_rows = 0;
@@ -72,7 +73,7 @@ struct BackwardKernelParams {
   // (sm90::dq_chunk); the conversion reads them back in place.
   bool dq_accum_swizzled = false;
   // The TMA kernel in deterministic mode: one turn counter per (b, h, 64-row step), zeroed,
-  // at ((b H + h) padded_rows / 64 + step); the key blocks add dQ in their order (write_dq).
+  // at the step's first padded_stats_row / 64; the key blocks add dQ in their order (write_dq).
   int* dq_turns = nullptr;
 };
 

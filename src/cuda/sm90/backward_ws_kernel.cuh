@@ -8,7 +8,9 @@
 //     its warp 0 loads K and V once and then, step after step, Q with lse log2(e) and dO
 //     with D into a two-stage ring, all through TMA, each stage guarded by a full and an
 //     empty mbarrier. Its warp 1 adds each step's dQ tile to the fp32 accumulator with bulk
-//     reductions (cp.reduce.async.bulk, one per row) from shared memory. Warps 2-3 exit.
+//     reductions (cp.reduce.async.bulk, one per row) from shared memory. Its warp 2, in
+//     varlen calls, zeroes the rows of boxes that reach past their sequence (below). Warp 3
+//     exits.
 //   warpgroups 1 and 2, the consumers, 64 keys each, take the registers given back. Per step:
 //       S^T = K Q^T, then dP^T = V dO^T (two commit groups); P^T while dP^T runs;
 //       dS^T = P^T o (dP^T - D), to shared memory; dV += P^T dO (P^T from registers);
@@ -23,11 +25,15 @@
 // Softcap, ALiBi and dropout run in its general variant (general_probabilities_and_ds: P^T and
 // dS^T together once dP^T is in); in deterministic mode the key blocks add to each dQ tile in
 // their order (write_dq).
-// It takes dense calls (no cu_seqlens): their tensors are the 4-D boxes TMA reads, rows past
-// a sequence's end filled with zeros. The stats come from the preprocess in a padded copy
-// (BackwardKernelParams::lse_log2, delta_padded), rows rounded up to whole 64-row steps, so
-// that each step's 256 bytes are one bulk copy inside the buffer and rows past the end give
-// P = 0 (lse log2(e) = +inf there).
+// It takes dense and varlen calls (no block table). Dense tensors are the 4-D boxes TMA reads,
+// rows past a sequence's end filled with zeros. A varlen batch is one tensor of all its
+// sequences' rows (cu_seqlens): a box at a sequence's end reads rows of the next one, or rows
+// seqused_k leaves out, which nothing promises to be finite (and 0 x NaN is NaN), so the
+// tail warp zeroes those rows of K and V, and of a step's Q and dO, once they have landed:
+// the arithmetic then sees what a dense call sees. The stats come from the preprocess in a
+// padded copy (BackwardKernelParams::lse_log2, delta_padded, padded_stats_row), rows rounded
+// up to whole 64-row steps, so that each step's 256 bytes are one bulk copy inside the buffer
+// and rows past the end give P = 0 (lse log2(e) = +inf there).
 #pragma once
 
 #include <cuda.h>
@@ -65,7 +71,9 @@ struct WsBackwardConfig {
   static constexpr int kDqBytes = kBlockM * kDqRowBytes;
   static constexpr int kDsOffset = 2 * kKBytes + 2 * kStages * kQBytes;  // dS^T, from K's start
   static constexpr int kDqOffset = kDsOffset + kDsBytes;                 // the dQ tile, likewise
-  static constexpr int kBarriers = 1 + 4 * kStages;  // kv_full, then q/do full/empty per stage
+  // kv_full, q/do full/empty per stage, kv_landed, q/do landed per stage (a varlen box whose
+  // rows past the sequence the tail warp zeroes lands there first).
+  static constexpr int kBarriers = 2 + 6 * kStages;
   // Every consumer thread arrives on the empty barriers: each has read the stage's lse or D
   // with plain shared loads, and its own arrival (release) orders those reads before the
   // producer's next copy into the stage. One elected thread after the consumers' named
@@ -116,6 +124,9 @@ struct WsBackwardShared {
   __device__ Mbarrier q_empty(int stage) const { return {barriers + 2 + 4 * stage}; }
   __device__ Mbarrier do_full(int stage) const { return {barriers + 3 + 4 * stage}; }
   __device__ Mbarrier do_empty(int stage) const { return {barriers + 4 + 4 * stage}; }
+  __device__ Mbarrier kv_landed() const { return {barriers + 1 + 4 * Cfg::kStages}; }
+  __device__ Mbarrier q_landed(int stage) const { return {barriers + 2 + 4 * Cfg::kStages + 2 * stage}; }
+  __device__ Mbarrier do_landed(int stage) const { return {barriers + 3 + 4 * Cfg::kStages + 2 * stage}; }
   __device__ const float* stats(uint32_t at) const {  // a generic pointer into lse or delta
     return reinterpret_cast<const float*>(generic + (at - k));
   }
@@ -135,53 +146,138 @@ __host__ __device__ __forceinline__ int dq_chunk(int chunk, int64_t i) {
   return (chunk & ~7) | ((chunk ^ static_cast<int>(i & 7)) & 7);
 }
 
-// The padded stats' first row of a step: rows of (b, h) from ((b H + h) padded_rows) on.
-__device__ __forceinline__ int64_t padded_stats_row(const BackwardKernelParams& kp, int b, int head, int64_t m0) {
-  return (int64_t{b} * kp.bp.fwd.heads + head) * kp.padded_rows + m0;
+// Row i of (b, head) in the padded stats (and i / 64 its dQ turn counter). Dense: the rows of
+// (b, head) from (b H + head) padded_rows on. Varlen: per head padded_rows (total_q + 64 B
+// rounded up to 64), sequence b from (q_row0 + 64 b) rounded down to 64 on, which is at least
+// its whole 64-row steps past the sequence before's start, as FlashAttention-3 lays them out.
+__host__ __device__ __forceinline__ int64_t padded_stats_row(const BackwardKernelParams& kp, int b, int head,
+                                                             int64_t q_row0, int64_t i) {
+  const ForwardParams& p = kp.bp.fwd;
+  if (p.is_varlen()) return head * kp.padded_rows + (q_row0 + 64 * int64_t{b}) / 64 * 64 + i;
+  return (int64_t{b} * p.heads + head) * kp.padded_rows + i;
 }
 
+// Where a varlen box's rows past its sequence begin (kRows: none, or not varlen): the rows of
+// the next sequence, or those seqused_k leaves out, lie inside the tensor; past the tensor's
+// end TMA fills zeros itself.
+template <int kRows>
+__device__ __forceinline__ int varlen_zero_from(const ForwardParams& p, int64_t seq_row0, int64_t seqlen,
+                                                int64_t total, int64_t first) {
+  return p.is_varlen() && seq_row0 + seqlen < total && first + kRows > seqlen ? static_cast<int>(seqlen - first)
+                                                                              : kRows;
+}
+template <typename Cfg>
+__device__ __forceinline__ int k_zero_from(const ForwardParams& p, const BackwardBlock& blk) {
+  return varlen_zero_from<Cfg::kBlockN>(p, blk.seq.k_row0, blk.seq.seqlen_k, p.total_k, blk.j0);
+}
+// Of the query rows: only a block's last step (of each head) can reach past its sequence.
+template <typename Cfg>
+__device__ __forceinline__ int q_zero_from(const ForwardParams& p, const BackwardBlock& blk) {
+  return varlen_zero_from<Cfg::kBlockM>(p, blk.seq.q_row0, blk.seq.seqlen_q, p.total_q,
+                                        (blk.m_first + blk.m_blocks - 1) * Cfg::kBlockM);
+}
+
+// The producer: one thread issues every load. A varlen box that reaches past its sequence
+// lands on a barrier of its own (kv_landed, or its stage's q_landed / do_landed), where the
+// tail warp zeroes those rows and then arrives on the consumers' barrier.
 template <typename Cfg>
 __device__ __forceinline__ void produce_backward(const WsBackwardArgs& args, const WsBackwardShared<Cfg>& sh,
                                                  const BackwardBlock& blk) {
   const BackwardKernelParams& kp = args.kp;
+  const ForwardParams& p = kp.bp.fwd;
   prefetch_tensor_map(&args.q);
   prefetch_tensor_map(&args.k);
   prefetch_tensor_map(&args.v);
   prefetch_tensor_map(&args.dout);
-  const int32_t j0 = static_cast<int32_t>(blk.j0);
-  sh.kv_full().arrive_expect_bytes(2 * Cfg::kKBytes);
+  // Varlen tensors are one batch element of all the sequences' rows.
+  const int batch = p.is_varlen() ? 0 : blk.b;
+  {
+    const int32_t k_row = static_cast<int32_t>(blk.seq.k_row0 + blk.j0);
+    const Mbarrier landed = k_zero_from<Cfg>(p, blk) < Cfg::kBlockN ? sh.kv_landed() : sh.kv_full();
+    landed.arrive_expect_bytes(2 * Cfg::kKBytes);
 #pragma unroll
-  for (int panel = 0; panel < Cfg::kPanels; ++panel) {
-    tma_load(sh.k + panel * Cfg::kBlockN * 128, &args.k, panel * 64, j0, blk.hk, blk.b, sh.kv_full());
-    tma_load(sh.v + panel * Cfg::kBlockN * 128, &args.v, panel * 64, j0, blk.hk, blk.b, sh.kv_full());
+    for (int panel = 0; panel < Cfg::kPanels; ++panel) {
+      tma_load(sh.k + panel * Cfg::kBlockN * 128, &args.k, panel * 64, k_row, blk.hk, batch, landed);
+      tma_load(sh.v + panel * Cfg::kBlockN * 128, &args.v, panel * 64, k_row, blk.hk, batch, landed);
+    }
   }
-  // The steps as two loops (heads of the group, then query blocks), their stats as pointers
-  // that move by a block: the producer has 24 registers.
+  // The steps as two loops (heads of the group, then query blocks) over 32-bit counters that
+  // move by a block: the producer has 24 registers. (The padded stats hold fewer than 2^31
+  // rows: Q, 128 bytes or more a row, would not fit in memory.)
   int it = 0;
   const int m_end = static_cast<int>(blk.m_first) + blk.m_blocks;
+  const bool last_zeroes = q_zero_from<Cfg>(p, blk) < Cfg::kBlockM;
+  const int32_t first_q_row = static_cast<int32_t>(blk.seq.q_row0 + blk.m_first * Cfg::kBlockM);
 #pragma unroll 1
   for (int head = blk.hk * blk.group; head < (blk.hk + 1) * blk.group; ++head) {
-    const int64_t first_stats = padded_stats_row(kp, blk.b, head, blk.m_first * Cfg::kBlockM);
-    const float* lse_src = kp.lse_log2 + first_stats;
-    const float* delta_src = kp.delta_padded + first_stats;
+    uint32_t stats_row =
+        static_cast<uint32_t>(padded_stats_row(kp, blk.b, head, blk.seq.q_row0, blk.m_first * Cfg::kBlockM));
+    int32_t q_row = first_q_row;
 #pragma unroll 1
-    for (int m = static_cast<int>(blk.m_first); m < m_end; ++m, ++it) {
+    for (int m = static_cast<int>(blk.m_first); m < m_end;
+         ++m, ++it, q_row += Cfg::kBlockM, stats_row += Cfg::kBlockM) {
       const RingSlot slot = ring_slot<Cfg::kStages>(it);
+      const bool zeroes = last_zeroes && m + 1 == m_end;
       const auto load = [&](const void* map, uint32_t ring, uint32_t stats, const float* stats_src, Mbarrier full,
-                            Mbarrier empty) {
+                            Mbarrier landed, Mbarrier empty) {
         empty.wait(slot.parity ^ 1);
-        full.arrive_expect_bytes(Cfg::kQBytes + Cfg::kStatBytes);
+        const Mbarrier arrival = zeroes ? landed : full;
+        arrival.arrive_expect_bytes(Cfg::kQBytes + Cfg::kStatBytes);
         const uint32_t dst = ring + slot.stage * Cfg::kQBytes;
 #pragma unroll
         for (int panel = 0; panel < Cfg::kPanels; ++panel)
-          tma_load(dst + panel * Cfg::kBlockM * 128, map, panel * 64, m * Cfg::kBlockM, head, blk.b, full);
-        bulk_load(stats + slot.stage * Cfg::kStatBytes, stats_src, Cfg::kStatBytes, full);
+          tma_load(dst + panel * Cfg::kBlockM * 128, map, panel * 64, q_row, head, batch, arrival);
+        bulk_load(stats + slot.stage * Cfg::kStatBytes, stats_src, Cfg::kStatBytes, arrival);
       };
-      load(&args.q, sh.q, sh.lse, lse_src, sh.q_full(slot.stage), sh.q_empty(slot.stage));
-      load(&args.dout, sh.dout, sh.delta, delta_src, sh.do_full(slot.stage), sh.do_empty(slot.stage));
-      lse_src += Cfg::kBlockM;
-      delta_src += Cfg::kBlockM;
+      load(&args.q, sh.q, sh.lse, kp.lse_log2 + stats_row, sh.q_full(slot.stage), sh.q_landed(slot.stage),
+           sh.q_empty(slot.stage));
+      load(&args.dout, sh.dout, sh.delta, kp.delta_padded + stats_row, sh.do_full(slot.stage),
+           sh.do_landed(slot.stage), sh.do_empty(slot.stage));
     }
+  }
+}
+
+// Zeroes rows [from, kRows) of a tile of kRows rows (kPanels panels of 128-byte rows) that has
+// landed, by the 32 lanes of the calling warp, and makes the zeros visible to the wgmmas.
+template <int kRows, int kPanels>
+__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int from, int lane) {
+  // Whole 128-byte rows of every panel (the swizzle only permutes chunks within a row).
+  for (int r = from; r < kRows; ++r)
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) ptx::st_shared_32(tile + (panel * kRows + r) * 128 + lane * 4, 0u);
+  ptx::fence_proxy_async_shared();
+  __syncwarp();
+}
+
+// The tail warp (varlen calls): the rows past the sequence of the boxes the producer sent to
+// the landed barriers, zeroed before the consumers see them, so that the arithmetic sees what
+// a dense call sees (0 x NaN is NaN, and nothing promises those rows to be finite). A stage's
+// landed barrier is armed again only after the consumers have released the stage, which they
+// do after this warp's arrival: its phases are this warp's count of that stage's tails.
+template <typename Cfg>
+__device__ __forceinline__ void zero_varlen_tails(const WsBackwardShared<Cfg>& sh, const BackwardBlock& blk,
+                                                  const ForwardParams& p, int lane) {
+  const int k_from = k_zero_from<Cfg>(p, blk);
+  if (k_from < Cfg::kBlockN) {
+    sh.kv_landed().wait(0);
+    zero_tile_rows<Cfg::kBlockN, Cfg::kPanels>(sh.k, k_from, lane);
+    zero_tile_rows<Cfg::kBlockN, Cfg::kPanels>(sh.v, k_from, lane);
+    if (lane == 0) sh.kv_full().arrive();
+  }
+  const int q_from = q_zero_from<Cfg>(p, blk);
+  if (q_from >= Cfg::kBlockM) return;
+  uint32_t tails_of_stage = 0;  // bit s: the parity of stage s's next tail
+#pragma unroll 1
+  for (int g = 0; g < blk.group; ++g) {
+    const int stage = ring_slot<Cfg::kStages>(g * blk.m_blocks + blk.m_blocks - 1).stage;
+    const uint32_t parity = (tails_of_stage >> stage) & 1;
+    tails_of_stage ^= 1u << stage;
+    sh.q_landed(stage).wait(parity);
+    zero_tile_rows<Cfg::kBlockM, Cfg::kPanels>(sh.q + stage * Cfg::kQBytes, q_from, lane);
+    if (lane == 0) sh.q_full(stage).arrive();
+    sh.do_landed(stage).wait(parity);
+    zero_tile_rows<Cfg::kBlockM, Cfg::kPanels>(sh.dout + stage * Cfg::kQBytes, q_from, lane);
+    if (lane == 0) sh.do_full(stage).arrive();
   }
 }
 
@@ -212,7 +308,7 @@ __device__ __forceinline__ void write_dq(const WsBackwardArgs& args, const WsBac
       int* turns = nullptr;
       int turn = 0;
       if (kp.dq_turns != nullptr) {
-        turns = kp.dq_turns + padded_stats_row(kp, blk.b, step.head, m0) / Cfg::kBlockM;
+        turns = kp.dq_turns + padded_stats_row(kp, blk.b, step.head, blk.seq.q_row0, m0) / Cfg::kBlockM;
         const int64_t first_key = visible_keys(m0, blk.seq.seqlen_q, blk.seq.seqlen_k, p.window_left,
                                                p.window_right).begin;
         turn = static_cast<int>(blk.j0 / Cfg::kBlockN - first_key / Cfg::kBlockN);
@@ -220,7 +316,8 @@ __device__ __forceinline__ void write_dq(const WsBackwardArgs& args, const WsBac
         }
         ptx::fence_proxy_async_global();
       }
-      ptx::bulk_reduce_add_f32(kp.dq_accum + sm80::row_index(p, blk.b, step.head, 0, m0) * kp.accum_dim, sh.dq,
+      ptx::bulk_reduce_add_f32(kp.dq_accum + sm80::row_index(p, blk.b, step.head, blk.seq.q_row0, m0) * kp.accum_dim,
+                               sh.dq,
                                static_cast<uint32_t>(rows * Cfg::kDqRowBytes));
       if (turns != nullptr) {
         ptx::bulk_wait_all();
@@ -418,7 +515,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) backward_ws_kernel(const __g
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
     sh.kv_full().init(1);
+    sh.kv_landed().init(1);
     for (int s = 0; s < Cfg::kStages; ++s) {
+      sh.q_landed(s).init(1);
+      sh.do_landed(s).init(1);
       sh.q_full(s).init(1);
       sh.do_full(s).init(1);
       sh.q_empty(s).init(Cfg::kEmptyArrivals);
@@ -431,6 +531,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) backward_ws_kernel(const __g
     release_registers<Cfg::kProducerRegisters>();
     const int warp = static_cast<int>(threadIdx.x) / 32;
     if (warp == 0 && threadIdx.x == 0 && blk.steps > 0) produce_backward<Cfg>(args, sh, blk);
+    if (warp == 2 && args.kp.bp.fwd.is_varlen() && blk.steps > 0)
+      zero_varlen_tails<Cfg>(sh, blk, args.kp.bp.fwd, static_cast<int>(threadIdx.x) % 32);
     if (warp == 1) write_dq<Cfg>(args, sh, blk, static_cast<int>(threadIdx.x) % 32);
     return;
   }
