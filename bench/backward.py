@@ -25,7 +25,9 @@ capture records.
 --softcap CAP and --alibi time ours with those features (the ALiBi paper's slopes per head);
 SDPA has neither, so the peers then run the plain call of the same shape (their figure is an
 upper bound), and ours is checked against float64 alone. --deterministic times ours in that
-mode (the peers as they are).
+mode (the peers as they are). --dropout P times every system with dropout probability P (SDPA
+takes it too; each draws its own bits, so ours is checked against float64 alone, with the
+keep mask its forward returned in S_dmask's signs).
 
 Correctness before timing: ours's dq, dk, dv on poisoned memory against float64 gradients of
 a slice (some rows of dq, some rows of dk and dv, of two (batch, head) pairs) and against the
@@ -58,14 +60,23 @@ def make_sets(shape: h.Shape, args) -> list[tuple]:
 
 
 def reference_grads(q, k, v, dout, b: int, hh: int, rows, cols, causal: bool,
-                    softcap: float = 0.0, slope: float | None = None):
+                    softcap: float = 0.0, slope: float | None = None, keep=None,
+                    dropout_p: float = 0.0):
     """Float64 dq of the query rows `rows` and dk, dv of the key rows `cols` of one
     (batch, head), from the whole head's softmax (blocks of CHUNK_ROWS query rows); scores
-    capped (softcap * tanh(s / softcap)) and less slope * |i - j| as flash_attn_func takes them."""
+    capped (softcap * tanh(s / softcap)) and less slope * |i - j| as flash_attn_func takes them;
+    with dropout, `keep` the (S, S) mask of the kept probabilities of this (batch, head)."""
     import torch
     Q, K, V, dO = (t[b, :, hh].detach().double() for t in (q, k, v, dout))
     seqlen, scale = Q.shape[0], Q.shape[1] ** -0.5
     keys = torch.arange(seqlen, device=Q.device)
+
+    def dropped(x, qrows, kcols):
+        """x (probabilities, or dO V^T) where kept, scaled by 1 / (1 - p); 0 where dropped."""
+        if keep is None:
+            return x
+        mask = keep.index_select(0, qrows).index_select(1, kcols)
+        return x * mask.double() / (1.0 - dropout_p)
 
     def scores(qi, kj, qrows, kcols):
         """The scores and their derivative by the scaled dot products (1 - tanh^2, or 1)."""
@@ -86,15 +97,15 @@ def reference_grads(q, k, v, dout, b: int, hh: int, rows, cols, causal: bool,
         r = keys[r0:r0 + CHUNK_ROWS]
         s, _ = scores(Q[r], K, r, keys)
         lse[r] = torch.logsumexp(s, dim=-1)
-        delta[r] = (dO[r] * (torch.exp(s - lse[r, None]) @ V)).sum(-1)
+        delta[r] = (dO[r] * (dropped(torch.exp(s - lse[r, None]), r, keys) @ V)).sum(-1)
     rows, cols = rows.to(Q.device), cols.to(Q.device)
     s, grad = scores(Q[rows], K, rows, keys)
     p = torch.exp(s - lse[rows, None])
-    dq = (p * (dO[rows] @ V.T - delta[rows, None]) * grad) @ K * scale
+    dq = (p * (dropped(dO[rows] @ V.T, rows, keys) - delta[rows, None]) * grad) @ K * scale
     s, grad = scores(Q, K[cols], keys, cols)
     p = torch.exp(s - lse[:, None])
-    dv = p.T @ dO
-    dk = (p * (dO @ V[cols].T - delta[:, None]) * grad).T @ Q * scale
+    dv = dropped(p, keys, cols).T @ dO
+    dk = (p * (dropped(dO @ V[cols].T, keys, cols) - delta[:, None]) * grad).T @ Q * scale
     return dq, dk, dv
 
 
@@ -105,11 +116,18 @@ def feature_options(args) -> tuple:
             getattr(args, "deterministic", False))
 
 
+def dropout_of(args) -> float:
+    """--dropout's probability (0 where a caller's parser lacks it)."""
+    return getattr(args, "dropout", 0.0)
+
+
 def features(shape: h.Shape, args, device) -> dict:
-    """flash_attn_func's keyword arguments of --softcap, --alibi, --deterministic."""
+    """flash_attn_func's keyword arguments of --softcap, --alibi, --deterministic, --dropout."""
     import torch
     softcap, alibi, deterministic = feature_options(args)
     extra = {"deterministic": True} if deterministic else {}
+    if dropout_of(args) > 0:
+        extra["dropout_p"] = dropout_of(args)
     if softcap > 0:
         extra["softcap"] = softcap
     if alibi:
@@ -125,20 +143,29 @@ def check(shape: h.Shape, sets: list[tuple], args) -> dict:
     from flashattn import flash_attn_func
     q, k, v, dout = sets[0]
     extra = features(shape, args, q.device)
-    out = flash_attn_func(q, k, v, causal=shape.causal, **extra)
+    dropout = dropout_of(args)
+    keep_of = None
+    if dropout > 0:  # the keep mask of this forward's bits: S_dmask's non-negative entries
+        out, _, probs = flash_attn_func(q, k, v, causal=shape.causal, return_attn_probs=True, **extra)
+        keep_of = lambda b, hh: probs[b, hh, :shape.seqlen, :shape.seqlen] >= 0  # noqa: E731
+    else:
+        out = flash_attn_func(q, k, v, causal=shape.causal, **extra)
     with h.poisoned_allocations(args.device, [(q.shape, q.dtype)] * 3) as addresses:
         grads = torch.autograd.grad(out, (q, k, v), dout)
     poisoned = all(g.data_ptr() in addresses for g in grads)
     peer, peer_grads = None, None
     softcap, alibi, _ = feature_options(args)
-    if not (softcap > 0 or alibi):  # else the peers compute another function
+    if not (softcap > 0 or alibi or dropout > 0):  # else the peers compute another function
         peer, peer_grads = h.first_working_peer(args, lambda: torch.autograd.grad(
             h.sdpa_call(q, k, v, shape.causal), (q, k, v), dout))
     rows = h.sample_rows(shape.seqlen)
     pairs = sorted({(0, 0), (shape.batch - 1, shape.heads - 1)})
     slopes = extra.get("alibi_slopes")
     refs = [reference_grads(q, k, v, dout, b, hh, rows, rows, shape.causal, softcap,
-                            None if slopes is None else float(slopes[hh])) for b, hh in pairs]
+                            None if slopes is None else float(slopes[hh]),
+                            None if keep_of is None else keep_of(b, hh), dropout)
+            for b, hh in pairs]
+    keep_of = probs = None  # S_dmask, (B, H, S, S): freed before the timing
     index = rows.to(q.device)
     result = {"peer": peer, "poisoned": poisoned, "slices": [list(p) for p in pairs],
               "rows_per_slice": int(rows.numel()), "finite": True, "ok": True}
@@ -167,8 +194,9 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
     from flashattn import flash_attn_func
     sets = make_sets(shape, args)
     softcap, alibi, deterministic = feature_options(args)
+    dropout = dropout_of(args)
     row = shape.fields() | {"softcap": softcap, "alibi": alibi, "deterministic": deterministic,
-                            "check": check(shape, sets, args)}
+                            "dropout": dropout, "check": check(shape, sets, args)}
     extra = features(shape, args, sets[0][0].device)
 
     def backward_of(out, q, k, v, dout):
@@ -179,7 +207,7 @@ def measure(shape: h.Shape, args, target_s: float) -> dict:
 
     def peer_calls(name):
         with h.sdpa_context(name)():  # the forward picks the backend of its backward
-            return calls(lambda q, k, v: h.sdpa_call(q, k, v, shape.causal))
+            return calls(lambda q, k, v: h.sdpa_call(q, k, v, shape.causal, dropout_p=dropout))
 
     systems = [h.System("ours", calls(lambda q, k, v: flash_attn_func(
         q, k, v, causal=shape.causal, **extra)))]
@@ -193,6 +221,9 @@ def add_feature_args(p) -> None:
     p.add_argument("--alibi", action="store_true",
                    help="ours with ALiBi slopes per head (the peers run the plain call)")
     p.add_argument("--deterministic", action="store_true", help="ours in deterministic mode")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="every system with this dropout probability (ours checked against "
+                        "float64 with its own keep mask)")
 
 
 if __name__ == "__main__":

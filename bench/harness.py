@@ -543,11 +543,13 @@ def sdpa_context(peer: str):
     return context
 
 
-def sdpa_call(q, k, v, causal: bool, enable_gqa: bool = False):
+def sdpa_call(q, k, v, causal: bool, enable_gqa: bool = False, dropout_p: float = 0.0):
     """SDPA on (B, S, H, D) tensors through (B, H, S, D) views; the output comes back as a
     (B, S, H, D) view. No copy is made by the call's arguments."""
     import torch.nn.functional as F
     extra = {"enable_gqa": True} if enable_gqa else {}
+    if dropout_p > 0:
+        extra["dropout_p"] = dropout_p
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                           v.transpose(1, 2), is_causal=causal,
                                           **extra).transpose(1, 2)

@@ -63,6 +63,16 @@ def test_a_benchmark_runs_ours_and_checks_it(script, tmp_path):
             assert varlen["flops"] == (full / 2 if causal else full)
 
 
+def test_backward_checks_dropout_with_its_keep_mask(tmp_path):
+    """--dropout: ours against float64 gradients that apply the keep mask of ours's own
+    forward (S_dmask's signs); a wrong mask or a missing 1 / (1 - p) fails the check."""
+    run("backward.py", tmp_path, "--dropout", "0.25")
+    document = json.loads((tmp_path / "backward.json").read_text())
+    for row in document["rows"]:
+        assert row["dropout"] == 0.25
+        assert row["check"]["ok"] and row["check"]["peer"] is None, row["check"]
+
+
 def test_grid_writes_the_schema(tmp_path):
     run("grid.py", tmp_path, "--time-budget-s", "30")
     document = json.loads((tmp_path / "grid_latest.json").read_text())
