@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Scratch: the varlen backward on the TMA kernel in one device call: this tree's package (in
-# the background) beside the CUDA backward suite; the suite's varlen and workspace cases, then
-# the whole suite; compute-sanitizer on the varlen cases; dev/varlen_backward.py (TMA against
-# the cp.async and sm80 kernels, both modes). VARLEN_SUITE_TIMEOUT bounds the whole suite.
+# the background) beside the CUDA backward suite; the suite's varlen and workspace cases;
+# compute-sanitizer on the varlen cases; dev/varlen_backward.py (TMA against the cp.async and
+# sm80 kernels, both modes); bench/backward.py once per ';'-separated argument list in
+# VARLEN_BACKWARD_RUNS; the whole suite if VARLEN_SUITE_TIMEOUT (seconds) is set.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 export PATH="/usr/local/cuda/bin:$PATH" FLASHATTN_CUDA_ARCHS=sm_90a
@@ -37,5 +38,13 @@ wait $pip_pid
 stamp "package: $(cat "$out/pip.rc")"; tail -3 "$out/pip.log"
 PYTHONPATH=build-ab/site timeout 150 "$py" dev/varlen_backward.py --deterministic >"$out/varlen_bench.log" 2>&1
 stamp "dev/varlen_backward.py: $?"
-suite whole "${VARLEN_SUITE_TIMEOUT:-200}" '*'
+IFS=';' read -ra runs <<<"${VARLEN_BACKWARD_RUNS:-}"  # bench/backward.py argument lists
+for i in "${!runs[@]}"; do
+  # shellcheck disable=SC2086  # a list of arguments
+  (cd bench && PYTHONPATH=../build-ab/site timeout 200 "$py" backward.py --out "$out/backward_$i" ${runs[$i]} \
+    >"$out/backward_$i.log" 2>&1)
+  stamp "bench/backward.py ${runs[$i]}: $?"
+  grep -E "^\| d|FAIL|rror" "$out/backward_$i.log" | cut -c1-160 | head -12
+done
+[ -n "${VARLEN_SUITE_TIMEOUT:-}" ] && suite whole "$VARLEN_SUITE_TIMEOUT" '*'
 cat "$out/varlen_bench.log"
