@@ -29,7 +29,7 @@ suite varlen 120 '*BackwardVarlen*:CudaBackward.*'
 suite varlen_cpasync 120 '*BackwardVarlen*' FLASHATTN_SM90_BACKWARD_LOADS=cp.async
 for tool in memcheck racecheck synccheck; do
   filter='HeadDims/BackwardVarlen.*'
-  [ $tool = memcheck ] || filter='HeadDims/BackwardVarlen.2'
+  [ $tool = memcheck ] || filter='HeadDims/BackwardVarlen.*/2'
   timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/test_backward_cuda \
     --gtest_filter="$filter" >"$out/san_$tool.log" 2>&1
   stamp "$tool $filter: $? $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_$tool.log" | tail -1)"

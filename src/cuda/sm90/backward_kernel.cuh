@@ -317,13 +317,15 @@ __device__ __forceinline__ uint32_t dropout_keep_mask(const DropoutRng& rng, uin
 // general path (online_softmax.cuh): x = cap tanh(s scale / cap) or s scale, minus slope
 // |i + Sk - Sq - j|; P = 2^(x log2 e - lse log2 e). The tanh is taken here rather than under
 // dP^T's wgmma so that no third array (g) is held across it. d_cols: this lane's D, column
-// t * 8 + e at d_cols[t * 8 + e]; rng: null without dropout, else with the (b, h) it draws for.
+// t * 8 + e at d_cols[t * 8 + e]; keep: dropout's keep bits of this lane's keys key0 and
+// key0 + 8 (dropout_keep_mask; all ones without dropout), drawn by the caller while the
+// matrix products run; rng: null without dropout.
 template <int kCols>
 __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols / 2], float (&dpt)[kCols / 2],
                                                              const float* lse_cols, const float* d_cols,
                                                              const BackwardBlock& blk, const ForwardParams& p,
                                                              int64_t m0, int key0, float slope, bool needs_mask,
-                                                             const DropoutRng* rng, uint32_t b, uint32_t h) {
+                                                             const DropoutRng* rng, const uint32_t (&keep)[2]) {
   constexpr float kLog2e = 1.4426950408889634f;
   const int quad_col = (threadIdx.x % 4) * 2;
   const SequenceView& seq = blk.seq;
@@ -336,7 +338,6 @@ __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols /
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t j = blk.j0 + key0 + r * 8;
-    const uint32_t keep = rng != nullptr ? dropout_keep_mask<kCols>(*rng, b, h, m0, j) : ~0u;
     int lo = 0, hi = kCols;  // the block columns key j sees
     if (needs_mask) {
       lo = hi = 0;
@@ -365,7 +366,7 @@ __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols /
         }
         x = fmaf(-slope2, fabsf(lane_diagonal + static_cast<float>(t * 8 + e)), x);
         const float prob = c >= lo && c < hi ? ptx::exp2_approx(x - lse_cols[c]) : 0.0f;
-        const bool kept = (keep >> (2 * t + e)) & 1u;
+        const bool kept = (keep[r] >> (2 * t + e)) & 1u;
         float& ds = dpt[4 * t + 2 * r + e];
         ds = prob * ((kept ? ds * keep_scale : 0.0f) - d_cols[t * 8 + e]) * grad;
         score = kept ? prob * keep_scale : 0.0f;

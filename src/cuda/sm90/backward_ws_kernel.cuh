@@ -405,6 +405,19 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
       TMma::ss(dpt, v_a + panel_step(kk, kBlockN), do_b + stage_offset + panel_step(kk, kBlockM), kk > 0);
     ptx::wgmma_commit();
+    // Dropout's keep bits of this lane's two keys, drawn while S^T and dP^T run (they depend
+    // on no data; drawn after dP^T arrived, the Philox rounds stood alone between the matrix
+    // products). One word each.
+    uint32_t keep[2] = {~0u, ~0u};
+    if constexpr (kGeneral) {
+      if (kp.has_dropout) {
+        const int key0 = lane_key0(fresh_tid());
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          keep[r] = dropout_keep_mask<kBlockM>(kp.dropout, static_cast<uint32_t>(blk.b),
+                                               static_cast<uint32_t>(step.head), m0, blk.j0 + key0 + r * 8);
+      }
+    }
     ptx::wgmma_wait<1>();  // S^T
     ptx::wgmma_hold(st);
     const float* lse_cols = sh.stats(sh.lse + stage * Cfg::kStatBytes);
@@ -423,8 +436,7 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
       const float slope =
           p.alibi_slopes != nullptr ? p.alibi_slopes[blk.b * p.alibi_batch_stride + step.head] : 0.0f;
       general_probabilities_and_ds<kBlockM>(st, dpt, lse_cols, d_cols, blk, p, m0, lane_key0(fresh_tid()), slope,
-                                            blk.needs_mask(step), kp.has_dropout ? &kp.dropout : nullptr,
-                                            static_cast<uint32_t>(blk.b), static_cast<uint32_t>(step.head));
+                                            blk.needs_mask(step), kp.has_dropout ? &kp.dropout : nullptr, keep);
     } else {
 #pragma unroll
       for (int t = 0; t < kTTiles; ++t)
