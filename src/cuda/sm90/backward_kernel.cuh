@@ -291,8 +291,9 @@ __device__ __forceinline__ uint32_t dropout_keep_mask(const DropoutRng& rng, uin
   const int m = (lane / 4) % 4, quad_col = (lane % 4) * 2;
   const uint32_t group = static_cast<uint32_t>(j / 4);
   uint32_t made = 0;  // nibble k: the call of column q = 4 k + m, bit n for key 4 group + n
-  // One call at a time: unrolled, ptxas interleaves the calls and the h128 kernel spills.
-#pragma unroll 1
+  // Two calls at a time (one Philox call is a chain of dependent multiplies, and a scheduler
+  // has two consumer warps to interleave); fully unrolled, the h128 kernel spills.
+#pragma unroll 2
   for (int k = 0; k < kColumns / 4; ++k) {
     const int q = 4 * k + m;
     const uint32_t i = static_cast<uint32_t>(m0 + (q / 2) * 8 + quad_col + q % 2);
