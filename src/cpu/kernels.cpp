@@ -454,10 +454,11 @@ __attribute__((target("avx"))) inline float lane_sum8(Float8 a) {
   return _mm_cvtss_f32(h);
 }
 __attribute__((target("avx512f"))) inline Float8 fold16(Float16 a) {
-  // Halves by copy, not intrinsics: GCC 12 warns inside its own _mm512_castps512_ps256.
-  Float8 lo, hi;
-  __builtin_memcpy(&lo, &a, sizeof lo);
-  __builtin_memcpy(&hi, reinterpret_cast<const char*>(&a) + sizeof lo, sizeof hi);
+  // The halves lane by lane (GCC makes one extract of it). Not intrinsics: GCC 12 warns inside
+  // its own _mm512_castps512_ps256; not a copy through memory: with part of the caller's sums
+  // read through their address, GCC kept every sum in memory in the multiply-add loop.
+  const Float8 lo = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]};
+  const Float8 hi = {a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]};
   return lo + hi;
 }
 #endif
