@@ -32,6 +32,9 @@ echo "== tests (CUDA: off) =="
 ctest --test-dir build-cpu-only --output-on-failure -j "$jobs"
 
 echo "== Python package: pip install . into a venv =="
+# No wheel cache: torch with its CUDA libraries is 4.6 GB installed and its cache would add
+# about 3 GB more, which ran a CI machine's disk out of space.
+export PIP_NO_CACHE_DIR=1
 venv=build-py/venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q pytest numpy ml_dtypes
