@@ -5,6 +5,12 @@
 // GFLOP/s of each and the median ratio to the first, plus the max |difference| of outputs.
 //   g++ -O2 -std=c++17 -Iinclude dev/cpu_ab.cpp -ldl -o /tmp/cpu_ab/ab
 //   /tmp/cpu_ab/ab --seqlen 2048 --hdim 64 --threads 1 --mode fwd --rounds 9 A.so B.so
+// --mode decode: fa_forward_kvcache, one query token, 32 query heads over 8 KV heads, head dim
+// --hdim, a full dense cache of --seqlen positions (--batch, --dtype bf16|fp32), every call
+// on the round's copy of K and V, copies that together pass 512 MiB (the round's first call
+// finds its cache cold; the others find what is left of it in the last-level cache, a
+// little where the cache is far beyond it); GB/s of K+V.
+//   /tmp/cpu_ab/ab --mode decode --dtype bf16 --seqlen 32768 --hdim 128 --threads 2 A.so B.so
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -26,7 +32,101 @@ struct Lib {
   decltype(&fa_options_init) options_init;
   decltype(&fa_execution_init) execution_init;
   decltype(&fa_last_error) last_error;
+  decltype(&fa_forward_kvcache) forward_kvcache;
+  decltype(&fa_kvcache_init) kvcache_init;
 };
+
+static fa_tensor raw_tensor(void* data, fa_dtype dtype, std::vector<int64_t> sizes) {
+  fa_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.device_type = FA_DEVICE_CPU;
+  t.ndim = static_cast<int32_t>(sizes.size());
+  int64_t stride = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    t.sizes[i] = sizes[i];
+    t.strides[i] = stride;
+    stride *= sizes[i];
+  }
+  return t;
+}
+
+// --mode decode (see the top).
+static int decode_ab(std::vector<Lib>& libs, int seqlen, int hdim, int threads, int rounds,
+                     int batch, const std::string& dtype) {
+  const int64_t H = 32, Hk = 8;
+  const bool bf16 = dtype == "bf16";
+  const size_t elem = bf16 ? 2 : 4;
+  const int64_t cache_elems = int64_t{batch} * seqlen * Hk * hdim;
+  const size_t copies = std::max<size_t>(1, (512u << 20) / (2 * cache_elems * elem) + 1);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<uint32_t> bits;
+  auto fill = [&](std::vector<uint32_t>& x) {
+    for (auto& w : x) {
+      // bf16 pairs or fp32 values of magnitude below 4: sign, exponent 120..128, mantissa
+      const uint32_t r = bits(rng);
+      const uint32_t f = (r & 0x807FFFFFu) | ((120u + (r >> 23) % 9) << 23);
+      w = bf16 ? ((f >> 16) | (f & 0xFFFF0000u)) : f;
+    }
+  };
+  std::vector<std::vector<uint32_t>> k(copies), v(copies);
+  for (size_t c = 0; c < copies; ++c) {
+    k[c].resize(cache_elems * elem / 4);
+    v[c].resize(cache_elems * elem / 4);
+    fill(k[c]);
+    fill(v[c]);
+  }
+  std::vector<uint32_t> q(int64_t{batch} * H * hdim * elem / 4 + 1);
+  fill(q);
+  std::vector<int32_t> seqlens(batch, seqlen);
+  const size_t L = libs.size();
+  std::vector<std::vector<uint32_t>> out(L, std::vector<uint32_t>(q.size()));
+  const fa_dtype dt = bf16 ? FA_BFLOAT16 : FA_FLOAT32;
+  std::vector<std::vector<double>> times(L), ratios(L);
+  auto call = [&](size_t i, size_t c) {
+    Lib& l = libs[i];
+    fa_execution e;
+    l.execution_init(&e);
+    e.backend = FA_BACKEND_CPU;
+    e.num_threads = threads;
+    fa_tensor tq = raw_tensor(q.data(), dt, {batch, 1, H, hdim}),
+              to = raw_tensor(out[i].data(), dt, {batch, 1, H, hdim}),
+              tk = raw_tensor(k[c].data(), dt, {batch, seqlen, Hk, hdim}),
+              tv = raw_tensor(v[c].data(), dt, {batch, seqlen, Hk, hdim}),
+              ts = raw_tensor(seqlens.data(), FA_INT32, {batch});
+    fa_kvcache cache;
+    l.kvcache_init(&cache);
+    cache.k_cache = &tk;
+    cache.v_cache = &tv;
+    cache.cache_seqlens = &ts;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (l.forward_kvcache(&tq, &cache, &to, nullptr, nullptr, &e, nullptr) != FA_OK) {
+      std::fprintf(stderr, "%s\n", l.last_error());
+      std::exit(1);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (size_t i = 0; i < L; ++i) call(i, 0);  // warm-up
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<double> t(L);
+    for (size_t s = 0; s < L; ++s) {
+      const size_t i = (s + r) % L;
+      t[i] = call(i, (static_cast<size_t>(r) + 1) % copies);  // every build the same inputs
+      times[i].push_back(t[i]);
+    }
+    for (size_t i = 0; i < L; ++i) ratios[i].push_back(t[0] / t[i]);
+  }
+  auto median = [](std::vector<double> x) { std::sort(x.begin(), x.end()); return x[x.size() / 2]; };
+  const double bytes = 2.0 * cache_elems * elem;
+  std::printf("decode %s B=%d S=%d D=%d threads=%d rounds=%d copies=%zu\n", dtype.c_str(), batch,
+              seqlen, hdim, threads, rounds, copies);
+  for (size_t i = 0; i < L; ++i)
+    std::printf("  %-50s %7.2f GB/s (median %.4f s, min %.4f)  x%.3f vs first%s\n",
+                libs[i].path.c_str(), bytes / median(times[i]) / 1e9, median(times[i]),
+                *std::min_element(times[i].begin(), times[i].end()), median(ratios[i]),
+                i > 0 && out[i] != out[0] ? "  (outputs differ in bits)" : "");
+  return 0;
+}
 
 static fa_tensor tensor(float* data, std::vector<int64_t> sizes) {
   fa_tensor t{};
@@ -45,7 +145,7 @@ static fa_tensor tensor(float* data, std::vector<int64_t> sizes) {
 
 int main(int argc, char** argv) {
   int seqlen = 2048, hdim = 64, threads = 1, rounds = 7, heads = 8, batch = 1, causal = 0;
-  std::string mode = "fwd";
+  std::string mode = "fwd", dtype = "bf16";
   std::vector<Lib> libs;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -57,6 +157,8 @@ int main(int argc, char** argv) {
     else if (a == "--heads") heads = std::stoi(next());
     else if (a == "--causal") causal = std::stoi(next());
     else if (a == "--mode") mode = next();
+    else if (a == "--batch") batch = std::stoi(next());
+    else if (a == "--dtype") dtype = next();
     else {
       void* h = dlopen(a.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (!h) { std::fprintf(stderr, "%s\n", dlerror()); return 1; }
@@ -65,10 +167,13 @@ int main(int argc, char** argv) {
             reinterpret_cast<decltype(&fa_backward)>(dlsym(h, "fa_backward")),
             reinterpret_cast<decltype(&fa_options_init)>(dlsym(h, "fa_options_init")),
             reinterpret_cast<decltype(&fa_execution_init)>(dlsym(h, "fa_execution_init")),
-            reinterpret_cast<decltype(&fa_last_error)>(dlsym(h, "fa_last_error"))};
+            reinterpret_cast<decltype(&fa_last_error)>(dlsym(h, "fa_last_error")),
+            reinterpret_cast<decltype(&fa_forward_kvcache)>(dlsym(h, "fa_forward_kvcache")),
+            reinterpret_cast<decltype(&fa_kvcache_init)>(dlsym(h, "fa_kvcache_init"))};
       libs.push_back(l);
     }
   }
+  if (mode == "decode") return decode_ab(libs, seqlen, hdim, threads, rounds, batch, dtype);
   const bool bwd = mode == "fwdbwd";
   const int64_t n = int64_t{batch} * seqlen * heads * hdim;
   std::mt19937 rng(1);

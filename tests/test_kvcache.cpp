@@ -1243,20 +1243,68 @@ TEST(KvCacheGuard, PageHoleReachesTheRowsThatSeeIt) {
 #endif
 
 #ifndef FLASHATTN_TEST_CUDA
-// Automatic splitting on the CPU: one pass when there is a work item per thread, else chunks
-// of at least four key blocks, as many as the threads need.
+// Automatic splitting on the CPU. Decoding (at most 16 query rows per key/value head): a work
+// item is a sequence's key/value heads together, so one pass when there is an item per thread,
+// else chunks of whole key blocks and at least 128 KiB of K and V, as many as the threads
+// need. Otherwise (an item per key/value head and block of query rows): one pass when there
+// is an item per thread, else chunks of at least four key blocks.
 TEST(KvCacheCpu, AutomaticSplitsFillTheThreads) {
   KvCase c{.name = "auto splits", .seqlens = {4000}, .seqlen_new = 1, .heads = 1, .heads_k = 1,
            .num_threads = 8};
-  EXPECT_EQ(run_and_check(c).num_splits, 8);  // 1 item, 8 threads, 62 key blocks
+  EXPECT_EQ(run_and_check(c).num_splits, 8);  // 1 item, 8 threads, 2 MB of K and V
   c.seqlens = {300};
-  EXPECT_EQ(run_and_check(c).num_splits, 1);  // 5 key blocks: one chunk of >= 4
+  EXPECT_EQ(run_and_check(c).num_splits, 1);  // 154 KB of K and V: one chunk
   c.seqlens = {4000};
   c.heads = 8;
   c.heads_k = 8;
-  EXPECT_EQ(run_and_check(c).num_splits, 1);  // 8 items for 8 threads
+  EXPECT_EQ(run_and_check(c).num_splits, 8);  // the 8 heads of a position read together: 1 item
   c.heads_k = 1;
   EXPECT_EQ(run_and_check(c).num_splits, 8);  // the 8 query heads packed into 1 item
+  c.seqlens = {400, 300, 10, 10, 10, 10, 10, 10};
+  EXPECT_EQ(run_and_check(c).num_splits, 1);  // 8 items for 8 threads
+  c = KvCase{.name = "auto splits, not decoding", .seqlens = {2000}, .seqlen_q = 17,
+             .seqlen_new = 1, .heads = 1, .heads_k = 1, .num_threads = 4};
+  EXPECT_EQ(run_and_check(c).num_splits, 4);  // 1 item, 4 threads, 16 key blocks
+  c.seqlens = {300};
+  EXPECT_EQ(run_and_check(c).num_splits, 1);  // 3 key blocks: one chunk of >= 4
+  c.seqlens = {2000};
+  c.heads = 4;
+  c.heads_k = 4;
+  EXPECT_EQ(run_and_check(c).num_splits, 1);  // 4 items for 4 threads
+}
+
+// The decode path's key chunks (cpu/kvcache.cpp) at odd, unequal cache lengths: chunks that
+// end mid-block, sequences of one key or none, the partial (out, lse) pairs merged exactly;
+// chosen (3 threads, 1 sequence: 3 chunks) and asked for (7: more chunks than key blocks),
+// dense and in pages of 7.
+TEST(KvCacheCpu, DecodeChunksAtOddUnequalLengths) {
+  for (DType dt : {DType::Float32, DType::BFloat16})
+    for (int64_t page : {0, 7}) {
+      KvCase c{.name = "decode chunks", .seqlens = {400}, .seqlen_new = 1, .heads = 8,
+               .heads_k = 2, .head_dim = 128, .dtype = dt, .page_size = page,
+               .num_threads = 3};
+      EXPECT_EQ(run_and_check(c).num_splits, 3) << c.describe();
+      c.seqlens = {400, 1, 129, 0, 333};
+      c.seqlen_new = page ? 1 : 0;
+      c.mask = kMasks[page ? 1 : 2];
+      c.num_threads = 2;
+      for (int32_t splits : {2, 7}) {
+        c.num_splits = splits;
+        run_and_check(c);
+      }
+    }
+}
+
+// The most query rows the decode path takes per key/value head (Sq x G = 4 x 4), at head dim
+// 256: a work item's state then holds 3 key/value heads at most, so 5 of them come in groups
+// of 3 and 2. Causal, paged, left padding, ALiBi, softcap, chunks.
+TEST(KvCacheCpu, DecodeHeadGroups) {
+  for (DType dt : {DType::Float32, DType::BFloat16})
+    for (int32_t splits : {1, 2})
+      run_and_check({.name = "decode head groups", .seqlens = {300, 45}, .seqlen_q = 4,
+                     .seqlen_new = 2, .heads = 20, .heads_k = 5, .head_dim = 256, .dtype = dt,
+                     .page_size = 16, .leftpad = true, .mask = kMasks[1], .softcap = 3.0f,
+                     .alibi = Case::Alibi::PerHead, .num_splits = splits});
 }
 
 // A fixed split count gives the same bits whatever the thread count.

@@ -158,13 +158,15 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
 // Normalises row r of what attend_rows left: out = acc / l (0 for a row that saw no key),
 // *lse = m + log(l) (-inf for such a row; skipped when lse is null).
 template <typename Out>
-void store_row(const Tiles& t, int r, int head_dim_v, Out* out, float* lse) {
-  const float l = t.l[r];
+void store_normalised(const float* acc, float m, float l, int head_dim_v, Out* out, float* lse) {
   const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-  const float* acc = t.acc + static_cast<int64_t>(r) * head_dim_v;
   for (int d = 0; d < head_dim_v; ++d) out[d] = from_float<Out>(acc[d] * inv);
-  if (lse != nullptr)
-    *lse = l == 0.0f ? -std::numeric_limits<float>::infinity() : t.m[r] + std::log(l);
+  if (lse != nullptr) *lse = l == 0.0f ? -std::numeric_limits<float>::infinity() : m + std::log(l);
+}
+template <typename Out>
+void store_row(const Tiles& t, int r, int head_dim_v, Out* out, float* lse) {
+  store_normalised(t.acc + static_cast<int64_t>(r) * head_dim_v, t.m[r], t.l[r], head_dim_v, out,
+                   lse);
 }
 
 // store_row for rows [0, rows) going to consecutive out rows and lse entries.

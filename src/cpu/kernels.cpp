@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -356,6 +357,357 @@ using Float4 = float __attribute__((vector_size(16)));
 using Float8 = float __attribute__((vector_size(32)));
 using Float16 = float __attribute__((vector_size(64)));
 
+// ---- Decode products (kernels.hpp): cache rows converted as they are loaded ----
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
+// F16C (every AVX2 processor) and AVX-512F convert 8 or 16 halves in one instruction. Functions
+// of their own with the target attribute, inlined into the variants compiled for those targets
+// (an intrinsic called from the generic template would be checked against the default target).
+__attribute__((target("avx512f"))) inline Float16 halves16(const half_t* p) {
+  // The zero-masked form: GCC 12 warns of the plain one's undefined pass-through operand.
+  const __m512 x =
+      _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  Float16 v;
+  __builtin_memcpy(&v, &x, sizeof v);
+  return v;
+}
+__attribute__((target("avx,f16c"))) inline Float8 halves8(const half_t* p) {
+  const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  Float8 v;
+  __builtin_memcpy(&v, &x, sizeof v);
+  return v;
+}
+#endif
+
+// W elements of an fp32 or fp16 cache row as fp32 lanes.
+template <typename V>
+FA_INLINE V load_as(const float* p) {
+  return load<V>(p);
+}
+template <typename V>
+FA_INLINE V load_as(const half_t* p) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
+  // Only the variants compiled for AVX-512 and AVX2 + F16C instantiate these branches.
+  if constexpr (sizeof(V) == 64)
+    return halves16(p);
+  else if constexpr (sizeof(V) == 32)
+    return halves8(p);
+#endif
+  V v;
+  for (int i = 0; i < width<V>; ++i) v[i] = to_float(p[i]);
+  return v;
+}
+
+// W 32-bit lanes (GCC takes no vector_size that depends on a template argument, hence one
+// specialisation per width).
+template <int W>
+struct WordLanes;
+template <>
+struct WordLanes<4> {
+  using U32 = uint32_t __attribute__((vector_size(16)));
+};
+template <>
+struct WordLanes<8> {
+  using U32 = uint32_t __attribute__((vector_size(32)));
+};
+template <>
+struct WordLanes<16> {
+  using U32 = uint32_t __attribute__((vector_size(64)));
+};
+
+// 2W bf16 elements of a cache row as two vectors: the even-indexed elements and the
+// odd-indexed ones. Each 32-bit lane holds an (even, odd) pair: even = the lane shifted up,
+// odd = its high half masked. One instruction per W floats where widening takes two (on Zen 1
+// the widening also competes with the multiply-adds for their pipes): +9 % for the scores'
+// loop alone. The decode products keep bf16 in this order (decode_bf16_group).
+template <typename V>
+FA_INLINE void load_bf16_pairs(const bfloat16_t* p, V& even, V& odd) {
+  using U32 = typename WordLanes<width<V>>::U32;
+  U32 w;
+  __builtin_memcpy(&w, p, sizeof w);
+  const U32 e = w << 16, o = w & 0xFFFF0000u;
+  __builtin_memcpy(&even, &e, sizeof even);
+  __builtin_memcpy(&odd, &o, sizeof odd);
+}
+
+// out[k] = the sum of the lanes of a[k], k < K. AVX2: eight vectors at a time by a tree of
+// horizontal adds (9 instructions for 8 sums, against some 5 per vector alone); AVX-512 folds
+// each vector to 8 lanes first. Generic: lane by lane.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
+__attribute__((target("avx"))) inline void lane_sums8(const Float8* a, float* out) {
+  __m256 x[8];
+  __builtin_memcpy(x, a, sizeof x);
+  const __m256 t0 = _mm256_hadd_ps(x[0], x[1]), t1 = _mm256_hadd_ps(x[2], x[3]);
+  const __m256 t2 = _mm256_hadd_ps(x[4], x[5]), t3 = _mm256_hadd_ps(x[6], x[7]);
+  // u0 = (a0 a1 a2 a3 of the low lanes | the same of the high lanes), u1 likewise for a4-a7;
+  // their halves added by 128-bit extracts (Zen 1 splits a lane-crossing permute into 8 uops).
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1)));
+  _mm_storeu_ps(out + 4, _mm_add_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1)));
+}
+__attribute__((target("avx"))) inline float lane_sum8(Float8 a) {
+  __m256 x;
+  __builtin_memcpy(&x, &a, sizeof x);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+__attribute__((target("avx512f"))) inline Float8 fold16(Float16 a) {
+  // The halves lane by lane (GCC makes one extract of it). Not intrinsics: GCC 12 warns inside
+  // its own _mm512_castps512_ps256; not a copy through memory: with part of the caller's sums
+  // read through their address, GCC kept every sum in memory in the multiply-add loop.
+  const Float8 lo = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]};
+  const Float8 hi = {a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]};
+  return lo + hi;
+}
+#endif
+
+template <typename V, int K>
+FA_INLINE void lane_sums(const V (&a)[K], float* out) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
+  if constexpr (sizeof(V) == 32 || sizeof(V) == 64) {
+    Float8 f[K];
+    for (int k = 0; k < K; ++k) {
+      if constexpr (sizeof(V) == 64)
+        f[k] = fold16(a[k]);
+      else
+        f[k] = a[k];
+    }
+    int k = 0;
+    for (; k + 8 <= K; k += 8) lane_sums8(f + k, out + k);
+    for (; k < K; ++k) out[k] = lane_sum8(f[k]);
+    return;
+  }
+#endif
+  for (int k = 0; k < K; ++k) {
+    float sum = 0.0f;
+    for (int w = 0; w < width<V>; ++w) sum += a[k][w];
+    out[k] = sum;
+  }
+}
+
+// Keeps v in a register: GCC otherwise folds the load of a query row into each of the N
+// multiply-adds that use it, N loads where one does (on Zen 1 that made the scores' loop
+// bound by its loads: two 128-bit loads a cycle, against one 256-bit multiply-add).
+template <typename V>
+FA_INLINE void in_register(V& v) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
+// sums[r * n + x] += the products of q row r and key x over [d, head_dim).
+template <typename T>
+__attribute__((noinline)) void add_dot_tails(const float* q, int head_dim, const T* k,
+                                             int64_t k_row_stride, int rows, int n, int d,
+                                             float* sums) {
+  for (int r = 0; r < rows; ++r)
+    for (int x = 0; x < n; ++x)
+      for (int e = d; e < head_dim; ++e)
+        sums[r * n + x] += q[static_cast<int64_t>(r) * head_dim + e] * to_float(k[x * k_row_stride + e]);
+}
+
+// The scores of R query rows against N keys: R x N dot products, each along the head dim in
+// W-wide partial sums (R x N chains of multiply-adds: enough to hide the FMA latency), then
+// the lanes added, then the elements past the last whole vector.
+template <typename V, typename T, int R, int N>
+FA_INLINE void decode_dot_block(const float* q, int head_dim, const T* k, int64_t k_row_stride,
+                                float* s, int64_t s_row_stride) {
+  constexpr int W = width<V>;
+  V a[R * N];
+  for (int i = 0; i < R * N; ++i) a[i] = V{};
+  int d = 0;
+  if constexpr (std::is_same_v<T, bfloat16_t>) {
+    // Groups of 2W: the query rows are in the even/odd order (decode_bf16_group).
+    for (; d + 2 * W <= head_dim; d += 2 * W) {
+      V even[N], odd[N];
+      for (int x = 0; x < N; ++x) load_bf16_pairs(k + x * k_row_stride + d, even[x], odd[x]);
+      for (int r = 0; r < R; ++r) {
+        V qe = load<V>(q + static_cast<int64_t>(r) * head_dim + d);
+        V qo = load<V>(q + static_cast<int64_t>(r) * head_dim + d + W);
+        in_register(qe);
+        in_register(qo);
+        for (int x = 0; x < N; ++x) a[r * N + x] += qe * even[x];
+        for (int x = 0; x < N; ++x) a[r * N + x] += qo * odd[x];
+      }
+    }
+  } else {
+    for (; d + W <= head_dim; d += W) {
+      V kx[N];
+      for (int x = 0; x < N; ++x) kx[x] = load_as<V>(k + x * k_row_stride + d);
+      for (int r = 0; r < R; ++r) {
+        V qr = load<V>(q + static_cast<int64_t>(r) * head_dim + d);
+        in_register(qr);
+        for (int x = 0; x < N; ++x) a[r * N + x] += qr * kx[x];
+      }
+    }
+  }
+  float sums[R * N];
+  lane_sums(a, sums);
+  if (d < head_dim)  // head dims that are not a multiple of W: out of line, to keep this short
+    add_dot_tails(q, head_dim, k, k_row_stride, R, N, d, sums);
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < N; ++x) s[r * s_row_stride + x] = sums[r * N + x];
+}
+
+// decode_scores over blocks of R rows x N keys; the rows left in blocks of R / 2 rows x 2N
+// keys (as many chains), down to single rows.
+template <typename V, typename T, int R, int N>
+FA_INLINE void decode_scores_blocked(const float* q, int rows, int head_dim, const T* k,
+                                     int64_t k_row_stride, int keys, float* s,
+                                     int64_t s_row_stride) {
+  int i = 0;
+  for (; i + R <= rows; i += R) {
+    const float* qi = q + static_cast<int64_t>(i) * head_dim;
+    float* si = s + i * s_row_stride;
+    int x = 0;
+    for (; x + N <= keys; x += N)
+      decode_dot_block<V, T, R, N>(qi, head_dim, k + x * k_row_stride, k_row_stride, si + x,
+                                   s_row_stride);
+    for (; x < keys; ++x)
+      decode_dot_block<V, T, R, 1>(qi, head_dim, k + x * k_row_stride, k_row_stride, si + x,
+                                   s_row_stride);
+  }
+  if constexpr (R > 1)
+    if (i < rows)
+      decode_scores_blocked<V, T, R / 2, N * 2>(q + static_cast<int64_t>(i) * head_dim, rows - i,
+                                                head_dim, k, k_row_stride, keys,
+                                                s + i * s_row_stride, s_row_stride);
+}
+
+// acc[r][d0 + x] += sum_j p[r][j] * v[j][d0 + x] for r < R, x < C * W (zero weights skipped
+// when kSkipZeros), the R x C sums held in registers over all `keys` rows of v.
+template <typename V, typename T, int R, int C, bool kSkipZeros>
+FA_INLINE void decode_pv_block(const float* p, int64_t p_row_stride, const T* v,
+                               int64_t v_row_stride, int keys, float* acc,
+                               int64_t acc_row_stride, int d0) {
+  constexpr int W = width<V>;
+  V a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = load<V>(acc + r * acc_row_stride + d0 + c * W);
+  for (int j = 0; j < keys; ++j) {
+    V vj[C];
+    if constexpr (std::is_same_v<T, bfloat16_t>) {  // C / 2 groups in the even/odd order
+      static_assert(C % 2 == 0, "bf16 columns come in even/odd pairs of vectors");
+      for (int c = 0; c < C; c += 2)
+        load_bf16_pairs(v + j * v_row_stride + d0 + c * W, vj[c], vj[c + 1]);
+    } else {
+      for (int c = 0; c < C; ++c) vj[c] = load_as<V>(v + j * v_row_stride + d0 + c * W);
+    }
+    for (int r = 0; r < R; ++r) {
+      const float w = p[r * p_row_stride + j];
+      if (kSkipZeros && w == 0.0f) continue;
+      for (int c = 0; c < C; ++c) a[r][c] += w * vj[c];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) store(acc + r * acc_row_stride + d0 + c * W, a[r][c]);
+}
+
+template <typename V, typename T, int R, int C, bool kSkipZeros>
+FA_INLINE void decode_pv_columns(const float* p, int64_t p_row_stride, const T* v,
+                                 int64_t v_row_stride, int keys, float* acc,
+                                 int64_t acc_row_stride, int head_dim_v) {
+  constexpr int W = width<V>;
+  // bf16 goes a group (two vectors) at a time: the accumulators are in its even/odd order.
+  constexpr int kStep = std::is_same_v<T, bfloat16_t> ? 2 : 1;
+  int d0 = 0;
+  for (; d0 + C * W <= head_dim_v; d0 += C * W)
+    decode_pv_block<V, T, R, C, kSkipZeros>(p, p_row_stride, v, v_row_stride, keys, acc,
+                                            acc_row_stride, d0);
+  for (; d0 + kStep * W <= head_dim_v; d0 += kStep * W)
+    decode_pv_block<V, T, R, kStep, kSkipZeros>(p, p_row_stride, v, v_row_stride, keys, acc,
+                                                acc_row_stride, d0);
+  for (int r = 0; r < R && d0 < head_dim_v; ++r) {
+    float* out = acc + r * acc_row_stride;
+    for (int j = 0; j < keys; ++j) {
+      const float w = p[r * p_row_stride + j];
+      if (w == 0.0f) continue;
+      const T* vj = v + j * v_row_stride;
+      for (int d = d0; d < head_dim_v; ++d) out[d] += w * to_float(vj[d]);
+    }
+  }
+}
+
+// decode_accumulate_pv over blocks of R rows x C vectors; the rows left in blocks of R / 2
+// rows x 2C vectors, down to single rows.
+template <typename V, typename T, int R, int C>
+FA_INLINE void decode_pv_blocked(const float* p, int64_t p_row_stride, int rows, const T* v,
+                                 int64_t v_row_stride, int keys, float* acc,
+                                 int64_t acc_row_stride, int head_dim_v) {
+  int i = 0;
+  for (; i + R <= rows; i += R) {
+    const float* pi = p + i * p_row_stride;
+    int zeros = 0;  // a count, not a bool: an integer sum vectorises
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < keys; ++j) zeros += pi[r * p_row_stride + j] == 0.0f;
+    if (zeros != 0)
+      decode_pv_columns<V, T, R, C, true>(pi, p_row_stride, v, v_row_stride, keys,
+                                          acc + i * acc_row_stride, acc_row_stride, head_dim_v);
+    else
+      decode_pv_columns<V, T, R, C, false>(pi, p_row_stride, v, v_row_stride, keys,
+                                           acc + i * acc_row_stride, acc_row_stride, head_dim_v);
+  }
+  if constexpr (R > 1)
+    if (i < rows)
+      decode_pv_blocked<V, T, R / 2, C * 2>(p + i * p_row_stride, p_row_stride, rows - i, v,
+                                            v_row_stride, keys, acc + i * acc_row_stride,
+                                            acc_row_stride, head_dim_v);
+}
+
+// Asks for every line of `keys` rows of `width` elements into L1 before the products read
+// them: all of their misses in flight at once, instead of as the out-of-order window reaches
+// each (a row per key, a new line every few multiply-adds).
+template <typename T>
+FA_INLINE void prefetch_cache_rows(const T* rows, int64_t row_stride, int keys, int width) {
+  for (int x = 0; x < keys; ++x) {
+    const char* row = reinterpret_cast<const char*>(rows + x * row_stride);
+    for (int64_t at = 0; at < static_cast<int64_t>(sizeof(T)) * width; at += 64)
+      __builtin_prefetch(row + at, 0, 3);
+  }
+}
+
+template <typename V, typename T, int R, int N>
+void decode_scores_variant(const float* q, int rows, int head_dim, const T* k,
+                           int64_t k_row_stride, int keys, float* s, int64_t s_row_stride) {
+  prefetch_cache_rows(k, k_row_stride, keys, head_dim);
+  decode_scores_blocked<V, T, R, N>(q, rows, head_dim, k, k_row_stride, keys, s, s_row_stride);
+}
+template <typename V, typename T, int R, int C>
+void decode_pv_variant(const float* p, int64_t p_row_stride, int rows, const T* v,
+                       int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride,
+                       int head_dim_v) {
+  prefetch_cache_rows(v, v_row_stride, keys, head_dim_v);
+  decode_pv_blocked<V, T, R, C>(p, p_row_stride, rows, v, v_row_stride, keys, acc,
+                                acc_row_stride, head_dim_v);
+}
+
+template <typename T>
+using DecodeScores = void (*)(const float*, int, int, const T*, int64_t, int, float*, int64_t);
+template <typename T>
+using DecodePv = void (*)(const float*, int64_t, int, const T*, int64_t, int, float*, int64_t, int);
+
+struct DecodeProducts {
+  int bf16_group;  // decode_bf16_group: 2W of the variant
+  DecodeScores<float> scores_f32;
+  DecodeScores<bfloat16_t> scores_bf16;
+  DecodeScores<half_t> scores_f16;
+  DecodePv<float> pv_f32;
+  DecodePv<bfloat16_t> pv_bf16;
+  DecodePv<half_t> pv_f16;
+};
+
+// The portable variant: SSE2 (4 rows x 2 keys, 4 rows x 2 vectors: 8 of 16 registers hold
+// sums).
+DecodeProducts generic_decode_products() {
+  return {8, decode_scores_variant<Float4, float, 4, 2>,      decode_scores_variant<Float4, bfloat16_t, 4, 2>,
+          decode_scores_variant<Float4, half_t, 4, 2>,     decode_pv_variant<Float4, float, 4, 2>,
+          decode_pv_variant<Float4, bfloat16_t, 4, 2>,     decode_pv_variant<Float4, half_t, 4, 2>};
+}
+
 template <typename V>
 void backward_probabilities_variant(float* prob, float lse) {
   backward_probabilities_row<V>(prob, lse);
@@ -477,6 +829,45 @@ double dot_double_avx2(const float* a, const float* b, int n) {
   return dot_double_blocked<Double4>(a, b, n);
 }
 
+// Decode products: AVX-512 4 rows x 4 keys and 4 rows x 4 vectors (16 of 32 registers hold
+// sums); AVX2 4 x 2 and 4 x 2 (8 of 16: the keys' or values' vectors and a query row or
+// weight take most of the rest). F16C converts fp16 caches (every AVX2 processor has it).
+#define FA_DECODE_VARIANTS(isa, suffix, V, RS, NS, RP, CP)                                     \
+  template <typename T>                                                                      \
+  FA_TARGET(isa)                                                                             \
+  void decode_scores_##suffix(const float* q, int rows, int head_dim, const T* k,            \
+                              int64_t k_row_stride, int keys, float* s, int64_t s_row_stride) { \
+    prefetch_cache_rows(k, k_row_stride, keys, head_dim);                                    \
+    decode_scores_blocked<V, T, RS, NS>(q, rows, head_dim, k, k_row_stride, keys, s,         \
+                                        s_row_stride);                                       \
+  }                                                                                          \
+  template <typename T>                                                                      \
+  FA_TARGET(isa)                                                                             \
+  void decode_pv_##suffix(const float* p, int64_t p_row_stride, int rows, const T* v,        \
+                          int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride, \
+                          int head_dim_v) {                                                  \
+    prefetch_cache_rows(v, v_row_stride, keys, head_dim_v);                                  \
+    decode_pv_blocked<V, T, RP, CP>(p, p_row_stride, rows, v, v_row_stride, keys, acc,       \
+                                    acc_row_stride, head_dim_v);                             \
+  }                                                                                          \
+  DecodeProducts decode_products_##suffix() {                                                \
+    return {2 * width<V>, decode_scores_##suffix<float>, decode_scores_##suffix<bfloat16_t>,               \
+            decode_scores_##suffix<half_t>, decode_pv_##suffix<float>,                       \
+            decode_pv_##suffix<bfloat16_t>, decode_pv_##suffix<half_t>};                     \
+  }
+FA_DECODE_VARIANTS("avx512f,avx2,fma,f16c", avx512, Float16, 4, 4, 4, 4)
+FA_DECODE_VARIANTS("avx2,fma,f16c", avx2, Float8, 4, 2, 4, 2)
+#undef FA_DECODE_VARIANTS
+
+DecodeProducts pick_decode_products() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return decode_products_avx512();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    return decode_products_avx2();
+  return generic_decode_products();
+}
+
 TileProducts pick_tile_products() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f"))
@@ -490,6 +881,8 @@ TileProducts pick_tile_products() {
           softmax_step_variant<Float4>};
 }
 #else
+DecodeProducts pick_decode_products() { return generic_decode_products(); }
+
 TileProducts pick_tile_products() {
   return {score_tile_variant<Float4, 4, 2>, accumulate_pv_variant<Float4, 4, 2>,
           backward_probabilities_variant<Float4>, dot_double_variant<Double2>,
@@ -499,6 +892,11 @@ TileProducts pick_tile_products() {
 
 const TileProducts& tile_products() {
   static const TileProducts chosen = pick_tile_products();
+  return chosen;
+}
+
+const DecodeProducts& decode_products() {
+  static const DecodeProducts chosen = pick_decode_products();
   return chosen;
 }
 
@@ -523,6 +921,40 @@ void backward_probabilities(float* prob, float lse) {
 void accumulate_pv(Weights p, const float* v, int64_t v_row_stride, float* acc,
                    int64_t acc_row_stride, int rows, int cols, int head_dim_v) {
   tile_products().accumulate_pv(p, v, v_row_stride, acc, acc_row_stride, rows, cols, head_dim_v);
+}
+
+int decode_bf16_group() { return decode_products().bf16_group; }
+
+void decode_scores(const float* q, int rows, int head_dim, const float* k, int64_t k_row_stride,
+                   int keys, float* s, int64_t s_row_stride) {
+  decode_products().scores_f32(q, rows, head_dim, k, k_row_stride, keys, s, s_row_stride);
+}
+void decode_scores(const float* q, int rows, int head_dim, const bfloat16_t* k,
+                   int64_t k_row_stride, int keys, float* s, int64_t s_row_stride) {
+  decode_products().scores_bf16(q, rows, head_dim, k, k_row_stride, keys, s, s_row_stride);
+}
+void decode_scores(const float* q, int rows, int head_dim, const half_t* k, int64_t k_row_stride,
+                   int keys, float* s, int64_t s_row_stride) {
+  decode_products().scores_f16(q, rows, head_dim, k, k_row_stride, keys, s, s_row_stride);
+}
+
+void decode_accumulate_pv(const float* p, int64_t p_row_stride, int rows, const float* v,
+                          int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride,
+                          int head_dim_v) {
+  decode_products().pv_f32(p, p_row_stride, rows, v, v_row_stride, keys, acc, acc_row_stride,
+                           head_dim_v);
+}
+void decode_accumulate_pv(const float* p, int64_t p_row_stride, int rows, const bfloat16_t* v,
+                          int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride,
+                          int head_dim_v) {
+  decode_products().pv_bf16(p, p_row_stride, rows, v, v_row_stride, keys, acc, acc_row_stride,
+                            head_dim_v);
+}
+void decode_accumulate_pv(const float* p, int64_t p_row_stride, int rows, const half_t* v,
+                          int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride,
+                          int head_dim_v) {
+  decode_products().pv_f16(p, p_row_stride, rows, v, v_row_stride, keys, acc, acc_row_stride,
+                           head_dim_v);
 }
 
 }  // namespace flashattn::detail::cpu

@@ -95,4 +95,40 @@ inline void accumulate_pv(const float* p, const float* v, float* acc, int rows, 
   accumulate_pv(Weights{p, kBlockK, 1}, v, head_dim_v, acc, head_dim_v, rows, cols, head_dim_v);
 }
 
+// ---- Decoding: the two products straight from a cache's rows ----------------------------
+// A decode call has a few query rows per key/value head (Sq x H/Hk) and a long cache. Staging
+// key blocks (converted, transposed) for so few rows costs more than the products, so the
+// KV-cache engine's decode path (cpu/kvcache.cpp) multiplies by the cache rows where they lie,
+// converting each element as it is loaded.
+
+// The order of a bf16 cache's head dim in the decode products' query rows and accumulators:
+// each whole group of decode_bf16_group() elements (from the first) is held as its even
+// elements then its odd ones; elements past the last whole group in their own order. fp32 and
+// fp16 caches: the natural order throughout.
+int decode_bf16_group();
+
+// s[r * s_row_stride + x] = sum_{d < head_dim} q[r * head_dim + d] * float(k[x * k_row_stride + d])
+// for r < rows, x < keys: dot products along the head dim (each summed in an order of the
+// instruction set's own). bf16: q in the order of decode_bf16_group.
+void decode_scores(const float* q, int rows, int head_dim, const float* k, int64_t k_row_stride,
+                   int keys, float* s, int64_t s_row_stride);
+void decode_scores(const float* q, int rows, int head_dim, const bfloat16_t* k,
+                   int64_t k_row_stride, int keys, float* s, int64_t s_row_stride);
+void decode_scores(const float* q, int rows, int head_dim, const half_t* k, int64_t k_row_stride,
+                   int keys, float* s, int64_t s_row_stride);
+
+// acc[r * acc_row_stride + d] += sum_{x < keys, p(r, x) != 0} p(r, x) * float(v[x * v_row_stride + d])
+// for r < rows, d < head_dim_v, with p(r, x) = p[r * p_row_stride + x]: accumulate_pv's rule
+// (a weight of exactly 0 skips its value row, so that a masked row's Inf or NaN cannot leak).
+// bf16: acc in the order of decode_bf16_group.
+void decode_accumulate_pv(const float* p, int64_t p_row_stride, int rows, const float* v,
+                          int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride,
+                          int head_dim_v);
+void decode_accumulate_pv(const float* p, int64_t p_row_stride, int rows, const bfloat16_t* v,
+                          int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride,
+                          int head_dim_v);
+void decode_accumulate_pv(const float* p, int64_t p_row_stride, int rows, const half_t* v,
+                          int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride,
+                          int head_dim_v);
+
 }  // namespace flashattn::detail::cpu

@@ -13,6 +13,18 @@
 //
 // Splitting only pays when there are fewer (batch, head, query block) items than threads:
 // decoding one token of a long cache at batch 1 would otherwise run on a few cores.
+//
+// Decoding (at most kDecodeRows query rows per key/value head: Sq x H/Hk) takes a path of its
+// own in step 3, bound by reading the cache rather than by arithmetic:
+//   - a work item is (sequence, group of key/value heads, key chunk), and walks the cache in
+//     position order, all heads of its group at each position, kDecodeStep positions at a
+//     time: the hardware reads a position's heads as one contiguous run (one head's rows
+//     alone, D elements every Hk x D, read at a quarter of the bandwidth: dev/cpu_read_patterns.cpp);
+//   - the products read the cache rows in place, converting as they load
+//     (decode_scores, decode_accumulate_pv), instead of staging transposed fp32 key blocks
+//     that only a few query rows would use;
+//   - without a thread per (sequence, head group) the keys are split into chunks.
+// Its per-thread state is the group's query rows, accumulators and one block of scores.
 #include "cpu/kvcache.hpp"
 
 #include <omp.h>
@@ -22,11 +34,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "common/numeric.hpp"
+#include "common/mask.hpp"
 #include "cpu/attention.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/tiles.hpp"
 
 namespace flashattn::detail::cpu {
 namespace {
@@ -181,6 +197,205 @@ void merge_splits(const ForwardParams& a, int32_t splits, const float* part_out,
       }
 }
 
+// ---- The decode path ----------------------------------------------------------------------
+
+// Query rows per key/value head (Sq x H/Hk) up to which a call takes the decode path.
+constexpr int64_t kDecodeRows = 16;
+// Positions per step of a decode item's walk over the cache, all heads of its group at each.
+constexpr int kDecodeStep = 16;
+// A decode item holds its heads' query rows, accumulators and block of scores: a group of
+// key/value heads is as many as fit in this many floats (at least one).
+constexpr int64_t kDecodeStateFloats = 32768;
+// A key chunk of a decode item reads at least this many bytes of K and V: a split costs a
+// partial (out, lse) per query row, written and merged, which must stay small beside it.
+constexpr int64_t kMinDecodeSplitBytes = 128 * 1024;
+
+constexpr int64_t kStateAlign = 16;  // floats: 64 bytes
+int64_t align_floats(int64_t n) { return (n + kStateAlign - 1) / kStateAlign * kStateAlign; }
+
+struct DecodeShape {
+  int rows;      // query rows per key/value head: Sq x G, packed as RowBlock packs them
+  int heads;     // key/value heads per group
+  int groups;    // ceil(Hk / heads)
+  int32_t splits;
+  int64_t state_floats;  // per thread
+
+  int64_t q_floats(const ForwardParams& a) const { return align_floats(int64_t{heads} * rows * a.head_dim); }
+  int64_t acc_floats(const ForwardParams& a) const { return align_floats(int64_t{heads} * rows * a.head_dim_v); }
+  int64_t s_floats() const { return align_floats(int64_t{heads} * rows * kBlockK); }
+  int64_t ml_floats() const { return align_floats(int64_t{heads} * rows); }
+};
+
+DecodeShape decode_shape(const KvCacheParams& p, int threads) {
+  const ForwardParams& a = p.attn;
+  DecodeShape d;
+  d.rows = static_cast<int>(a.seqlen_q * a.group_size());
+  const int64_t per_head = int64_t{d.rows} * (a.head_dim + a.head_dim_v + kBlockK + 2);
+  const int64_t fit = std::max<int64_t>(1, kDecodeStateFloats / per_head);
+  d.groups = static_cast<int>(ceil_div(a.heads_k, std::min<int64_t>(fit, a.heads_k)));
+  d.heads = static_cast<int>(ceil_div(a.heads_k, d.groups));  // groups as even as they go
+  d.state_floats = d.q_floats(a) + d.acc_floats(a) + d.s_floats() + 2 * d.ml_floats();
+  if (p.num_splits > 0) {
+    d.splits = p.num_splits;
+    return d;
+  }
+  // Chunks only when (sequence, group) items leave threads idle: as many as the threads need,
+  // each of whole key blocks and at least kMinDecodeSplitBytes.
+  const int64_t items = int64_t{a.batch} * d.groups;
+  d.splits = 1;
+  if (items == 0 || items >= threads) return d;
+  int64_t longest = 0;
+  for (int32_t b = 0; b < a.batch; ++b)
+    longest = std::max(longest, kv_sequence(p, b).seqlen_k());
+  const int64_t key_bytes = int64_t{d.heads} * (a.head_dim + a.head_dim_v) *
+                            static_cast<int64_t>(dtype_size(a.dtype));
+  const int64_t by_bytes = longest * key_bytes / kMinDecodeSplitBytes;
+  const int64_t by_blocks = ceil_div(longest, kBlockK);
+  const int64_t by_threads = ceil_div(threads, items);
+  d.splits = static_cast<int32_t>(std::max<int64_t>(1, std::min({by_bytes, by_blocks, by_threads})));
+  return d;
+}
+
+// A row of n floats into (to_pairs) or out of the order of the bf16 decode products: each
+// whole group of `group` elements held as its even elements then its odd ones
+// (decode_bf16_group).
+void pair_order(float* row, int n, int group, bool to_pairs) {
+  float tmp[32];  // a group: 2 x the widest vector's lanes (AVX-512: 16)
+  const int half = group / 2;
+  for (int g0 = 0; g0 + group <= n; g0 += group) {
+    float* x = row + g0;
+    for (int i = 0; i < half; ++i) {
+      if (to_pairs) {
+        tmp[i] = x[2 * i];
+        tmp[half + i] = x[2 * i + 1];
+      } else {
+        tmp[2 * i] = x[i];
+        tmp[2 * i + 1] = x[half + i];
+      }
+    }
+    std::copy(tmp, tmp + group, x);
+  }
+}
+
+// One decode item: the query rows of sequence b, key/value heads [hk0, hk0 + heads), against
+// the keys of `chunk` that the mask lets them see; writes out/lse (one split) or the chunk's
+// partial rows. Row r of head hk0 + g is query position r / G of query head (hk0 + g) G + r % G.
+template <typename T>
+void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, int32_t hk0,
+                 int32_t split, float* state, float* part_out, float* part_lse) {
+  const ForwardParams& a = p.attn;
+  const int D = a.head_dim, Dv = a.head_dim_v, R = shape.rows;
+  const int32_t G = a.group_size();
+  const int heads = std::min<int>(shape.heads, a.heads_k - hk0);
+  float* q = state;
+  float* acc = q + shape.q_floats(a);
+  float* s = acc + shape.acc_floats(a);
+  float* m = s + shape.s_floats();
+  float* l = m + shape.ml_floats();
+  const auto position = [G](int r) { return static_cast<int64_t>(r / G); };
+  const auto head = [G, hk0](int g, int r) { return (hk0 + g) * G + r % G; };
+
+  const KvSequence sequence = kv_sequence(p, b);
+  SequenceView seq;
+  seq.seqlen_q = a.seqlen_q;
+  seq.seqlen_k = sequence.seqlen_k();
+  const KeyRows keys = KeyRows::of_cache(p, b, sequence, hk0);
+
+  for (int g = 0; g < heads; ++g)
+    for (int r = 0; r < R; ++r)
+      convert_row(static_cast<const T*>(a.q) + b * a.q_batch_stride + position(r) * a.q_row_stride +
+                      head(g, r) * a.q_head_stride,
+                  q + (int64_t{g} * R + r) * D, D, query_scale(a));
+  const int pair_group = std::is_same_v<T, bfloat16_t> ? decode_bf16_group() : 0;
+  if (pair_group > 0)
+    for (int row = 0; row < heads * R; ++row) pair_order(q + int64_t{row} * D, D, pair_group, true);
+  std::fill(m, m + heads * R, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + heads * R, 0.0f);
+  std::fill(acc, acc + int64_t{heads} * R * Dv, 0.0f);
+
+  const KeyRange chunk = key_chunk(seq.seqlen_k, shape.splits, split);
+  const KeyRange visible =
+      visible_keys_of_rows(0, a.seqlen_q, seq.seqlen_q, seq.seqlen_k, a.window_left, a.window_right);
+  const int64_t begin = std::max(visible.begin, chunk.begin);
+  const int64_t end = std::min(visible.end, chunk.end);
+  for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
+    const int cols = static_cast<int>(std::min<int64_t>(kBlockK, end - j0));
+    for (int c = 0; c < cols;) {  // scores, position by position, every head of the group
+      const KeyRows::Run<T> run = keys.run<T>(j0 + c, std::min(kDecodeStep, cols - c));
+      for (int g = 0; g < heads; ++g)
+        decode_scores(q + int64_t{g} * R * D, R, D, run.k + g * a.k_head_stride, keys.k_row_stride,
+                      run.count, s + int64_t{g} * R * kBlockK + c, kBlockK);
+      c += run.count;
+    }
+    for (int g = 0; g < heads; ++g)
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = int64_t{g} * R + r;
+        const float slope =
+            a.alibi_slopes != nullptr ? a.alibi_slopes[b * a.alibi_batch_stride + head(g, r)] : 0.0f;
+        modify_scores(a, seq, slope, s + row * kBlockK, position(r), 1, j0, cols);
+        softmax_step(s + row * kBlockK, m + row, l + row, acc + row * Dv, Dv);
+      }
+    for (int c = 0; c < cols;) {  // values likewise
+      const KeyRows::Run<T> run = keys.run<T>(j0 + c, std::min(kDecodeStep, cols - c));
+      for (int g = 0; g < heads; ++g)
+        decode_accumulate_pv(s + int64_t{g} * R * kBlockK + c, kBlockK, R, run.v + g * a.v_head_stride,
+                             keys.v_row_stride, run.count, acc + int64_t{g} * R * Dv, Dv, Dv);
+      c += run.count;
+    }
+  }
+
+  const int64_t rows_per_split = int64_t{a.batch} * a.heads * a.seqlen_q;
+  for (int g = 0; g < heads; ++g)
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = int64_t{g} * R + r, i = position(r);
+      const int32_t h = head(g, r);
+      if (pair_group > 0) pair_order(acc + row * Dv, Dv, pair_group, false);
+      if (shape.splits == 1) {
+        T* out = static_cast<T*>(a.out) + b * a.out_batch_stride + i * a.out_row_stride +
+                 h * a.out_head_stride;
+        float* lse = a.lse != nullptr ? a.lse + b * a.lse_batch_stride + h * a.lse_head_stride + i
+                                      : nullptr;
+        store_normalised(acc + row * Dv, m[row], l[row], Dv, out, lse);
+      } else {
+        const int64_t at = split * rows_per_split + (int64_t{b} * a.heads + h) * a.seqlen_q + i;
+        store_normalised(acc + row * Dv, m[row], l[row], Dv, part_out + at * Dv, part_lse + at);
+      }
+    }
+}
+
+// Step 3 for decoding: every (sequence, head group, key chunk) item, then the merge.
+template <typename T>
+void decode(const KvCacheParams& p, int threads, KvCacheRun& run) {
+  const ForwardParams& a = p.attn;
+  const DecodeShape shape = decode_shape(p, threads);
+  run.num_splits = shape.splits;
+  const int64_t items = int64_t{a.batch} * shape.groups * shape.splits;
+  if (items == 0) return;
+  const int workers = static_cast<int>(std::min<int64_t>(threads, items));
+  // Not zeroed: decode_item writes every float of its state before reading it, and every
+  // partial row of its chunk.
+  const int64_t state_floats = workers * shape.state_floats + kStateAlign;
+  const std::unique_ptr<float[]> state(new float[static_cast<size_t>(state_floats)]);
+  float* state0 = state.get();
+  while (reinterpret_cast<uintptr_t>(state0) % (kStateAlign * sizeof(float)) != 0) ++state0;
+  const int64_t rows_per_split = int64_t{a.batch} * a.heads * a.seqlen_q;
+  const int64_t part_floats = shape.splits > 1 ? shape.splits * rows_per_split * (a.head_dim_v + 1) : 0;
+  const std::unique_ptr<float[]> parts(new float[static_cast<size_t>(part_floats)]);
+  float* part_out = parts.get();
+  float* part_lse = part_out + shape.splits * rows_per_split * a.head_dim_v;
+  run.workspace_bytes += static_cast<size_t>(state_floats + part_floats) * sizeof(float);
+#pragma omp parallel num_threads(workers)
+  {
+    float* mine = state0 + omp_get_thread_num() * shape.state_floats;
+#pragma omp for collapse(3) schedule(dynamic, 1)
+    for (int32_t b = 0; b < a.batch; ++b)
+      for (int32_t group = 0; group < shape.groups; ++group)
+        for (int32_t split = 0; split < shape.splits; ++split)
+          decode_item<T>(p, shape, b, group * shape.heads, split, mine, part_out, part_lse);
+  }
+  if (shape.splits > 1) merge_splits<T>(a, shape.splits, part_out, part_lse, workers);
+}
+
 template <typename T>
 KvCacheRun forward_kvcache_typed(const KvCacheParams& params) {
   const int threads = params.attn.num_threads > 0 ? params.attn.num_threads : omp_get_max_threads();
@@ -204,6 +419,10 @@ KvCacheRun forward_kvcache_typed(const KvCacheParams& params) {
   // fp32) once for all of them instead of once per query head.
   const int32_t group = a.group_size();
   const int64_t packed_rows = a.seqlen_q * group;
+  if (packed_rows > 0 && packed_rows <= kDecodeRows) {
+    decode<T>(p, threads, run);
+    return run;
+  }
   const int64_t row_blocks = ceil_div(packed_rows, kBlockQ);
   const int32_t splits = resolve_splits(p, row_blocks, threads);
   run.num_splits = splits;
