@@ -9,6 +9,9 @@
 
 #if defined(__SSE2__)
 #include <immintrin.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 #endif
 
 
@@ -363,19 +366,17 @@ using Float16 = float __attribute__((vector_size(64)));
 // F16C (every AVX2 processor) and AVX-512F convert 8 or 16 halves in one instruction. Functions
 // of their own with the target attribute, inlined into the variants compiled for those targets
 // (an intrinsic called from the generic template would be checked against the default target).
-__attribute__((target("avx512f"))) inline Float16 halves16(const half_t* p) {
+// Vectors pass through pointers: clang refuses a vector argument or result wider than the
+// caller's default target allows (it would change the ABI), inlined or not.
+__attribute__((target("avx512f"))) inline void halves16(const half_t* p, Float16* out) {
   // The zero-masked form: GCC 12 warns of the plain one's undefined pass-through operand.
   const __m512 x =
       _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  Float16 v;
-  __builtin_memcpy(&v, &x, sizeof v);
-  return v;
+  __builtin_memcpy(out, &x, sizeof *out);
 }
-__attribute__((target("avx,f16c"))) inline Float8 halves8(const half_t* p) {
+__attribute__((target("avx,f16c"))) inline void halves8(const half_t* p, Float8* out) {
   const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  Float8 v;
-  __builtin_memcpy(&v, &x, sizeof v);
-  return v;
+  __builtin_memcpy(out, &x, sizeof *out);
 }
 #endif
 
@@ -388,12 +389,17 @@ template <typename V>
 FA_INLINE V load_as(const half_t* p) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
   // Only the variants compiled for AVX-512 and AVX2 + F16C instantiate these branches.
-  if constexpr (sizeof(V) == 64)
-    return halves16(p);
-  else if constexpr (sizeof(V) == 32)
-    return halves8(p);
-#endif
   V v;
+  if constexpr (sizeof(V) == 64) {
+    halves16(p, &v);
+    return v;
+  } else if constexpr (sizeof(V) == 32) {
+    halves8(p, &v);
+    return v;
+  }
+#else
+  V v;
+#endif
   for (int i = 0; i < width<V>; ++i) v[i] = to_float(p[i]);
   return v;
 }
@@ -445,21 +451,21 @@ __attribute__((target("avx"))) inline void lane_sums8(const Float8* a, float* ou
   _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1)));
   _mm_storeu_ps(out + 4, _mm_add_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1)));
 }
-__attribute__((target("avx"))) inline float lane_sum8(Float8 a) {
+__attribute__((target("avx"))) inline float lane_sum8(const Float8* a) {
   __m256 x;
-  __builtin_memcpy(&x, &a, sizeof x);
+  __builtin_memcpy(&x, a, sizeof x);
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   h = _mm_add_ss(h, _mm_movehdup_ps(h));
   return _mm_cvtss_f32(h);
 }
-__attribute__((target("avx512f"))) inline Float8 fold16(Float16 a) {
+__attribute__((target("avx512f"))) inline void fold16(const Float16& a, Float8* out) {
   // The halves lane by lane (GCC makes one extract of it). Not intrinsics: GCC 12 warns inside
   // its own _mm512_castps512_ps256; not a copy through memory: with part of the caller's sums
   // read through their address, GCC kept every sum in memory in the multiply-add loop.
   const Float8 lo = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]};
   const Float8 hi = {a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]};
-  return lo + hi;
+  *out = lo + hi;
 }
 #endif
 
@@ -470,13 +476,13 @@ FA_INLINE void lane_sums(const V (&a)[K], float* out) {
     Float8 f[K];
     for (int k = 0; k < K; ++k) {
       if constexpr (sizeof(V) == 64)
-        f[k] = fold16(a[k]);
+        fold16(a[k], &f[k]);
       else
         f[k] = a[k];
     }
     int k = 0;
     for (; k + 8 <= K; k += 8) lane_sums8(f + k, out + k);
-    for (; k < K; ++k) out[k] = lane_sum8(f[k]);
+    for (; k < K; ++k) out[k] = lane_sum8(&f[k]);
     return;
   }
 #endif
@@ -859,11 +865,16 @@ FA_DECODE_VARIANTS("avx512f,avx2,fma,f16c", avx512, Float16, 4, 4, 4, 4)
 FA_DECODE_VARIANTS("avx2,fma,f16c", avx2, Float8, 4, 2, 4, 2)
 #undef FA_DECODE_VARIANTS
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+
 DecodeProducts pick_decode_products() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return decode_products_avx512();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
     return decode_products_avx2();
   return generic_decode_products();
 }
