@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -25,6 +26,7 @@
 
 #include "common/mask.hpp"
 #include "common/numeric.hpp"
+#include "cpu/amx.hpp"
 #include "cpu/attention.hpp"
 #include "cpu/fp8.hpp"
 #include "cpu/kernels.hpp"
@@ -136,10 +138,136 @@ TileArena::TileArena(int64_t threads, int head_dim, int head_dim_v)
   while (reinterpret_cast<uintptr_t>(base_) % (kAlignFloats * sizeof(float)) != 0) ++base_;
 }
 
+namespace {
+
+// The rows of keys [j0, j0 + count) (values when `values`), a pointer per key, through the
+// key rows' runs (a block may straddle pages of a paged cache); null past count up to `total`.
+void key_row_pointers(const KeyRows& keys, int64_t j0, int count, int total, bool values,
+                      const bfloat16_t** rows) {
+  for (int c = 0; c < count;) {
+    const KeyRows::Run<bfloat16_t> run = keys.run<bfloat16_t>(j0 + c, count - c);
+    const bfloat16_t* first = values ? run.v : run.k;
+    const int64_t stride = values ? keys.v_row_stride : keys.k_row_stride;
+    for (int x = 0; x < run.count; ++x) rows[c + x] = first + x * stride;
+    c += run.count;
+  }
+  for (int c = count; c < total; ++c) rows[c] = nullptr;
+}
+
+// attend_rows for bf16 with the two matrix products on AMX tiles (cpu/amx.hpp): the same steps
+// (scores, modify_scores, softmax_step, dropout, P V) with the query block and each key block
+// staged as bf16 in AMX's layouts, in the float tiles' storage (a bf16 operand takes half of
+// its fp32 tile), and P rounded to bf16 for P V as on the GPU (the row sums stay those of the
+// fp32 probabilities). Rows are handled in whole 32-row tiles, the padding rows zero.
+void attend_rows_amx(const ForwardParams& p, const SequenceView& seq, const KeyRows& keys,
+                     KeyRange chunk, const DropoutRng* dropout, int32_t b, const RowBlock& block,
+                     Tiles& t) {
+  const int D = p.head_dim, Dv = p.head_dim_v, rows = block.rows;
+  const int padded_rows = static_cast<int>(round_up(rows, 32));
+  const bool packed = block.group > 1;
+  auto* q = reinterpret_cast<uint16_t*>(t.q);                  // padded_rows x D
+  uint16_t* probabilities = q + int64_t{kBlockQ} * D;          // kTileRows x kBlockK
+  auto* key_pairs = reinterpret_cast<uint16_t*>(t.kt);         // kBlockK x D, packed
+  auto* value_pairs = reinterpret_cast<uint16_t*>(t.v);        // kBlockK x Dv, packed
+  static_assert(sizeof(bfloat16_t) == sizeof(uint16_t), "bf16 is 16 bits");
+  for (int r = 0; r < padded_rows; ++r) {
+    uint16_t* dst = q + int64_t{r} * D;
+    if (r < rows) {
+      const bfloat16_t* src = static_cast<const bfloat16_t*>(p.q) + b * p.q_batch_stride +
+                              (seq.q_row0 + block.position(r)) * p.q_row_stride +
+                              block.head(r) * p.q_head_stride;
+      std::memcpy(dst, src, sizeof(uint16_t) * D);
+    } else {
+      std::fill(dst, dst + D, uint16_t{0});
+    }
+  }
+  const auto slope_of = [&](int r) {
+    return p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + block.head(r)]
+                                     : 0.0f;
+  };
+  const float scale = query_scale(p);
+  std::fill(t.m, t.m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(t.l, t.l + rows, 0.0f);
+  std::fill(t.acc, t.acc + static_cast<int64_t>(padded_rows) * Dv, 0.0f);
+  amx::configure_tiles();
+
+  const KeyRange visible =
+      visible_keys_of_rows(block.position(0), block.position(rows - 1) + 1, seq.seqlen_q,
+                           seq.seqlen_k, p.window_left, p.window_right);
+  const int64_t begin = std::max(visible.begin, chunk.begin);
+  const int64_t end = std::min(visible.end, chunk.end);
+  const bfloat16_t* row_of[kBlockK];
+  for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
+    const int cols = static_cast<int>(std::min<int64_t>(kBlockK, end - j0));
+    const int padded_cols = static_cast<int>(round_up(cols, 32));
+    key_row_pointers(keys, j0, cols, padded_cols, false, row_of);
+    amx::pack_pairs_of_rows(row_of, D, padded_cols, key_pairs);
+    key_row_pointers(keys, j0, cols, padded_cols, true, row_of);
+    amx::pack_pairs_of_columns(row_of, Dv, padded_cols, value_pairs);
+    KeyRows::Run<bfloat16_t> next{nullptr, nullptr, 0};
+    if (j0 + kBlockK < end)
+      next = keys.run<bfloat16_t>(j0 + kBlockK,
+                                  static_cast<int>(std::min<int64_t>(kBlockK, end - j0 - kBlockK)));
+
+    for (int r0 = 0; r0 < rows; r0 += kTileRows) {
+      const int n = std::min(kTileRows, rows - r0);
+      const int padded_n = static_cast<int>(round_up(n, 32));
+      const KeyRange seen =
+          visible_keys_of_rows(block.position(r0), block.position(r0 + n - 1) + 1,
+                               seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+      if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
+      amx::product(q + int64_t{r0} * D, D, key_pairs, padded_n, D, padded_cols, t.s, kBlockK,
+                   false, scale);
+      if (packed) {
+        for (int r = 0; r < n; ++r)
+          modify_scores(p, seq, slope_of(r0 + r), t.s + static_cast<int64_t>(r) * kBlockK,
+                        block.position(r0 + r), 1, j0, cols);
+      } else {
+        modify_scores(p, seq, slope_of(0), t.s, block.position(r0), n, j0, cols);
+      }
+      for (int r = 0; r < n; ++r) {
+        if (r0 + r < next.count) {
+          prefetch_row(next.k + (r0 + r) * keys.k_row_stride, D);
+          prefetch_row(next.v + (r0 + r) * keys.v_row_stride, Dv);
+        }
+        float* row = t.s + static_cast<int64_t>(r) * kBlockK;
+        float* acc_row = t.acc + static_cast<int64_t>(r0 + r) * Dv;
+        uint16_t* p_row = probabilities + static_cast<int64_t>(r) * kBlockK;
+        if (dropout == nullptr &&
+            amx::softmax_step_bf16(row, t.m + r0 + r, t.l + r0 + r, acc_row, Dv, p_row))
+          continue;
+        if (dropout == nullptr ||
+            !amx::softmax_step_bf16(row, t.m + r0 + r, t.l + r0 + r, acc_row, Dv, nullptr))
+          softmax_step(row, t.m + r0 + r, t.l + r0 + r, acc_row, Dv);
+        if (dropout != nullptr) {
+          float m[kBlockK];
+          dropout_multipliers(p, *dropout, b, block.head(r0 + r), block.position(r0 + r), j0, cols,
+                              m);
+          for (int j = 0; j < cols; ++j) row[j] *= m[j];
+        }
+        amx::round_to_bf16(row, padded_cols, p_row);
+      }
+      for (int r = n; r < padded_n; ++r)
+        std::fill_n(probabilities + static_cast<int64_t>(r) * kBlockK, padded_cols, uint16_t{0});
+      amx::product(probabilities, kBlockK, value_pairs, padded_n, padded_cols, Dv,
+                   t.acc + static_cast<int64_t>(r0) * Dv, Dv, true);
+    }
+  }
+  amx::release_tiles();
+}
+
+}  // namespace
+
 template <typename T>
 void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows& keys,
                  KeyRange chunk, const DropoutRng* dropout, int32_t b, const RowBlock& block,
                  Tiles& t) {
+  if constexpr (std::is_same_v<T, bfloat16_t>) {
+    if (amx::available() && amx::fits(p.head_dim, p.head_dim_v)) {
+      attend_rows_amx(p, seq, keys, chunk, dropout, b, block, t);
+      return;
+    }
+  }
   const int D = p.head_dim, Dv = p.head_dim_v, rows = block.rows;
   const bool packed = block.group > 1;
   const auto q_row = [&](int r) {

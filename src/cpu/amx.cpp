@@ -1,0 +1,293 @@
+// AMX bf16 tile products (cpu/amx.hpp). Compiled for the baseline like the rest of the
+// library: only these functions carry the AMX and AVX-512 targets, and nothing calls them
+// unless available() said the processor and the OS allow them.
+#include "cpu/amx.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "cpu/exp_approx.hpp"
+#include "cpu/kernels.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && !defined(FLASHATTN_NO_MULTIVERSION)
+#define FLASHATTN_AMX 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace flashattn::detail::cpu::amx {
+
+namespace {
+
+constexpr int kTileWords = 256;  // a 16 x 16 tile of 32-bit words (16 rows x 64 bytes)
+
+bool requested_off() {
+  const char* value = std::getenv("FLASHATTN_CPU_AMX");
+  return value != nullptr && std::strcmp(value, "0") == 0;
+}
+
+#ifdef FLASHATTN_AMX
+bool processor_and_os_allow() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
+  const bool avx512f = (ebx >> 16) & 1, avx512bw = (ebx >> 30) & 1;
+  unsigned eax1 = 0, ebx1 = 0, ecx1 = 0, edx1 = 0;
+  const bool avx512bf16 = __get_cpuid_count(7, 1, &eax1, &ebx1, &ecx1, &edx1) && ((eax1 >> 5) & 1);
+  if (!(amx_bf16 && amx_tile && avx512f && avx512bw && avx512bf16)) return false;
+  // Linux hands out the 8 KiB of tile data state only on request, once per process.
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
+}  // namespace
+
+bool available() {
+#ifdef FLASHATTN_AMX
+  static const bool allowed = !requested_off() && processor_and_os_allow();
+  return allowed;
+#else
+  return false;
+#endif
+}
+
+#ifdef FLASHATTN_AMX
+
+#define FA_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+
+namespace {
+struct TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
+}  // namespace
+
+FA_AMX_TARGET void configure_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = 16;
+  }
+  // LDTILECFG by hand: GCC 12's _tile_loadconfig names only 8 bytes of its operand as read,
+  // so the stores that fill the other 56 were dropped (a #GP on a garbage configuration).
+  asm volatile("ldtilecfg %0" : : "m"(config));
+}
+
+FA_AMX_TARGET void release_tiles() { _tile_release(); }
+
+// Transposes 16 x 16 32-bit words held a row per register: register i ends up holding column
+// i (pairs within 32-bit lanes, then 64-bit lanes, then 128-bit quarters twice). The
+// zero-masked forms with every lane kept: GCC 12 warns of the plain ones' pass-through operand.
+FA_AMX_TARGET inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_epi32(0xFFFF, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(0xFFFF, r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_maskz_unpacklo_epi64(0xFF, t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(0xFF, t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(0xFF, t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(0xFF, t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_maskz_shuffle_i32x4(0xFFFF, t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, t[j], t[8 + j], 0xdd);
+  }
+}
+
+FA_AMX_TARGET void pack_pairs_of_rows(const bfloat16_t* const* rows, int width, int outputs,
+                                      uint16_t* dst) {
+  const int groups = outputs / 16;
+  for (int n0 = 0; n0 < outputs; n0 += 16)
+    for (int c = 0; c < width / 32; ++c) {
+      // The 16 outputs' pairs of chunk c, a row each; transposed, register k is the tile's row k.
+      __m512i r[16];
+      for (int n = 0; n < 16; ++n)
+        r[n] = rows[n0 + n] != nullptr ? _mm512_loadu_si512(rows[n0 + n] + 32 * c)
+                                       : _mm512_setzero_si512();
+      transpose16(r);
+      uint16_t* tile = dst + 2 * (c * groups + n0 / 16) * kTileWords;
+      for (int k = 0; k < 16; ++k) _mm512_storeu_si512(tile + 32 * k, r[k]);
+    }
+}
+
+FA_AMX_TARGET void pack_pairs_of_columns(const bfloat16_t* const* rows, int width, int reduced,
+                                         uint16_t* dst) {
+  const int groups = width / 16;
+  // Word j of the result: element j of the even row, then element j of the odd row.
+  alignas(64) static const uint16_t kLow[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i low = _mm512_load_si512(kLow);
+  const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+  for (int kp = 0; kp < reduced / 2; ++kp) {
+    const bfloat16_t* even = rows[2 * kp];
+    const bfloat16_t* odd = rows[2 * kp + 1];
+    uint16_t* tile_row = dst + 2 * ((kp / 16) * groups * kTileWords + (kp % 16) * 16);
+    for (int d = 0; d < width; d += 32) {
+      const __m512i a = even != nullptr ? _mm512_loadu_si512(even + d) : _mm512_setzero_si512();
+      const __m512i b = odd != nullptr ? _mm512_loadu_si512(odd + d) : _mm512_setzero_si512();
+      // Columns d .. d + 15 are output group d / 16, d + 16 .. d + 31 the next one.
+      _mm512_storeu_si512(tile_row + 2 * (d / 16) * kTileWords, _mm512_permutex2var_epi16(a, low, b));
+      _mm512_storeu_si512(tile_row + 2 * (d / 16 + 1) * kTileWords, _mm512_permutex2var_epi16(a, high, b));
+    }
+  }
+}
+
+FA_AMX_TARGET void product(const uint16_t* a, int64_t a_stride, const uint16_t* b, int rows,
+                           int reduced, int outputs, float* c, int64_t c_stride, bool accumulate,
+                           float scale) {
+  const int groups = outputs / 16;
+  const int64_t a_bytes = a_stride * 2, c_bytes = c_stride * 4;
+  for (int r0 = 0; r0 < rows; r0 += 32) {
+    for (int n0 = 0; n0 < outputs; n0 += 32) {
+      float* c00 = c + r0 * c_stride + n0;
+      float* c10 = c00 + 16 * c_stride;
+      if (accumulate) {
+        _tile_loadd(0, c00, c_bytes);
+        _tile_loadd(1, c00 + 16, c_bytes);
+        _tile_loadd(2, c10, c_bytes);
+        _tile_loadd(3, c10 + 16, c_bytes);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (int k0 = 0; k0 < reduced; k0 += 32) {
+        const uint16_t* b0 = b + 2 * ((k0 / 32) * groups + n0 / 16) * kTileWords;
+        _tile_loadd(4, a + r0 * a_stride + k0, a_bytes);
+        _tile_loadd(5, a + (r0 + 16) * a_stride + k0, a_bytes);
+        _tile_loadd(6, b0, 64);
+        _tile_loadd(7, b0 + 2 * kTileWords, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c00, c_bytes);
+      _tile_stored(1, c00 + 16, c_bytes);
+      _tile_stored(2, c10, c_bytes);
+      _tile_stored(3, c10 + 16, c_bytes);
+      if (scale != 1.0f) {  // the 32 x 32 sums just stored, still in L1
+        const __m512 factor = _mm512_set1_ps(scale);
+        for (int r = 0; r < 32; ++r)
+          for (int x = 0; x < 32; x += 16)
+            _mm512_storeu_ps(c00 + r * c_stride + x,
+                             _mm512_mul_ps(factor, _mm512_loadu_ps(c00 + r * c_stride + x)));
+      }
+    }
+  }
+}
+
+FA_AMX_TARGET void round_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i))));
+  for (; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, src + i, sizeof x);
+    dst[i] = static_cast<uint16_t>((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
+  }
+}
+
+// The max and the sum of a vector's lanes, by halving swaps. Zero-masked forms with every lane
+// kept: GCC 12 warns of the plain ones' undefined pass-through operand.
+FA_AMX_TARGET inline __m512 lane_swaps(__m512 v, int step) {
+  switch (step) {
+    case 0: return _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0x4E);  // 256-bit halves
+    case 1: return _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0xB1);  // 128-bit quarters
+    case 2: return _mm512_maskz_permute_ps(0xFFFF, v, 0x4E);        // 64-bit pairs
+    default: return _mm512_maskz_permute_ps(0xFFFF, v, 0xB1);       // lanes
+  }
+}
+FA_AMX_TARGET inline float lanes_max(__m512 v) {
+  for (int step = 0; step < 4; ++step) v = _mm512_maskz_max_ps(0xFFFF, v, lane_swaps(v, step));
+  return _mm512_cvtss_f32(v);
+}
+FA_AMX_TARGET inline float lanes_sum(__m512 v) {
+  for (int step = 0; step < 4; ++step) v = _mm512_add_ps(v, lane_swaps(v, step));
+  return _mm512_cvtss_f32(v);
+}
+
+FA_AMX_TARGET bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_dim_v,
+                                     uint16_t* probabilities) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  constexpr int kVectors = kBlockK / 16;
+  __m512 row[kVectors];
+  __m512 vmax = _mm512_set1_ps(-kInf), vprobe = _mm512_setzero_ps();
+  for (int v = 0; v < kVectors; ++v) {
+    row[v] = _mm512_loadu_ps(scores + 16 * v);
+    vmax = _mm512_maskz_max_ps(0xFFFF, vmax, row[v]);
+    vprobe = _mm512_add_ps(vprobe, row[v]);
+  }
+  const float block_max = lanes_max(vmax), probe = lanes_sum(vprobe);
+  const float m_new = *m > block_max ? *m : block_max;
+  // NaN, infinities and rows that have seen nothing yet: softmax_step's exact handling.
+  if (probe != probe || m_new == kInf || m_new == -kInf || block_max != block_max) return false;
+  // exp(x - m) = 2^y, y = x log2(e) - m log2(e) <= 0: 2^f by its Taylor series to degree 6 on
+  // f = y - round(y) in [-1/2, 1/2] (truncation below 2e-7), scaled by 2^round(y) (VSCALEFPS);
+  // y below -126 (masked scores among them) gives exactly 0.
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float c1 = 0.693147180559945f, c2 = 0.240226506959101f, c3 = 0.0555041086648216f,
+                  c4 = 0.00961812910762848f, c5 = 0.00133335581464284f, c6 = 0.000154035303933816f;
+  const __m512 log2e = _mm512_set1_ps(kLog2e), shift = _mm512_set1_ps(-m_new * kLog2e);
+  const __m512 floor_y = _mm512_set1_ps(-126.0f);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int v = 0; v < kVectors; ++v) {
+    const __m512 y = _mm512_fmadd_ps(row[v], log2e, shift);
+    const __mmask16 live = _mm512_cmp_ps_mask(y, floor_y, _CMP_GE_OQ);
+    const __m512 n = _mm512_maskz_roundscale_ps(0xFFFF, y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(y, n);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(c6), f, _mm512_set1_ps(c5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    const __m512 e = _mm512_maskz_scalef_ps(live, p, n);
+    vsum = _mm512_add_ps(vsum, e);
+    if (probabilities != nullptr)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(probabilities + 16 * v),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+    else
+      _mm512_storeu_ps(scores + 16 * v, e);
+  }
+  const float alpha = exp_approx(*m - m_new);  // 0 when the row had seen nothing before
+  *l = *l * alpha + lanes_sum(vsum);
+  *m = m_new;
+  if (alpha != 1.0f) {
+    const __m512 factor = _mm512_set1_ps(alpha);
+    for (int d = 0; d < head_dim_v; d += 16)
+      _mm512_storeu_ps(acc + d, _mm512_mul_ps(factor, _mm512_loadu_ps(acc + d)));
+  }
+  return true;
+}
+
+#else  // no AMX in this build: available() is false and nothing calls these
+
+void configure_tiles() {}
+void release_tiles() {}
+void pack_pairs_of_rows(const bfloat16_t* const*, int, int, uint16_t*) {}
+void pack_pairs_of_columns(const bfloat16_t* const*, int, int, uint16_t*) {}
+void product(const uint16_t*, int64_t, const uint16_t*, int, int, int, float*, int64_t, bool, float) {}
+void round_to_bf16(const float*, int64_t, uint16_t*) {}
+bool softmax_step_bf16(float*, float*, float*, float*, int, uint16_t*) { return false; }
+
+#endif
+
+}  // namespace flashattn::detail::cpu::amx

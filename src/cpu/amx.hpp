@@ -1,0 +1,66 @@
+// The bf16 tile products on Intel AMX (Sapphire Rapids and later): a TDPBF16PS multiplies a
+// 16 x 32 bf16 tile by a 32 x 16 one into 16 x 16 fp32 sums, 16 times the work of an AVX-512
+// multiply-add. Where a processor has them (and the OS grants the tile registers), the bf16
+// forward and backward run their matrix products here and everything else (masks, softmax,
+// dropout) as before on fp32 tiles; elsewhere they keep the fp32 products of kernels.hpp.
+//
+// The operands are staged in AMX's layouts (one idea: the second operand holds pairs of
+// consecutive elements of its reduction dimension in 32-bit words, "VNNI" order):
+// - rows (A operand): row-major bf16, rows a multiple of 32, the reduced width a multiple of 32.
+// - pairs (B operand): for each 32 reduced indices x 16 outputs, a 16 x 16 tile of 32-bit words
+//   (element pair (2k, 2k+1) of output n at word k * 16 + n), tiles ordered by reduced chunk
+//   and then by output group (pack_pairs_of_rows / pack_pairs_of_columns).
+// Rows past the real ones and pairs past the real keys are zero, so that they add nothing.
+#pragma once
+
+#include <cstdint>
+
+#include "common/numeric.hpp"
+
+namespace flashattn::detail::cpu::amx {
+
+// True where the processor has AMX-TILE and AMX-BF16 and the OS gave this process the tile
+// data state (Linux arch_prctl ARCH_REQ_XCOMP_PERM), and FLASHATTN_CPU_AMX is not "0"
+// (which keeps the fp32 products, for comparison). Decided once per process.
+bool available();
+
+// The widths the tile products take: a reduced dimension of whole 32-element chunks and an
+// output of whole 32-column pairs of tiles.
+inline bool fits(int head_dim, int head_dim_v) {
+  return head_dim % 32 == 0 && head_dim_v % 32 == 0;
+}
+
+// Configures this thread's tiles (eight of 16 rows x 64 bytes); before the products below on a
+// thread, and released (release_tiles) when the thread is done with them.
+void configure_tiles();
+void release_tiles();
+
+// B operand whose outputs are rows of the source (keys for Q K^T): rows[n] is output n's row
+// of `width` elements (a multiple of 32), packed as pairs along it; a null row is zeros.
+// `outputs` (a multiple of 32) rows; dst holds outputs * width bf16.
+void pack_pairs_of_rows(const bfloat16_t* const* rows, int width, int outputs, uint16_t* dst);
+// B operand reduced over the rows of the source (values for P V: keys index the rows): rows[k]
+// is row k of `width` elements (a multiple of 32); row pairs interleaved; a null row is zeros.
+// `reduced` (a multiple of 32) rows; dst holds reduced * width bf16.
+void pack_pairs_of_columns(const bfloat16_t* const* rows, int width, int reduced, uint16_t* dst);
+
+// c[r][n] = sum_k a[r][k] b[k][n] for r < rows, n < outputs, k < reduced, with a in rows layout
+// (row stride a_stride elements), b packed (pack_pairs_*); c fp32 with row stride c_stride.
+// rows, reduced and outputs are multiples of 32. `accumulate` adds to c instead of writing it;
+// otherwise c = scale * the products.
+void product(const uint16_t* a, int64_t a_stride, const uint16_t* b, int rows, int reduced,
+             int outputs, float* c, int64_t c_stride, bool accumulate, float scale = 1.0f);
+
+// softmax_step (cpu/kernels.hpp) for a row whose probabilities go to P V in bf16: the same
+// running max, sum and rescale, exp by a cheaper polynomial (relative error below 3e-7, far
+// under bf16's 2^-9). Writes the probabilities rounded to bf16 to `probabilities` when it is
+// not null (the scores row is then left as it was), else as fp32 over the scores. Returns
+// false, touching nothing, for a row softmax_step must take: NaN or infinite scores, or no
+// visible key yet.
+bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_dim_v,
+                       uint16_t* probabilities);
+
+// dst[i] = bf16(src[i]) rounded to nearest even, for i < n (finite inputs).
+void round_to_bf16(const float* src, int64_t n, uint16_t* dst);
+
+}  // namespace flashattn::detail::cpu::amx
