@@ -205,6 +205,20 @@ FA_AMX_TARGET void round_to_bf16(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
+FA_AMX_TARGET void transpose_to_bf16(const float* src, int64_t src_stride, int rows, int cols,
+                                     uint16_t* dst, int64_t dst_stride) {
+  for (int i0 = 0; i0 < rows; i0 += 16)
+    for (int j0 = 0; j0 < cols; j0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = _mm512_castps_si512(_mm512_loadu_ps(src + (i0 + i) * src_stride + j0));
+      transpose16(r);
+      for (int j = 0; j < 16; ++j)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (j0 + j) * dst_stride + i0),
+                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_castsi512_ps(r[j]))));
+    }
+}
+
 // The max and the sum of a vector's lanes, by halving swaps. Zero-masked forms with every lane
 // kept: GCC 12 warns of the plain ones' undefined pass-through operand.
 FA_AMX_TARGET inline __m512 lane_swaps(__m512 v, int step) {
@@ -287,6 +301,7 @@ void pack_pairs_of_columns(const bfloat16_t* const*, int, int, uint16_t*) {}
 void product(const uint16_t*, int64_t, const uint16_t*, int, int, int, float*, int64_t, bool, float) {}
 void round_to_bf16(const float*, int64_t, uint16_t*) {}
 bool softmax_step_bf16(float*, float*, float*, float*, int, uint16_t*) { return false; }
+void transpose_to_bf16(const float*, int64_t, int, int, uint16_t*, int64_t) {}
 
 #endif
 

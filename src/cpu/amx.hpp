@@ -51,6 +51,11 @@ void pack_pairs_of_columns(const bfloat16_t* const* rows, int width, int reduced
 void product(const uint16_t* a, int64_t a_stride, const uint16_t* b, int rows, int reduced,
              int outputs, float* c, int64_t c_stride, bool accumulate, float scale = 1.0f);
 
+// dst[j * dst_stride + i] = bf16(src[i * src_stride + j]) for i < rows, j < cols (multiples of
+// 16): a tile of fp32 rows written transposed in bf16 (the backward's P^T and dS^T).
+void transpose_to_bf16(const float* src, int64_t src_stride, int rows, int cols, uint16_t* dst,
+                       int64_t dst_stride);
+
 // softmax_step (cpu/kernels.hpp) for a row whose probabilities go to P V in bf16: the same
 // running max, sum and rescale, exp by a cheaper polynomial (relative error below 3e-7, far
 // under bf16's 2^-9). Writes the probabilities rounded to bf16 to `probabilities` when it is

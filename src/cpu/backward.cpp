@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -35,6 +36,7 @@
 
 #include "common/mask.hpp"
 #include "common/numeric.hpp"
+#include "cpu/amx.hpp"
 #include "cpu/exp_approx.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/tiles.hpp"
@@ -106,7 +108,37 @@ struct Tiles {
     return used;
   }
   Tiles(float* base, int head_dim, int head_dim_v) { floats(head_dim, head_dim_v, base, this); }
+
+  // The bf16 operands of the AMX products (Pass::amx), in the storage of the fp32 tiles that
+  // path leaves unused (a bf16 operand takes half of an fp32 tile; head dims of 64 or more).
+  struct AmxViews {
+    uint16_t* q;            // 64 x D rows: S = Q K^T
+    uint16_t* q_pairs;      // 64 x D packed (pairs of columns): dK += dS^T Q
+    uint16_t* dout;         // 64 x Dv rows: dP = dO V^T
+    uint16_t* dout_pairs;   // 64 x Dv packed: dV += P^T dO
+    uint16_t* key_pairs;    // kBlockK x D packed (pairs of rows): S
+    uint16_t* key_columns;  // kBlockK x D packed (pairs of columns): dQ += dS K
+    uint16_t* value_pairs;  // kBlockK x Dv packed (pairs of rows): dP
+    uint16_t* p_t;          // kBlockK x 64: (P o M)^T
+    uint16_t* ds_t;         // kBlockK x 64: dS^T
+    uint16_t* ds;           // 64 x kBlockK: dS
+  };
+  AmxViews amx(int head_dim, int head_dim_v) const {
+    const auto half = [](float* f) { return reinterpret_cast<uint16_t*>(f); };
+    const Keys& k = key[0];
+    return {half(q),
+            half(q) + int64_t{kBackwardBlockQ} * head_dim,
+            half(dout),
+            half(dout) + int64_t{kBackwardBlockQ} * head_dim_v,
+            half(k.kt),
+            half(k.kt) + int64_t{kBlockK} * head_dim,
+            half(k.vt),
+            half(k.vt) + int64_t{kBlockK} * head_dim_v,
+            half(k.k),
+            half(k.k) + int64_t{kBlockK} * kBackwardBlockQ};
+  }
 };
+static_assert(kBackwardBlockQ % 32 == 0, "AMX products take whole 32-row tiles");
 
 // The query rows that pass 1 loads after the current tile (the next block of the head, or
 // the first of the next head): tile() asks for their cache lines a row at a time while it
@@ -135,6 +167,9 @@ struct Pass {
   const BackwardParams& bp;
   const ForwardParams& p;
   const DropoutRng* dropout;
+  // bf16 on a processor with AMX (cpu/amx.hpp): the five products on tiles, the rest as in
+  // fp32. Head dims of 64 or more: the tiles' spare halves hold the transposed probabilities.
+  bool amx = false;
 
   const T* at(const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
               int32_t b, int64_t row, int32_t h) const {
@@ -154,6 +189,12 @@ struct Pass {
                     Tiles& t) const {
     const int D = p.head_dim, Dv = p.head_dim_v;
     const int64_t row0 = seq.q_row0 + i0;
+    if constexpr (std::is_same_v<T, bfloat16_t>) {
+      if (amx) {
+        load_queries_amx(b, h, row0, rows, t);
+        return;
+      }
+    }
     load_rows(at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, row0, h),
               p.q_row_stride, rows, D, query_scale(p), t.q);
     load_rows(at(bp.dout, bp.dout_batch_stride, bp.dout_row_stride, bp.dout_head_stride, b,
@@ -172,6 +213,64 @@ struct Pass {
     }
   }
 
+  // load_queries for the AMX products: q and dO as bf16 rows and packed (zero rows up to a
+  // whole tile), lse, and D from the bf16 dO and out rows.
+  void load_queries_amx(int32_t b, int32_t h, int64_t row0, int rows, Tiles& t) const {
+    if constexpr (std::is_same_v<T, bfloat16_t>) {  // (only bf16 takes the AMX products)
+      const int D = p.head_dim, Dv = p.head_dim_v;
+      const Tiles::AmxViews a = t.amx(D, Dv);
+      const T* q = at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, row0, h);
+      const T* dout = at(bp.dout, bp.dout_batch_stride, bp.dout_row_stride, bp.dout_head_stride,
+                         b, row0, h);
+      const T* q_rows[kBackwardBlockQ];
+      const T* dout_rows[kBackwardBlockQ];
+      for (int r = 0; r < kBackwardBlockQ; ++r) {
+        q_rows[r] = r < rows ? q + r * p.q_row_stride : nullptr;
+        dout_rows[r] = r < rows ? dout + r * bp.dout_row_stride : nullptr;
+        uint16_t* q_dst = a.q + int64_t{r} * D;
+        uint16_t* dout_dst = a.dout + int64_t{r} * Dv;
+        if (r < rows) {
+          std::memcpy(q_dst, q_rows[r], sizeof(uint16_t) * D);
+          std::memcpy(dout_dst, dout_rows[r], sizeof(uint16_t) * Dv);
+        } else {
+          std::fill(q_dst, q_dst + D, uint16_t{0});
+          std::fill(dout_dst, dout_dst + Dv, uint16_t{0});
+        }
+      }
+      const int padded = static_cast<int>(round_up(rows, 32));
+      amx::pack_pairs_of_columns(q_rows, D, padded, a.q_pairs);
+      amx::pack_pairs_of_columns(dout_rows, Dv, padded, a.dout_pairs);
+      const T* out = at(p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride, b, row0, h);
+      const float* lse = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride + row0;
+      float dout_row[256];  // head dims are at most 256
+      for (int r = 0; r < rows; ++r) {
+        t.lse[r] = lse[r];
+        convert_row(out + r * p.out_row_stride, t.row, Dv, 1.0f);
+        convert_row(dout_rows[r], dout_row, Dv, 1.0f);
+        t.d[r] = static_cast<float>(dot_double(dout_row, t.row, Dv));  // as in load_queries
+      }
+    }
+  }
+
+  // Stages keys [j0, j0 + cols) of (b, hk) for the AMX products: K and V packed as the
+  // outputs of S and dP, K packed once more as the reduced side of dQ += dS K (with_columns).
+  void load_keys_amx(const SequenceView& seq, int32_t b, int32_t hk, int64_t j0, int cols,
+                     bool with_columns, Tiles& t) const {
+    if constexpr (std::is_same_v<T, bfloat16_t>) {  // (only bf16 takes the AMX products)
+      const int D = p.head_dim, Dv = p.head_dim_v;
+      const Tiles::AmxViews a = t.amx(D, Dv);
+      const int padded = static_cast<int>(round_up(cols, 32));
+      const T* k = at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b, seq.k_row0 + j0, hk);
+      const T* v = at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b, seq.k_row0 + j0, hk);
+      const T* rows[kBlockK];
+      for (int j = 0; j < padded; ++j) rows[j] = j < cols ? k + j * p.k_row_stride : nullptr;
+      amx::pack_pairs_of_rows(rows, D, padded, a.key_pairs);
+      if (with_columns) amx::pack_pairs_of_columns(rows, D, padded, a.key_columns);
+      for (int j = 0; j < padded; ++j) rows[j] = j < cols ? v + j * p.v_row_stride : nullptr;
+      amx::pack_pairs_of_rows(rows, Dv, padded, a.value_pairs);
+    }
+  }
+
   // The tile of rows [i0, i0+rows) x keys [j0, j0+cols): leaves P o M in t.p and dS in t.ds.
   // Needs t.q, t.dout, t.lse, t.d, keys.kt and keys.vt loaded.
   void tile(const SequenceView& seq, int32_t b, int32_t h, int64_t i0, int rows, int64_t j0,
@@ -179,9 +278,19 @@ struct Pass {
             const NextRows* next = nullptr) const {
     const int D = p.head_dim, Dv = p.head_dim_v;
     int p_zeros = 0, ds_zeros = 0;  // counts, not bools: integer sums vectorise
-    score_tile(t.q, keys.kt, t.p, rows, D);
-    modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
-    score_tile(t.dout, keys.vt, t.ds, rows, Dv);  // dO V^T
+    if (amx) {  // the same two products from the staged bf16 operands (q unscaled there)
+      const Tiles::AmxViews a = t.amx(D, Dv);
+      const int padded_rows = static_cast<int>(round_up(rows, 32));
+      const int padded_cols = static_cast<int>(round_up(cols, 32));
+      amx::product(a.q, D, a.key_pairs, padded_rows, D, padded_cols, t.p, kBlockK, false,
+                   query_scale(p));
+      modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
+      amx::product(a.dout, Dv, a.value_pairs, padded_rows, Dv, padded_cols, t.ds, kBlockK, false);
+    } else {
+      score_tile(t.q, keys.kt, t.p, rows, D);
+      modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
+      score_tile(t.dout, keys.vt, t.ds, rows, Dv);  // dO V^T
+    }
     for (int r = 0; r < rows; ++r) {
       if (next != nullptr && r < next->rows) next->prefetch(r, p.head_dim, p.head_dim_v);
       float* prob = t.p + static_cast<int64_t>(r) * kBlockK;
@@ -244,6 +353,7 @@ struct Pass {
                      static_cast<int>(std::clamp<int64_t>(seq.seqlen_k - j0, 0, kBlockK))};
     }
     bool any_cols = false;
+    if (amx) amx::configure_tiles();  // (one key block: the non-fused path)
     for (int x = 0; x < n; ++x) {
       const Tiles::Keys& kx = t.key[x];
       const int64_t j0 = blocks[x].j0;
@@ -252,6 +362,10 @@ struct Pass {
       std::fill(kx.acc_v, kx.acc_v + int64_t{kBlockK} * Dv, 0.0f);
       if (cols == 0) continue;
       any_cols = true;
+      if (amx) {
+        load_keys_amx(seq, b, hk, j0, cols, false, t);
+        continue;
+      }
       load_transposed(at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
                          seq.k_row0 + j0, hk),
                       p.k_row_stride, cols, D, kx.kt);
@@ -315,6 +429,22 @@ struct Pass {
           const int cols = blocks[x].cols;
           tile(seq, b, h, i0, rows, j0, cols, t, kx, prefetched ? nullptr : &next);
           prefetched = true;
+          if (amx) {  // dV += (P o M)^T dO and dK += dS^T q from the tiles transposed in bf16
+            const Tiles::AmxViews a = t.amx(D, Dv);
+            const int padded_rows = static_cast<int>(round_up(rows, 32));
+            const int padded_cols = static_cast<int>(round_up(cols, 32));
+            for (int r = rows; r < padded_rows; ++r) {
+              std::fill_n(t.p + int64_t{r} * kBlockK, padded_cols, 0.0f);
+              std::fill_n(t.ds + int64_t{r} * kBlockK, padded_cols, 0.0f);
+            }
+            amx::transpose_to_bf16(t.p, kBlockK, padded_rows, padded_cols, a.p_t, kBackwardBlockQ);
+            amx::transpose_to_bf16(t.ds, kBlockK, padded_rows, padded_cols, a.ds_t, kBackwardBlockQ);
+            amx::product(a.p_t, kBackwardBlockQ, a.dout_pairs, padded_cols, padded_rows, Dv,
+                         kx.acc_v, Dv, true);
+            amx::product(a.ds_t, kBackwardBlockQ, a.q_pairs, padded_cols, padded_rows, D, kx.acc,
+                         D, true);
+            continue;
+          }
           // The tiles read transposed: row j of (P o M)^T is column j of P o M.
           const Weights pt{t.p, 1, kBlockK, t.p_no_zeros}, dst{t.ds, 1, kBlockK, t.ds_no_zeros};
           accumulate_pv(pt, t.dout, Dv, kx.acc_v, Dv, cols, rows, Dv);  // dV += (P o M)^T dO
@@ -330,8 +460,10 @@ struct Pass {
         }
       }
     }
-    // dK = scale dS^T q = (scale / query_scale) dS^T (q * query_scale).
-    const float k_scale = p.softcap > 0.0f ? p.softcap : 1.0f;
+    if (amx) amx::release_tiles();
+    // dK = scale dS^T q = (scale / query_scale) dS^T (q * query_scale); the AMX products
+    // take q unscaled.
+    const float k_scale = amx ? p.softmax_scale : p.softcap > 0.0f ? p.softcap : 1.0f;
     for (int x = 0; x < n; ++x) {
       const Tiles::Keys& kx = t.key[x];
       const int64_t j0 = blocks[x].j0;
@@ -381,8 +513,25 @@ struct Pass {
     const KeyRange keys = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
                                                p.window_left, p.window_right);
     if (!keys.empty()) load_queries(seq, b, h, i0, rows, t);
+    if (amx) amx::configure_tiles();
     for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
       const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.end - j0));
+      if (amx) {  // dQ += dS K with dS rounded to bf16
+        load_keys_amx(seq, b, hk, j0, cols, true, t);
+        tile(seq, b, h, i0, rows, j0, cols, t, kx);
+        const Tiles::AmxViews a = t.amx(D, Dv);
+        const int padded_rows = static_cast<int>(round_up(rows, 32));
+        const int padded_cols = static_cast<int>(round_up(cols, 32));
+        for (int r = 0; r < padded_rows; ++r) {
+          uint16_t* ds = a.ds + int64_t{r} * kBlockK;
+          if (r < rows)
+            amx::round_to_bf16(t.ds + int64_t{r} * kBlockK, padded_cols, ds);
+          else
+            std::fill_n(ds, padded_cols, uint16_t{0});
+        }
+        amx::product(a.ds, kBlockK, a.key_columns, padded_rows, padded_cols, D, kx.acc, D, true);
+        continue;
+      }
       const T* k = at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
                       seq.k_row0 + j0, hk);
       load_transposed(k, p.k_row_stride, cols, D, kx.kt);
@@ -403,6 +552,7 @@ struct Pass {
       accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, k_rows, k_row_stride, kx.acc, D,
                     rows, cols, D);
     }
+    if (amx) amx::release_tiles();
     T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
                seq.q_row0 + i0, h);
     for (int r = 0; r < rows; ++r)
@@ -439,7 +589,9 @@ size_t backward_typed(const BackwardParams& bp) {
   std::optional<DropoutRng> dropout;
   if (p.dropout_p > 0.0f)
     dropout = make_dropout_rng(p.dropout_seed, p.dropout_offset, p.dropout_p);
-  const Pass<T> pass{bp, p, dropout ? &*dropout : nullptr};
+  const bool amx = std::is_same_v<T, bfloat16_t> && amx::available() &&
+                   amx::fits(p.head_dim, p.head_dim_v) && p.head_dim >= 64 && p.head_dim_v >= 64;
+  const Pass<T> pass{bp, p, dropout ? &*dropout : nullptr, amx};
 
   // fp32 with a (batch, kv head) for every processor: the fused backward, one item per
   // (batch, kv head). The choice depends on the machine, never on num_threads, so that a
