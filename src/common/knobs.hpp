@@ -23,6 +23,7 @@ inline constexpr char kSm90ForwardGrid[] = "FLASHATTN_SM90_FORWARD_GRID";
 inline constexpr char kSm90ForwardShape[] = "FLASHATTN_SM90_FORWARD_SHAPE";
 inline constexpr char kSm90BackwardLoads[] = "FLASHATTN_SM90_BACKWARD_LOADS";
 inline constexpr char kCudaDqAtomics[] = "FLASHATTN_CUDA_DQ_ATOMICS";
+inline constexpr char kCpuAmx[] = "FLASHATTN_CPU_AMX";
 // Read only in tuning builds (-DFLASHATTN_SM80_TUNING=ON).
 inline constexpr char kCudaGrid[] = "FLASHATTN_CUDA_GRID";
 inline constexpr char kKvCacheConfig[] = "FLASHATTN_KVCACHE_CONFIG";
@@ -112,6 +113,16 @@ inline int64_t shared_bytes_limit(int64_t device_limit) {
 inline bool dq_atomics_forced() {
   const char* forced = value(kCudaDqAtomics);
   return forced != nullptr && std::strcmp(forced, "1") == 0;
+}
+
+// FLASHATTN_CPU_AMX=0 keeps the CPU engine's bf16 matrix products in fp32 on processors with
+// AMX tiles (cpu/amx.hpp), which they take otherwise (=1 or unset): the tests run the CPU
+// suites both ways, the benchmarks compare.
+inline bool cpu_amx_allowed() {
+  const char* set = value(kCpuAmx);
+  if (set == nullptr || *set == '\0' || std::strcmp(set, "1") == 0) return true;
+  if (std::strcmp(set, "0") == 0) return false;
+  throw Error(ErrorCode::InvalidArgument, kCpuAmx, "0, 1 or unset", std::string(set));
 }
 
 // Tuning builds only. FLASHATTN_CUDA_GRID forces the grid layout of the forward and backward

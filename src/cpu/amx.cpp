@@ -3,10 +3,10 @@
 // unless available() said the processor and the OS allow them.
 #include "cpu/amx.hpp"
 
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
+#include "common/knobs.hpp"
 #include "cpu/exp_approx.hpp"
 #include "cpu/kernels.hpp"
 
@@ -23,11 +23,6 @@ namespace flashattn::detail::cpu::amx {
 namespace {
 
 constexpr int kTileWords = 256;  // a 16 x 16 tile of 32-bit words (16 rows x 64 bytes)
-
-bool requested_off() {
-  const char* value = std::getenv("FLASHATTN_CPU_AMX");
-  return value != nullptr && std::strcmp(value, "0") == 0;
-}
 
 #ifdef FLASHATTN_AMX
 bool processor_and_os_allow() {
@@ -48,8 +43,8 @@ bool processor_and_os_allow() {
 
 bool available() {
 #ifdef FLASHATTN_AMX
-  static const bool allowed = !requested_off() && processor_and_os_allow();
-  return allowed;
+  static const bool allowed = processor_and_os_allow();  // asked of the OS once
+  return allowed && knobs::cpu_amx_allowed();
 #else
   return false;
 #endif
@@ -239,7 +234,7 @@ FA_AMX_TARGET inline float lanes_sum(__m512 v) {
 }
 
 FA_AMX_TARGET bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_dim_v,
-                                     uint16_t* probabilities) {
+                                     uint16_t* probabilities, float scale) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   constexpr int kVectors = kBlockK / 16;
   __m512 row[kVectors];
@@ -250,16 +245,17 @@ FA_AMX_TARGET bool softmax_step_bf16(float* scores, float* m, float* l, float* a
     vprobe = _mm512_add_ps(vprobe, row[v]);
   }
   const float block_max = lanes_max(vmax), probe = lanes_sum(vprobe);
-  const float m_new = *m > block_max ? *m : block_max;
+  const float scaled_max = scale * block_max;
+  const float m_new = *m > scaled_max ? *m : scaled_max;
   // NaN, infinities and rows that have seen nothing yet: softmax_step's exact handling.
   if (probe != probe || m_new == kInf || m_new == -kInf || block_max != block_max) return false;
-  // exp(x - m) = 2^y, y = x log2(e) - m log2(e) <= 0: 2^f by its Taylor series to degree 6 on
+  // exp(scale x - m) = 2^y, y = x scale log2(e) - m log2(e) <= 0: 2^f by its Taylor series to degree 6 on
   // f = y - round(y) in [-1/2, 1/2] (truncation below 2e-7), scaled by 2^round(y) (VSCALEFPS);
   // y below -126 (masked scores among them) gives exactly 0.
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float c1 = 0.693147180559945f, c2 = 0.240226506959101f, c3 = 0.0555041086648216f,
                   c4 = 0.00961812910762848f, c5 = 0.00133335581464284f, c6 = 0.000154035303933816f;
-  const __m512 log2e = _mm512_set1_ps(kLog2e), shift = _mm512_set1_ps(-m_new * kLog2e);
+  const __m512 log2e = _mm512_set1_ps(scale * kLog2e), shift = _mm512_set1_ps(-m_new * kLog2e);
   const __m512 floor_y = _mm512_set1_ps(-126.0f);
   __m512 vsum = _mm512_setzero_ps();
   for (int v = 0; v < kVectors; ++v) {
@@ -300,7 +296,7 @@ void pack_pairs_of_rows(const bfloat16_t* const*, int, int, uint16_t*) {}
 void pack_pairs_of_columns(const bfloat16_t* const*, int, int, uint16_t*) {}
 void product(const uint16_t*, int64_t, const uint16_t*, int, int, int, float*, int64_t, bool, float) {}
 void round_to_bf16(const float*, int64_t, uint16_t*) {}
-bool softmax_step_bf16(float*, float*, float*, float*, int, uint16_t*) { return false; }
+bool softmax_step_bf16(float*, float*, float*, float*, int, uint16_t*, float) { return false; }
 void transpose_to_bf16(const float*, int64_t, int, int, uint16_t*, int64_t) {}
 
 #endif

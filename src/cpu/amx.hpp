@@ -20,8 +20,8 @@
 namespace flashattn::detail::cpu::amx {
 
 // True where the processor has AMX-TILE and AMX-BF16 and the OS gave this process the tile
-// data state (Linux arch_prctl ARCH_REQ_XCOMP_PERM), and FLASHATTN_CPU_AMX is not "0"
-// (which keeps the fp32 products, for comparison). Decided once per process.
+// data state (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process), and
+// FLASHATTN_CPU_AMX is not "0" (common/knobs.hpp: the fp32 products, for comparison).
 bool available();
 
 // The widths the tile products take: a reduced dimension of whole 32-element chunks and an
@@ -61,9 +61,11 @@ void transpose_to_bf16(const float* src, int64_t src_stride, int rows, int cols,
 // under bf16's 2^-9). Writes the probabilities rounded to bf16 to `probabilities` when it is
 // not null (the scores row is then left as it was), else as fp32 over the scores. Returns
 // false, touching nothing, for a row softmax_step must take: NaN or infinite scores, or no
-// visible key yet.
+// visible key yet. The scores are those of softmax_step times `scale` (> 0): scale x for
+// each x of the row (whose max is then scale times the row's), so that unmasked tiles need
+// no pass of their own to scale.
 bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_dim_v,
-                       uint16_t* probabilities);
+                       uint16_t* probabilities, float scale);
 
 // dst[i] = bf16(src[i]) rounded to nearest even, for i < n (finite inputs).
 void round_to_bf16(const float* src, int64_t n, uint16_t* dst);

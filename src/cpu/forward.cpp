@@ -186,6 +186,12 @@ void attend_rows_amx(const ForwardParams& p, const SequenceView& seq, const KeyR
                                      : 0.0f;
   };
   const float scale = query_scale(p);
+  // Without softcap and ALiBi, modify_scores only masks (-inf whatever the scale), so the
+  // softmax takes the scale in its exponent's multiply-add instead of a pass over the tile.
+  const float softmax_scale = scale > 0.0f && p.softcap == 0.0f && p.alibi_slopes == nullptr
+                                  ? scale
+                                  : 1.0f;
+  const bool scale_in_softmax = softmax_scale != 1.0f;
   std::fill(t.m, t.m + rows, -std::numeric_limits<float>::infinity());
   std::fill(t.l, t.l + rows, 0.0f);
   std::fill(t.acc, t.acc + static_cast<int64_t>(padded_rows) * Dv, 0.0f);
@@ -217,7 +223,7 @@ void attend_rows_amx(const ForwardParams& p, const SequenceView& seq, const KeyR
                                seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
       if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
       amx::product(q + int64_t{r0} * D, D, key_pairs, padded_n, D, padded_cols, t.s, kBlockK,
-                   false, scale);
+                   false, scale_in_softmax ? 1.0f : scale);
       if (packed) {
         for (int r = 0; r < n; ++r)
           modify_scores(p, seq, slope_of(r0 + r), t.s + static_cast<int64_t>(r) * kBlockK,
@@ -233,12 +239,15 @@ void attend_rows_amx(const ForwardParams& p, const SequenceView& seq, const KeyR
         float* row = t.s + static_cast<int64_t>(r) * kBlockK;
         float* acc_row = t.acc + static_cast<int64_t>(r0 + r) * Dv;
         uint16_t* p_row = probabilities + static_cast<int64_t>(r) * kBlockK;
-        if (dropout == nullptr &&
-            amx::softmax_step_bf16(row, t.m + r0 + r, t.l + r0 + r, acc_row, Dv, p_row))
+        if (dropout == nullptr && amx::softmax_step_bf16(row, t.m + r0 + r, t.l + r0 + r, acc_row,
+                                                         Dv, p_row, softmax_scale))
           continue;
-        if (dropout == nullptr ||
-            !amx::softmax_step_bf16(row, t.m + r0 + r, t.l + r0 + r, acc_row, Dv, nullptr))
+        if (dropout == nullptr || !amx::softmax_step_bf16(row, t.m + r0 + r, t.l + r0 + r, acc_row,
+                                                          Dv, nullptr, softmax_scale)) {
+          if (scale_in_softmax)  // softmax_step takes scaled scores
+            for (int j = 0; j < kBlockK; ++j) row[j] *= softmax_scale;
           softmax_step(row, t.m + r0 + r, t.l + r0 + r, acc_row, Dv);
+        }
         if (dropout != nullptr) {
           float m[kBlockK];
           dropout_multipliers(p, *dropout, b, block.head(r0 + r), block.position(r0 + r), j0, cols,
