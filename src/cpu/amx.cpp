@@ -233,6 +233,35 @@ FA_AMX_TARGET inline float lanes_sum(__m512 v) {
   return _mm512_cvtss_f32(v);
 }
 
+// 2^y for y = x a + c: 2^f by its Taylor series to degree 6 on f = y - round(y) in [-1/2, 1/2]
+// (relative truncation below 2e-7), scaled by 2^round(y) (VSCALEFPS); y below -126 gives
+// exactly 0.
+FA_AMX_TARGET inline __m512 exp2_fma(__m512 x, __m512 a, __m512 c) {
+  constexpr float c1 = 0.693147180559945f, c2 = 0.240226506959101f, c3 = 0.0555041086648216f,
+                  c4 = 0.00961812910762848f, c5 = 0.00133335581464284f, c6 = 0.000154035303933816f;
+  const __m512 y = _mm512_fmadd_ps(x, a, c);
+  const __mmask16 live = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  const __m512 n = _mm512_maskz_roundscale_ps(0xFFFF, y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(y, n);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(c6), f, _mm512_set1_ps(c5));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+FA_AMX_TARGET void probabilities_bf16(float* prob, float lse, float scale) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  const __m512 a = _mm512_set1_ps(scale * kLog2e), c = _mm512_set1_ps(-lse * kLog2e);
+  for (int j = 0; j < kBlockK; j += 16) {
+    const __m512 x = _mm512_loadu_ps(prob + j);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    _mm512_storeu_ps(prob + j, _mm512_mask_blend_ps(nan, exp2_fma(x, a, c), x));
+  }
+}
+
 FA_AMX_TARGET bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_dim_v,
                                      uint16_t* probabilities, float scale) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -249,27 +278,13 @@ FA_AMX_TARGET bool softmax_step_bf16(float* scores, float* m, float* l, float* a
   const float m_new = *m > scaled_max ? *m : scaled_max;
   // NaN, infinities and rows that have seen nothing yet: softmax_step's exact handling.
   if (probe != probe || m_new == kInf || m_new == -kInf || block_max != block_max) return false;
-  // exp(scale x - m) = 2^y, y = x scale log2(e) - m log2(e) <= 0: 2^f by its Taylor series to degree 6 on
-  // f = y - round(y) in [-1/2, 1/2] (truncation below 2e-7), scaled by 2^round(y) (VSCALEFPS);
-  // y below -126 (masked scores among them) gives exactly 0.
+  // exp(scale x - m) = 2^y, y = x scale log2(e) - m log2(e) <= 0 (exp2_fma: masked scores,
+  // whose y is below -126, give exactly 0).
   constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float c1 = 0.693147180559945f, c2 = 0.240226506959101f, c3 = 0.0555041086648216f,
-                  c4 = 0.00961812910762848f, c5 = 0.00133335581464284f, c6 = 0.000154035303933816f;
-  const __m512 log2e = _mm512_set1_ps(scale * kLog2e), shift = _mm512_set1_ps(-m_new * kLog2e);
-  const __m512 floor_y = _mm512_set1_ps(-126.0f);
+  const __m512 a = _mm512_set1_ps(scale * kLog2e), c = _mm512_set1_ps(-m_new * kLog2e);
   __m512 vsum = _mm512_setzero_ps();
   for (int v = 0; v < kVectors; ++v) {
-    const __m512 y = _mm512_fmadd_ps(row[v], log2e, shift);
-    const __mmask16 live = _mm512_cmp_ps_mask(y, floor_y, _CMP_GE_OQ);
-    const __m512 n = _mm512_maskz_roundscale_ps(0xFFFF, y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(y, n);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(c6), f, _mm512_set1_ps(c5));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    const __m512 e = _mm512_maskz_scalef_ps(live, p, n);
+    const __m512 e = exp2_fma(row[v], a, c);
     vsum = _mm512_add_ps(vsum, e);
     if (probabilities != nullptr)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(probabilities + 16 * v),
@@ -298,6 +313,7 @@ void product(const uint16_t*, int64_t, const uint16_t*, int, int, int, float*, i
 void round_to_bf16(const float*, int64_t, uint16_t*) {}
 bool softmax_step_bf16(float*, float*, float*, float*, int, uint16_t*, float) { return false; }
 void transpose_to_bf16(const float*, int64_t, int, int, uint16_t*, int64_t) {}
+void probabilities_bf16(float*, float, float) {}
 
 #endif
 

@@ -67,6 +67,11 @@ void transpose_to_bf16(const float* src, int64_t src_stride, int rows, int cols,
 bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_dim_v,
                        uint16_t* probabilities, float scale);
 
+// backward_probabilities (cpu/kernels.hpp) for the AMX backward: prob[j] = exp(scale prob[j]
+// - lse) for j < kBlockK by softmax_step_bf16's exponential; masked scores (-inf) give 0, NaN
+// stays NaN.
+void probabilities_bf16(float* prob, float lse, float scale);
+
 // dst[i] = bf16(src[i]) rounded to nearest even, for i < n (finite inputs).
 void round_to_bf16(const float* src, int64_t n, uint16_t* dst);
 

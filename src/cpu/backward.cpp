@@ -123,19 +123,21 @@ struct Tiles {
     uint16_t* ds_t;         // kBlockK x 64: dS^T
     uint16_t* ds;           // 64 x kBlockK: dS
   };
-  AmxViews amx(int head_dim, int head_dim_v) const {
+  // The key operands are those of key block `keys` (one of key[]); the per-tile ones (p_t,
+  // ds_t, ds) live in key[0]'s spare halves whichever block a tile uses.
+  AmxViews amx(int head_dim, int head_dim_v, const Keys& keys) const {
     const auto half = [](float* f) { return reinterpret_cast<uint16_t*>(f); };
-    const Keys& k = key[0];
+    const Keys& k0 = key[0];
     return {half(q),
             half(q) + int64_t{kBackwardBlockQ} * head_dim,
             half(dout),
             half(dout) + int64_t{kBackwardBlockQ} * head_dim_v,
-            half(k.kt),
-            half(k.kt) + int64_t{kBlockK} * head_dim,
-            half(k.vt),
-            half(k.vt) + int64_t{kBlockK} * head_dim_v,
-            half(k.k),
-            half(k.k) + int64_t{kBlockK} * kBackwardBlockQ};
+            half(keys.kt),
+            half(keys.kt) + int64_t{kBlockK} * head_dim,
+            half(keys.vt),
+            half(k0.vt) + int64_t{kBlockK} * head_dim_v,
+            half(k0.k),
+            half(k0.k) + int64_t{kBlockK} * kBackwardBlockQ};
   }
 };
 static_assert(kBackwardBlockQ % 32 == 0, "AMX products take whole 32-row tiles");
@@ -218,7 +220,7 @@ struct Pass {
   void load_queries_amx(int32_t b, int32_t h, int64_t row0, int rows, Tiles& t) const {
     if constexpr (std::is_same_v<T, bfloat16_t>) {  // (only bf16 takes the AMX products)
       const int D = p.head_dim, Dv = p.head_dim_v;
-      const Tiles::AmxViews a = t.amx(D, Dv);
+      const Tiles::AmxViews a = t.amx(D, Dv, t.key[0]);
       const T* q = at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, row0, h);
       const T* dout = at(bp.dout, bp.dout_batch_stride, bp.dout_row_stride, bp.dout_head_stride,
                          b, row0, h);
@@ -255,10 +257,10 @@ struct Pass {
   // Stages keys [j0, j0 + cols) of (b, hk) for the AMX products: K and V packed as the
   // outputs of S and dP, K packed once more as the reduced side of dQ += dS K (with_columns).
   void load_keys_amx(const SequenceView& seq, int32_t b, int32_t hk, int64_t j0, int cols,
-                     bool with_columns, Tiles& t) const {
+                     bool with_columns, const Tiles& t, const Tiles::Keys& keys) const {
     if constexpr (std::is_same_v<T, bfloat16_t>) {  // (only bf16 takes the AMX products)
       const int D = p.head_dim, Dv = p.head_dim_v;
-      const Tiles::AmxViews a = t.amx(D, Dv);
+      const Tiles::AmxViews a = t.amx(D, Dv, keys);
       const int padded = static_cast<int>(round_up(cols, 32));
       const T* k = at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b, seq.k_row0 + j0, hk);
       const T* v = at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b, seq.k_row0 + j0, hk);
@@ -271,6 +273,50 @@ struct Pass {
     }
   }
 
+  // tile() on the AMX products: S and dP from the staged bf16 operands, then P (by
+  // amx::probabilities_bf16, the scale in its exponent where modify_scores only masks) and
+  // dS in fp32 as tile() makes them; no zero counts (the tile products do not skip zeros).
+  void amx_tile(const SequenceView& seq, int32_t b, int32_t h, int64_t i0, int rows, int64_t j0,
+                int cols, Tiles& t, const Tiles::Keys& keys, const NextRows* next) const {
+    const int D = p.head_dim, Dv = p.head_dim_v;
+    const Tiles::AmxViews a = t.amx(D, Dv, keys);
+    const int padded_rows = static_cast<int>(round_up(rows, 32));
+    const int padded_cols = static_cast<int>(round_up(cols, 32));
+    const float scale = query_scale(p);
+    const bool scale_in_exp = scale > 0.0f && p.softcap == 0.0f && p.alibi_slopes == nullptr;
+    amx::product(a.q, D, a.key_pairs, padded_rows, D, padded_cols, t.p, kBlockK, false,
+                 scale_in_exp ? 1.0f : scale);
+    modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
+    amx::product(a.dout, Dv, a.value_pairs, padded_rows, Dv, padded_cols, t.ds, kBlockK, false);
+    for (int r = 0; r < rows; ++r) {
+      if (next != nullptr && r < next->rows) next->prefetch(r, p.head_dim, p.head_dim_v);
+      float* prob = t.p + static_cast<int64_t>(r) * kBlockK;
+      float* ds = t.ds + static_cast<int64_t>(r) * kBlockK;
+      const float lse = t.lse[r], d = t.d[r];
+      if (lse == -std::numeric_limits<float>::infinity()) {  // the row saw no key at all
+        std::fill(prob, prob + kBlockK, 0.0f);
+        std::fill(ds, ds + kBlockK, 0.0f);
+        continue;
+      }
+      amx::probabilities_bf16(prob, lse, scale_in_exp ? scale : 1.0f);  // masked: 0
+      if (dropout != nullptr) {
+        float m[kBlockK];
+        dropout_multipliers(p, *dropout, b, h, i0 + r, j0, cols, m);
+        for (int j = 0; j < cols; ++j) {
+          ds[j] = prob[j] * (ds[j] * m[j] - d);
+          prob[j] *= m[j];
+        }
+      } else {
+        for (int j = 0; j < cols; ++j) ds[j] = prob[j] * (ds[j] - d);
+      }
+      for (int j = cols; j < kBlockK; ++j) ds[j] = 0.0f;
+      if (p.softcap > 0.0f) {
+        const float* g = t.grad + static_cast<int64_t>(r) * kBlockK;
+        for (int j = 0; j < cols; ++j) ds[j] *= g[j];
+      }
+    }
+  }
+
   // The tile of rows [i0, i0+rows) x keys [j0, j0+cols): leaves P o M in t.p and dS in t.ds.
   // Needs t.q, t.dout, t.lse, t.d, keys.kt and keys.vt loaded.
   void tile(const SequenceView& seq, int32_t b, int32_t h, int64_t i0, int rows, int64_t j0,
@@ -279,13 +325,8 @@ struct Pass {
     const int D = p.head_dim, Dv = p.head_dim_v;
     int p_zeros = 0, ds_zeros = 0;  // counts, not bools: integer sums vectorise
     if (amx) {  // the same two products from the staged bf16 operands (q unscaled there)
-      const Tiles::AmxViews a = t.amx(D, Dv);
-      const int padded_rows = static_cast<int>(round_up(rows, 32));
-      const int padded_cols = static_cast<int>(round_up(cols, 32));
-      amx::product(a.q, D, a.key_pairs, padded_rows, D, padded_cols, t.p, kBlockK, false,
-                   query_scale(p));
-      modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
-      amx::product(a.dout, Dv, a.value_pairs, padded_rows, Dv, padded_cols, t.ds, kBlockK, false);
+      amx_tile(seq, b, h, i0, rows, j0, cols, t, keys, next);
+      return;
     } else {
       score_tile(t.q, keys.kt, t.p, rows, D);
       modify_scores(p, seq, slope(b, h), t.p, i0, rows, j0, cols, t.grad);
@@ -353,7 +394,7 @@ struct Pass {
                      static_cast<int>(std::clamp<int64_t>(seq.seqlen_k - j0, 0, kBlockK))};
     }
     bool any_cols = false;
-    if (amx) amx::configure_tiles();  // (one key block: the non-fused path)
+    if (amx) amx::configure_tiles();
     for (int x = 0; x < n; ++x) {
       const Tiles::Keys& kx = t.key[x];
       const int64_t j0 = blocks[x].j0;
@@ -363,7 +404,7 @@ struct Pass {
       if (cols == 0) continue;
       any_cols = true;
       if (amx) {
-        load_keys_amx(seq, b, hk, j0, cols, false, t);
+        load_keys_amx(seq, b, hk, j0, cols, false, t, kx);
         continue;
       }
       load_transposed(at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
@@ -430,7 +471,7 @@ struct Pass {
           tile(seq, b, h, i0, rows, j0, cols, t, kx, prefetched ? nullptr : &next);
           prefetched = true;
           if (amx) {  // dV += (P o M)^T dO and dK += dS^T q from the tiles transposed in bf16
-            const Tiles::AmxViews a = t.amx(D, Dv);
+            const Tiles::AmxViews a = t.amx(D, Dv, kx);
             const int padded_rows = static_cast<int>(round_up(rows, 32));
             const int padded_cols = static_cast<int>(round_up(cols, 32));
             for (int r = rows; r < padded_rows; ++r) {
@@ -517,9 +558,9 @@ struct Pass {
     for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
       const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.end - j0));
       if (amx) {  // dQ += dS K with dS rounded to bf16
-        load_keys_amx(seq, b, hk, j0, cols, true, t);
+        load_keys_amx(seq, b, hk, j0, cols, true, t, kx);
         tile(seq, b, h, i0, rows, j0, cols, t, kx);
-        const Tiles::AmxViews a = t.amx(D, Dv);
+        const Tiles::AmxViews a = t.amx(D, Dv, kx);
         const int padded_rows = static_cast<int>(round_up(rows, 32));
         const int padded_cols = static_cast<int>(round_up(cols, 32));
         for (int r = 0; r < padded_rows; ++r) {
@@ -610,10 +651,16 @@ size_t backward_typed(const BackwardParams& bp) {
     } else {
       // Dynamic scheduling: with causal or window masks, blocks differ a lot in cost. Which
       // thread runs an item never changes what the item computes.
+      // The AMX products take kKeyBlocksPerPass key blocks per item (each load of query rows,
+      // converted and packed, then serves them all); the fp32 products one (more items for
+      // the threads to balance).
+      const int blocks_per_item = amx ? kKeyBlocksPerPass : 1;
+      const int64_t key_items_per_head = (key_blocks + blocks_per_item - 1) / blocks_per_item;
 #pragma omp for collapse(3) schedule(dynamic, 1)
       for (int32_t b = 0; b < p.batch; ++b)
         for (int32_t hk = 0; hk < p.heads_k; ++hk)
-          for (int64_t block = 0; block < key_blocks; ++block) pass.keys(b, hk, block, 1, tiles);
+          for (int64_t item = 0; item < key_items_per_head; ++item)
+            pass.keys(b, hk, item * blocks_per_item, blocks_per_item, tiles);
 #pragma omp for collapse(3) schedule(dynamic, 1)
       for (int32_t b = 0; b < p.batch; ++b)
         for (int32_t h = 0; h < p.heads; ++h)
