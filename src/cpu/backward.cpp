@@ -46,6 +46,11 @@ namespace {
 
 // Query rows per backward work item (and per tile: pass 1 walks query blocks of this size).
 constexpr int kBackwardBlockQ = 64;
+// Query rows per pass-2 item on the AMX products: two tiles of kBackwardBlockQ rows share each
+// key block's packing (K twice, V once), which would otherwise be a fifth of that pass. Their
+// q and dO rows fill the bf16 views of both halves of the q and dout tiles (pass 2 packs no
+// pairs of them); lse and D hold this many rows.
+constexpr int kAmxBlockQ = 2 * kBackwardBlockQ;
 // Key blocks that the fused backward's pass 1 holds at once: each block of query rows it
 // loads (q, dO and out for D: rows of the caller's tensors, a row stride apart, reloaded for
 // every pass over the keys) then serves both. 2 over 1: +5 % fp32 forward + backward at head
@@ -75,8 +80,8 @@ struct Tiles {
   float* p;     // kBackwardBlockQ x kBlockK: scores, then P, then P o M
   float* ds;    // kBackwardBlockQ x kBlockK: dP, then dS
   float* grad;  // kBackwardBlockQ x kBlockK: softcap's derivative
-  float* lse;   // kBackwardBlockQ
-  float* d;     // kBackwardBlockQ: D_i = rowsum(dO o O)
+  float* lse;   // kAmxBlockQ (kBackwardBlockQ outside the AMX pass 2)
+  float* d;     // kAmxBlockQ: D_i = rowsum(dO o O)
   float* row;   // Dv: one row of out in fp32
   // Set by Pass::tile: no entry of P o M (of dS) that the products read is exactly 0, so
   // accumulate_pv may skip its own, scalar, check for zeros (Weights::no_zeros).
@@ -102,8 +107,8 @@ struct Tiles {
     take(t ? t->p : unused, tile);
     take(t ? t->ds : unused, tile);
     take(t ? t->grad : unused, tile);
-    take(t ? t->lse : unused, kBackwardBlockQ);
-    take(t ? t->d : unused, kBackwardBlockQ);
+    take(t ? t->lse : unused, kAmxBlockQ);
+    take(t ? t->d : unused, kAmxBlockQ);
     take(t ? t->row : unused, head_dim_v);
     return used;
   }
@@ -193,7 +198,7 @@ struct Pass {
     const int64_t row0 = seq.q_row0 + i0;
     if constexpr (std::is_same_v<T, bfloat16_t>) {
       if (amx) {
-        load_queries_amx(b, h, row0, rows, t);
+        load_queries_amx(b, h, row0, rows, true, t);
         return;
       }
     }
@@ -215,18 +220,21 @@ struct Pass {
     }
   }
 
-  // load_queries for the AMX products: q and dO as bf16 rows and packed (zero rows up to a
-  // whole tile), lse, and D from the bf16 dO and out rows.
-  void load_queries_amx(int32_t b, int32_t h, int64_t row0, int rows, Tiles& t) const {
+  // load_queries for the AMX products: q and dO as bf16 rows (zero rows up to a whole tile)
+  // and, for pass 1 (with_pairs, rows <= kBackwardBlockQ), packed as pairs of columns; lse,
+  // and D from the bf16 dO and out rows. Pass 2 takes up to kAmxBlockQ rows.
+  void load_queries_amx(int32_t b, int32_t h, int64_t row0, int rows, bool with_pairs,
+                        Tiles& t) const {
     if constexpr (std::is_same_v<T, bfloat16_t>) {  // (only bf16 takes the AMX products)
       const int D = p.head_dim, Dv = p.head_dim_v;
       const Tiles::AmxViews a = t.amx(D, Dv, t.key[0]);
       const T* q = at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, row0, h);
       const T* dout = at(bp.dout, bp.dout_batch_stride, bp.dout_row_stride, bp.dout_head_stride,
                          b, row0, h);
-      const T* q_rows[kBackwardBlockQ];
-      const T* dout_rows[kBackwardBlockQ];
-      for (int r = 0; r < kBackwardBlockQ; ++r) {
+      const T* q_rows[kAmxBlockQ];
+      const T* dout_rows[kAmxBlockQ];
+      const int padded = static_cast<int>(round_up(rows, 32));
+      for (int r = 0; r < padded; ++r) {
         q_rows[r] = r < rows ? q + r * p.q_row_stride : nullptr;
         dout_rows[r] = r < rows ? dout + r * bp.dout_row_stride : nullptr;
         uint16_t* q_dst = a.q + int64_t{r} * D;
@@ -239,9 +247,10 @@ struct Pass {
           std::fill(dout_dst, dout_dst + Dv, uint16_t{0});
         }
       }
-      const int padded = static_cast<int>(round_up(rows, 32));
-      amx::pack_pairs_of_columns(q_rows, D, padded, a.q_pairs);
-      amx::pack_pairs_of_columns(dout_rows, Dv, padded, a.dout_pairs);
+      if (with_pairs) {
+        amx::pack_pairs_of_columns(q_rows, D, padded, a.q_pairs);
+        amx::pack_pairs_of_columns(dout_rows, Dv, padded, a.dout_pairs);
+      }
       const T* out = at(p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride, b, row0, h);
       const float* lse = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride + row0;
       float dout_row[256];  // head dims are at most 256
@@ -276,10 +285,14 @@ struct Pass {
   // tile() on the AMX products: S and dP from the staged bf16 operands, then P (by
   // amx::probabilities_bf16, the scale in its exponent where modify_scores only masks) and
   // dS in fp32 as tile() makes them; no zero counts (the tile products do not skip zeros).
+  // The tile's rows start at row `first` of the staged ones (q, dO, lse and D).
   void amx_tile(const SequenceView& seq, int32_t b, int32_t h, int64_t i0, int rows, int64_t j0,
-                int cols, Tiles& t, const Tiles::Keys& keys, const NextRows* next) const {
+                int cols, Tiles& t, const Tiles::Keys& keys, const NextRows* next,
+                int first = 0) const {
     const int D = p.head_dim, Dv = p.head_dim_v;
-    const Tiles::AmxViews a = t.amx(D, Dv, keys);
+    Tiles::AmxViews a = t.amx(D, Dv, keys);
+    a.q += int64_t{first} * D;
+    a.dout += int64_t{first} * Dv;
     const int padded_rows = static_cast<int>(round_up(rows, 32));
     const int padded_cols = static_cast<int>(round_up(cols, 32));
     const float scale = query_scale(p);
@@ -292,7 +305,7 @@ struct Pass {
       if (next != nullptr && r < next->rows) next->prefetch(r, p.head_dim, p.head_dim_v);
       float* prob = t.p + static_cast<int64_t>(r) * kBlockK;
       float* ds = t.ds + static_cast<int64_t>(r) * kBlockK;
-      const float lse = t.lse[r], d = t.d[r];
+      const float lse = t.lse[first + r], d = t.d[first + r];
       if (lse == -std::numeric_limits<float>::infinity()) {  // the row saw no key at all
         std::fill(prob, prob + kBlockK, 0.0f);
         std::fill(ds, ds + kBlockK, 0.0f);
@@ -554,25 +567,8 @@ struct Pass {
     const KeyRange keys = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
                                                p.window_left, p.window_right);
     if (!keys.empty()) load_queries(seq, b, h, i0, rows, t);
-    if (amx) amx::configure_tiles();
     for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
       const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.end - j0));
-      if (amx) {  // dQ += dS K with dS rounded to bf16
-        load_keys_amx(seq, b, hk, j0, cols, true, t, kx);
-        tile(seq, b, h, i0, rows, j0, cols, t, kx);
-        const Tiles::AmxViews a = t.amx(D, Dv, kx);
-        const int padded_rows = static_cast<int>(round_up(rows, 32));
-        const int padded_cols = static_cast<int>(round_up(cols, 32));
-        for (int r = 0; r < padded_rows; ++r) {
-          uint16_t* ds = a.ds + int64_t{r} * kBlockK;
-          if (r < rows)
-            amx::round_to_bf16(t.ds + int64_t{r} * kBlockK, padded_cols, ds);
-          else
-            std::fill_n(ds, padded_cols, uint16_t{0});
-        }
-        amx::product(a.ds, kBlockK, a.key_columns, padded_rows, padded_cols, D, kx.acc, D, true);
-        continue;
-      }
       const T* k = at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
                       seq.k_row0 + j0, hk);
       load_transposed(k, p.k_row_stride, cols, D, kx.kt);
@@ -593,12 +589,60 @@ struct Pass {
       accumulate_pv(Weights{t.ds, kBlockK, 1, t.ds_no_zeros}, k_rows, k_row_stride, kx.acc, D,
                     rows, cols, D);
     }
-    if (amx) amx::release_tiles();
-    T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b,
-               seq.q_row0 + i0, h);
+    store_dq(b, h, seq.q_row0 + i0, rows, kx.acc);
+  }
+
+  // dq rows [row0, row0 + rows) of (b, h) = softmax_scale * acc.
+  void store_dq(int32_t b, int32_t h, int64_t row0, int rows, const float* acc) const {
+    const int D = p.head_dim;
+    T* dq = at(bp.dq, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, b, row0, h);
     for (int r = 0; r < rows; ++r)
       for (int d = 0; d < D; ++d)
-        dq[r * bp.dq_row_stride + d] = from_float<T>(p.softmax_scale * kx.acc[int64_t{r} * D + d]);
+        dq[r * bp.dq_row_stride + d] = from_float<T>(p.softmax_scale * acc[int64_t{r} * D + d]);
+  }
+
+  // Pass 2 on the AMX products: dQ of query rows [i0, i0 + kAmxBlockQ) of (b, h), each key
+  // block packed once for both of its tiles of kBackwardBlockQ rows; dQ += dS K with dS
+  // rounded to bf16. Each row sums its key blocks in the same order as queries().
+  void queries_amx(int32_t b, int32_t h, int64_t block, Tiles& t) const {
+    const SequenceView seq = sequence_view(p, b);
+    const int64_t i0 = block * kAmxBlockQ;
+    if (i0 >= seq.seqlen_q) return;
+    const int rows = static_cast<int>(std::min<int64_t>(kAmxBlockQ, seq.seqlen_q - i0));
+    const int D = p.head_dim, Dv = p.head_dim_v;
+    const int32_t hk = h / p.group_size();
+    const Tiles::Keys& kx = t.key[0];
+    std::fill(kx.acc, kx.acc + int64_t{kAmxBlockQ} * D, 0.0f);  // acc holds kBlockK >= kAmxBlockQ rows
+    static_assert(kBlockK >= kAmxBlockQ, "pass 2's dQ accumulates in a key block's dK tile");
+    const KeyRange keys = visible_keys_of_rows(i0, i0 + rows, seq.seqlen_q, seq.seqlen_k,
+                                               p.window_left, p.window_right);
+    if (!keys.empty()) load_queries_amx(b, h, seq.q_row0 + i0, rows, false, t);
+    amx::configure_tiles();
+    const Tiles::AmxViews a = t.amx(D, Dv, kx);
+    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
+      const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.end - j0));
+      const int padded_cols = static_cast<int>(round_up(cols, 32));
+      load_keys_amx(seq, b, hk, j0, cols, true, t, kx);
+      for (int first = 0; first < rows; first += kBackwardBlockQ) {
+        const int n = std::min(kBackwardBlockQ, rows - first);
+        const KeyRange seen = visible_keys_of_rows(i0 + first, i0 + first + n, seq.seqlen_q,
+                                                   seq.seqlen_k, p.window_left, p.window_right);
+        if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
+        amx_tile(seq, b, h, i0 + first, n, j0, cols, t, kx, nullptr, first);
+        const int padded_n = static_cast<int>(round_up(n, 32));
+        for (int r = 0; r < padded_n; ++r) {
+          uint16_t* ds = a.ds + int64_t{r} * kBlockK;
+          if (r < n)
+            amx::round_to_bf16(t.ds + int64_t{r} * kBlockK, padded_cols, ds);
+          else
+            std::fill_n(ds, padded_cols, uint16_t{0});
+        }
+        amx::product(a.ds, kBlockK, a.key_columns, padded_n, padded_cols, D,
+                     kx.acc + int64_t{first} * D, D, true);
+      }
+    }
+    amx::release_tiles();
+    store_dq(b, h, seq.q_row0 + i0, rows, kx.acc);
   }
 };
 
@@ -661,11 +705,17 @@ size_t backward_typed(const BackwardParams& bp) {
         for (int32_t hk = 0; hk < p.heads_k; ++hk)
           for (int64_t item = 0; item < key_items_per_head; ++item)
             pass.keys(b, hk, item * blocks_per_item, blocks_per_item, tiles);
+      const int64_t query_items_per_head =
+          amx ? (longest_q + kAmxBlockQ - 1) / kAmxBlockQ : query_blocks;
 #pragma omp for collapse(3) schedule(dynamic, 1)
       for (int32_t b = 0; b < p.batch; ++b)
         for (int32_t h = 0; h < p.heads; ++h)
-          for (int64_t block = 0; block < query_blocks; ++block)
-            pass.queries(b, h, block, tiles);
+          for (int64_t block = 0; block < query_items_per_head; ++block) {
+            if (amx)
+              pass.queries_amx(b, h, block, tiles);
+            else
+              pass.queries(b, h, block, tiles);
+          }
     }
   }
   return workspace.size() * sizeof(float);
