@@ -188,6 +188,18 @@ FA_AMX_TARGET void product(const uint16_t* a, int64_t a_stride, const uint16_t* 
   }
 }
 
+FA_AMX_TARGET void scale_to_bf16(const float* src, float factor, int n, uint16_t* dst) {
+  const __m512 f = _mm512_set1_ps(factor);
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(f, _mm512_loadu_ps(src + i)))));
+  for (; i < n; ++i) {
+    const bfloat16_t x = from_float<bfloat16_t>(factor * src[i]);
+    dst[i] = x.bits;
+  }
+}
+
 FA_AMX_TARGET void round_to_bf16(const float* src, int64_t n, uint16_t* dst) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -314,6 +326,7 @@ void round_to_bf16(const float*, int64_t, uint16_t*) {}
 bool softmax_step_bf16(float*, float*, float*, float*, int, uint16_t*, float) { return false; }
 void transpose_to_bf16(const float*, int64_t, int, int, uint16_t*, int64_t) {}
 void probabilities_bf16(float*, float, float) {}
+void scale_to_bf16(const float*, float, int, uint16_t*) {}
 
 #endif
 

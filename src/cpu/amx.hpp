@@ -72,6 +72,10 @@ bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_d
 // stays NaN.
 void probabilities_bf16(float* prob, float lse, float scale);
 
+// dst[i] = bf16(factor * src[i]) rounded to nearest even (VCVTNEPS2BF16), for i < n: the
+// forward's normalised output rows.
+void scale_to_bf16(const float* src, float factor, int n, uint16_t* dst);
+
 // dst[i] = bf16(src[i]) rounded to nearest even, for i < n (finite inputs).
 void round_to_bf16(const float* src, int64_t n, uint16_t* dst);
 

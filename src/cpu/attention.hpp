@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -22,6 +23,7 @@
 #include "common/numeric.hpp"
 #include "common/params.hpp"
 #include "common/philox.hpp"
+#include "cpu/amx.hpp"
 #include "cpu/kernels.hpp"
 
 namespace flashattn::detail::cpu {
@@ -157,24 +159,36 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
 
 // Normalises row r of what attend_rows left: out = acc / l (0 for a row that saw no key),
 // *lse = m + log(l) (-inf for such a row; skipped when lse is null).
+// `vector_bf16` (bf16 out, AMX processors): the conversion by amx::scale_to_bf16.
 template <typename Out>
-void store_normalised(const float* acc, float m, float l, int head_dim_v, Out* out, float* lse) {
+void store_normalised(const float* acc, float m, float l, int head_dim_v, Out* out, float* lse,
+                      bool vector_bf16 = false) {
   const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-  for (int d = 0; d < head_dim_v; ++d) out[d] = from_float<Out>(acc[d] * inv);
+  if constexpr (std::is_same_v<Out, bfloat16_t>) {
+    if (vector_bf16)
+      amx::scale_to_bf16(acc, inv, head_dim_v, reinterpret_cast<uint16_t*>(out));
+    else
+      for (int d = 0; d < head_dim_v; ++d) out[d] = from_float<Out>(acc[d] * inv);
+  } else {
+    for (int d = 0; d < head_dim_v; ++d) out[d] = from_float<Out>(acc[d] * inv);
+  }
   if (lse != nullptr) *lse = l == 0.0f ? -std::numeric_limits<float>::infinity() : m + std::log(l);
 }
 template <typename Out>
-void store_row(const Tiles& t, int r, int head_dim_v, Out* out, float* lse) {
+void store_row(const Tiles& t, int r, int head_dim_v, Out* out, float* lse,
+               bool vector_bf16 = false) {
   store_normalised(t.acc + static_cast<int64_t>(r) * head_dim_v, t.m[r], t.l[r], head_dim_v, out,
-                   lse);
+                   lse, vector_bf16);
 }
 
 // store_row for rows [0, rows) going to consecutive out rows and lse entries.
 template <typename Out>
 void store_rows(const Tiles& t, int rows, int head_dim_v, Out* out, int64_t out_row_stride,
                 float* lse) {
+  const bool vector_bf16 = std::is_same_v<Out, bfloat16_t> && amx::available();
   for (int r = 0; r < rows; ++r)
-    store_row(t, r, head_dim_v, out + r * out_row_stride, lse != nullptr ? lse + r : nullptr);
+    store_row(t, r, head_dim_v, out + r * out_row_stride, lse != nullptr ? lse + r : nullptr,
+              vector_bf16);
 }
 
 }  // namespace flashattn::detail::cpu
