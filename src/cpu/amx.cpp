@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "common/knobs.hpp"
-#include "cpu/exp_approx.hpp"
+#include "cpu/avx512_math.hpp"
 #include "cpu/kernels.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && !defined(FLASHATTN_NO_MULTIVERSION)
@@ -226,92 +226,18 @@ FA_AMX_TARGET void transpose_to_bf16(const float* src, int64_t src_stride, int r
     }
 }
 
-// The max and the sum of a vector's lanes, by halving swaps. Zero-masked forms with every lane
-// kept: GCC 12 warns of the plain ones' undefined pass-through operand.
-FA_AMX_TARGET inline __m512 lane_swaps(__m512 v, int step) {
-  switch (step) {
-    case 0: return _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0x4E);  // 256-bit halves
-    case 1: return _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0xB1);  // 128-bit quarters
-    case 2: return _mm512_maskz_permute_ps(0xFFFF, v, 0x4E);        // 64-bit pairs
-    default: return _mm512_maskz_permute_ps(0xFFFF, v, 0xB1);       // lanes
-  }
-}
-FA_AMX_TARGET inline float lanes_max(__m512 v) {
-  for (int step = 0; step < 4; ++step) v = _mm512_maskz_max_ps(0xFFFF, v, lane_swaps(v, step));
-  return _mm512_cvtss_f32(v);
-}
-FA_AMX_TARGET inline float lanes_sum(__m512 v) {
-  for (int step = 0; step < 4; ++step) v = _mm512_add_ps(v, lane_swaps(v, step));
-  return _mm512_cvtss_f32(v);
-}
-
-// 2^y for y = x a + c: 2^f by its Taylor series to degree 6 on f = y - round(y) in [-1/2, 1/2]
-// (relative truncation below 2e-7), scaled by 2^round(y) (VSCALEFPS); y below -126 gives
-// exactly 0.
-FA_AMX_TARGET inline __m512 exp2_fma(__m512 x, __m512 a, __m512 c) {
-  constexpr float c1 = 0.693147180559945f, c2 = 0.240226506959101f, c3 = 0.0555041086648216f,
-                  c4 = 0.00961812910762848f, c5 = 0.00133335581464284f, c6 = 0.000154035303933816f;
-  const __m512 y = _mm512_fmadd_ps(x, a, c);
-  const __mmask16 live = _mm512_cmp_ps_mask(y, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-  const __m512 n = _mm512_maskz_roundscale_ps(0xFFFF, y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(c6), f, _mm512_set1_ps(c5));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(live, p, n);
-}
-
 FA_AMX_TARGET void probabilities_bf16(float* prob, float lse, float scale) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  const __m512 a = _mm512_set1_ps(scale * kLog2e), c = _mm512_set1_ps(-lse * kLog2e);
-  for (int j = 0; j < kBlockK; j += 16) {
-    const __m512 x = _mm512_loadu_ps(prob + j);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    _mm512_storeu_ps(prob + j, _mm512_mask_blend_ps(nan, exp2_fma(x, a, c), x));
-  }
+  avx512::probabilities(prob, lse, scale);
 }
 
 FA_AMX_TARGET bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_dim_v,
                                      uint16_t* probabilities, float scale) {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  constexpr int kVectors = kBlockK / 16;
-  __m512 row[kVectors];
-  __m512 vmax = _mm512_set1_ps(-kInf), vprobe = _mm512_setzero_ps();
-  for (int v = 0; v < kVectors; ++v) {
-    row[v] = _mm512_loadu_ps(scores + 16 * v);
-    vmax = _mm512_maskz_max_ps(0xFFFF, vmax, row[v]);
-    vprobe = _mm512_add_ps(vprobe, row[v]);
-  }
-  const float block_max = lanes_max(vmax), probe = lanes_sum(vprobe);
-  const float scaled_max = scale * block_max;
-  const float m_new = *m > scaled_max ? *m : scaled_max;
-  // NaN, infinities and rows that have seen nothing yet: softmax_step's exact handling.
-  if (probe != probe || m_new == kInf || m_new == -kInf || block_max != block_max) return false;
-  // exp(scale x - m) = 2^y, y = x scale log2(e) - m log2(e) <= 0 (exp2_fma: masked scores,
-  // whose y is below -126, give exactly 0).
-  constexpr float kLog2e = 1.44269504088896341f;
-  const __m512 a = _mm512_set1_ps(scale * kLog2e), c = _mm512_set1_ps(-m_new * kLog2e);
-  __m512 vsum = _mm512_setzero_ps();
-  for (int v = 0; v < kVectors; ++v) {
-    const __m512 e = exp2_fma(row[v], a, c);
-    vsum = _mm512_add_ps(vsum, e);
-    if (probabilities != nullptr)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(probabilities + 16 * v),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
-    else
-      _mm512_storeu_ps(scores + 16 * v, e);
-  }
-  const float alpha = exp_approx(*m - m_new);  // 0 when the row had seen nothing before
-  *l = *l * alpha + lanes_sum(vsum);
-  *m = m_new;
-  if (alpha != 1.0f) {
-    const __m512 factor = _mm512_set1_ps(alpha);
-    for (int d = 0; d < head_dim_v; d += 16)
-      _mm512_storeu_ps(acc + d, _mm512_mul_ps(factor, _mm512_loadu_ps(acc + d)));
-  }
+  if (probabilities == nullptr) return avx512::softmax_step(scores, m, l, acc, head_dim_v, scale, scores);
+  alignas(64) float row[kBlockK];
+  if (!avx512::softmax_step(scores, m, l, acc, head_dim_v, scale, row)) return false;
+  for (int j = 0; j < kBlockK; j += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(probabilities + j),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_load_ps(row + j))));
   return true;
 }
 

@@ -1,5 +1,6 @@
 #include "cpu/kernels.hpp"
 
+#include "cpu/avx512_math.hpp"
 #include "cpu/exp_approx.hpp"
 
 #include <cmath>
@@ -809,9 +810,11 @@ void accumulate_pv_avx2(Weights p, const float* v, int64_t v_row_stride, float* 
                                       head_dim_v);
 }
 
+// AVX-512: the exponential by exp2 and VSCALEFPS (cpu/avx512_math.hpp), a third fewer
+// instructions than exp_lockstep's; rows with NaN or infinite scores keep the exact step.
 FA_TARGET("avx512f,avx2,fma")
 void backward_probabilities_avx512(float* prob, float lse) {
-  backward_probabilities_row<Float16>(prob, lse);
+  avx512::probabilities(prob, lse, 1.0f);
 }
 FA_TARGET("avx2,fma")
 void backward_probabilities_avx2(float* prob, float lse) {
@@ -819,7 +822,8 @@ void backward_probabilities_avx2(float* prob, float lse) {
 }
 FA_TARGET("avx512f,avx2,fma")
 void softmax_step_avx512(float* scores, float* m, float* l, float* acc, int head_dim_v) {
-  softmax_row<Float16>(scores, m, l, acc, head_dim_v);
+  if (!avx512::softmax_step(scores, m, l, acc, head_dim_v, 1.0f, scores))
+    softmax_row<Float16>(scores, m, l, acc, head_dim_v);
 }
 FA_TARGET("avx2,fma")
 void softmax_step_avx2(float* scores, float* m, float* l, float* acc, int head_dim_v) {
