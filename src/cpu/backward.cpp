@@ -282,6 +282,26 @@ struct Pass {
     }
   }
 
+  // One row of a tile once its probabilities are in `prob` and dP in `ds`: dS = P o (dP o M - D)
+  // (times softcap's derivative `grad`, where there is one) into `ds`, zero past cols, and
+  // P o M into `prob` (M: dropout's multipliers of row i, as in the forward).
+  void row_gradient(int32_t b, int32_t h, int64_t i, int64_t j0, int cols, float d, float* prob,
+                    float* ds, const float* grad) const {
+    if (dropout != nullptr) {
+      float m[kBlockK];
+      dropout_multipliers(p, *dropout, b, h, i, j0, cols, m);
+      for (int j = 0; j < cols; ++j) {
+        ds[j] = prob[j] * (ds[j] * m[j] - d);
+        prob[j] *= m[j];
+      }
+    } else {
+      for (int j = 0; j < cols; ++j) ds[j] = prob[j] * (ds[j] - d);
+    }
+    for (int j = cols; j < kBlockK; ++j) ds[j] = 0.0f;
+    if (p.softcap > 0.0f)
+      for (int j = 0; j < cols; ++j) ds[j] *= grad[j];
+  }
+
   // tile() on the AMX products: S and dP from the staged bf16 operands, then P (by
   // amx::probabilities_bf16, the scale in its exponent where modify_scores only masks) and
   // dS in fp32 as tile() makes them; no zero counts (the tile products do not skip zeros).
@@ -312,21 +332,7 @@ struct Pass {
         continue;
       }
       amx::probabilities_bf16(prob, lse, scale_in_exp ? scale : 1.0f);  // masked: 0
-      if (dropout != nullptr) {
-        float m[kBlockK];
-        dropout_multipliers(p, *dropout, b, h, i0 + r, j0, cols, m);
-        for (int j = 0; j < cols; ++j) {
-          ds[j] = prob[j] * (ds[j] * m[j] - d);
-          prob[j] *= m[j];
-        }
-      } else {
-        for (int j = 0; j < cols; ++j) ds[j] = prob[j] * (ds[j] - d);
-      }
-      for (int j = cols; j < kBlockK; ++j) ds[j] = 0.0f;
-      if (p.softcap > 0.0f) {
-        const float* g = t.grad + static_cast<int64_t>(r) * kBlockK;
-        for (int j = 0; j < cols; ++j) ds[j] *= g[j];
-      }
+      row_gradient(b, h, i0 + r, j0, cols, d, prob, ds, t.grad + static_cast<int64_t>(r) * kBlockK);
     }
   }
 
@@ -358,21 +364,7 @@ struct Pass {
         continue;
       }
       backward_probabilities(prob, lse);  // masked: 0
-      if (dropout != nullptr) {
-        float m[kBlockK];  // one row's multipliers (as in the forward)
-        dropout_multipliers(p, *dropout, b, h, i0 + r, j0, cols, m);
-        for (int j = 0; j < cols; ++j) {
-          ds[j] = prob[j] * (ds[j] * m[j] - d);
-          prob[j] *= m[j];
-        }
-      } else {
-        for (int j = 0; j < cols; ++j) ds[j] = prob[j] * (ds[j] - d);
-      }
-      for (int j = cols; j < kBlockK; ++j) ds[j] = 0.0f;
-      if (p.softcap > 0.0f) {
-        const float* g = t.grad + static_cast<int64_t>(r) * kBlockK;
-        for (int j = 0; j < cols; ++j) ds[j] *= g[j];
-      }
+      row_gradient(b, h, i0 + r, j0, cols, d, prob, ds, t.grad + static_cast<int64_t>(r) * kBlockK);
       // While the row is in L1: the zeros accumulate_pv would otherwise look for itself, in
       // every register block of rows of each of the tile's three (or one) products.
 #pragma omp simd reduction(+ : p_zeros, ds_zeros)

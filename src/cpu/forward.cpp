@@ -154,6 +154,23 @@ void key_row_pointers(const KeyRows& keys, int64_t j0, int count, int total, boo
   for (int c = count; c < total; ++c) rows[c] = nullptr;
 }
 
+// modify_scores over the score tile of rows [r0, r0 + n) of `block` (keys [j0, j0 + cols)): a
+// packed block's rows each have their own position and head (ALiBi slope), a plain one's one.
+void modify_tile(const ForwardParams& p, const SequenceView& seq, int32_t b, const RowBlock& block,
+                 int r0, int n, int64_t j0, int cols, float* s) {
+  const auto slope_of = [&](int r) {
+    return p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + block.head(r)]
+                                     : 0.0f;
+  };
+  if (block.group > 1) {
+    for (int r = 0; r < n; ++r)
+      modify_scores(p, seq, slope_of(r0 + r), s + static_cast<int64_t>(r) * kBlockK,
+                    block.position(r0 + r), 1, j0, cols);
+  } else {
+    modify_scores(p, seq, slope_of(0), s, block.position(r0), n, j0, cols);
+  }
+}
+
 // attend_rows for bf16 with the two matrix products on AMX tiles (cpu/amx.hpp): the same steps
 // (scores, modify_scores, softmax_step, dropout, P V) with the query block and each key block
 // staged as bf16 in AMX's layouts, in the float tiles' storage (a bf16 operand takes half of
@@ -164,7 +181,6 @@ void attend_rows_amx(const ForwardParams& p, const SequenceView& seq, const KeyR
                      Tiles& t) {
   const int D = p.head_dim, Dv = p.head_dim_v, rows = block.rows;
   const int padded_rows = static_cast<int>(round_up(rows, 32));
-  const bool packed = block.group > 1;
   auto* q = reinterpret_cast<uint16_t*>(t.q);                  // padded_rows x D
   uint16_t* probabilities = q + int64_t{kBlockQ} * D;          // kTileRows x kBlockK
   auto* key_pairs = reinterpret_cast<uint16_t*>(t.kt);         // kBlockK x D, packed
@@ -181,10 +197,6 @@ void attend_rows_amx(const ForwardParams& p, const SequenceView& seq, const KeyR
       std::fill(dst, dst + D, uint16_t{0});
     }
   }
-  const auto slope_of = [&](int r) {
-    return p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + block.head(r)]
-                                     : 0.0f;
-  };
   const float scale = query_scale(p);
   // Without softcap and ALiBi, modify_scores only masks (-inf whatever the scale), so the
   // softmax takes the scale in its exponent's multiply-add instead of a pass over the tile.
@@ -224,13 +236,7 @@ void attend_rows_amx(const ForwardParams& p, const SequenceView& seq, const KeyR
       if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
       amx::product(q + int64_t{r0} * D, D, key_pairs, padded_n, D, padded_cols, t.s, kBlockK,
                    false, scale_in_softmax ? 1.0f : scale);
-      if (packed) {
-        for (int r = 0; r < n; ++r)
-          modify_scores(p, seq, slope_of(r0 + r), t.s + static_cast<int64_t>(r) * kBlockK,
-                        block.position(r0 + r), 1, j0, cols);
-      } else {
-        modify_scores(p, seq, slope_of(0), t.s, block.position(r0), n, j0, cols);
-      }
+      modify_tile(p, seq, b, block, r0, n, j0, cols, t.s);
       for (int r = 0; r < n; ++r) {
         if (r0 + r < next.count) {
           prefetch_row(next.k + (r0 + r) * keys.k_row_stride, D);
@@ -283,11 +289,6 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
     return static_cast<const T*>(p.q) + b * p.q_batch_stride +
            (seq.q_row0 + block.position(r)) * p.q_row_stride + block.head(r) * p.q_head_stride;
   };
-  const auto slope_of = [&](int r) {
-    return p.alibi_slopes != nullptr
-               ? p.alibi_slopes[b * p.alibi_batch_stride + block.head(r)]
-               : 0.0f;
-  };
   if (packed) {
     for (int r = 0; r < rows; ++r)
       load_rows(q_row(r), p.q_row_stride, 1, D, query_scale(p), t.q + static_cast<int64_t>(r) * D);
@@ -321,13 +322,7 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
                                seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
       if (seen.end <= j0 || seen.begin >= j0 + cols) continue;
       score_tile(t.q + static_cast<int64_t>(r0) * D, t.kt, t.s, n, D);
-      if (packed) {  // each row its own position and head
-        for (int r = 0; r < n; ++r)
-          modify_scores(p, seq, slope_of(r0 + r), t.s + static_cast<int64_t>(r) * kBlockK,
-                        block.position(r0 + r), 1, j0, cols);
-      } else {
-        modify_scores(p, seq, slope_of(0), t.s, block.position(r0), n, j0, cols);
-      }
+      modify_tile(p, seq, b, block, r0, n, j0, cols, t.s);
       for (int r = 0; r < n; ++r) {
         if (r0 + r < next.count) {
           prefetch_row(next.k + (r0 + r) * keys.k_row_stride, D);
