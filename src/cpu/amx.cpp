@@ -41,14 +41,16 @@ bool processor_and_os_allow() {
 
 }  // namespace
 
-bool available() {
+bool supported() {
 #ifdef FLASHATTN_AMX
   static const bool allowed = processor_and_os_allow();  // asked of the OS once
-  return allowed && knobs::cpu_amx_allowed();
+  return allowed;
 #else
   return false;
 #endif
 }
+
+bool available() { return supported() && knobs::cpu_amx_allowed(); }
 
 #ifdef FLASHATTN_AMX
 
@@ -78,32 +80,6 @@ FA_AMX_TARGET void configure_tiles() {
 
 FA_AMX_TARGET void release_tiles() { _tile_release(); }
 
-// Transposes 16 x 16 32-bit words held a row per register: register i ends up holding column
-// i (pairs within 32-bit lanes, then 64-bit lanes, then 128-bit quarters twice). The
-// zero-masked forms with every lane kept: GCC 12 warns of the plain ones' pass-through operand.
-FA_AMX_TARGET inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_maskz_unpacklo_epi32(0xFFFF, r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(0xFFFF, r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_maskz_unpacklo_epi64(0xFF, t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(0xFF, t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(0xFF, t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(0xFF, t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 4; ++j) {
-      t[8 * i + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, r[8 * i + j], r[8 * i + 4 + j], 0x88);
-      t[8 * i + 4 + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, r[8 * i + j], r[8 * i + 4 + j], 0xdd);
-    }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_maskz_shuffle_i32x4(0xFFFF, t[j], t[8 + j], 0x88);
-    r[8 + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, t[j], t[8 + j], 0xdd);
-  }
-}
-
 FA_AMX_TARGET void pack_pairs_of_rows(const bfloat16_t* const* rows, int width, int outputs,
                                       uint16_t* dst) {
   const int groups = outputs / 16;
@@ -114,7 +90,7 @@ FA_AMX_TARGET void pack_pairs_of_rows(const bfloat16_t* const* rows, int width, 
       for (int n = 0; n < 16; ++n)
         r[n] = rows[n0 + n] != nullptr ? _mm512_loadu_si512(rows[n0 + n] + 32 * c)
                                        : _mm512_setzero_si512();
-      transpose16(r);
+      avx512::transpose16(r);
       uint16_t* tile = dst + 2 * (c * groups + n0 / 16) * kTileWords;
       for (int k = 0; k < 16; ++k) _mm512_storeu_si512(tile + 32 * k, r[k]);
     }
@@ -219,7 +195,7 @@ FA_AMX_TARGET void transpose_to_bf16(const float* src, int64_t src_stride, int r
       __m512i r[16];
       for (int i = 0; i < 16; ++i)
         r[i] = _mm512_castps_si512(_mm512_loadu_ps(src + (i0 + i) * src_stride + j0));
-      transpose16(r);
+      avx512::transpose16(r);
       for (int j = 0; j < 16; ++j)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (j0 + j) * dst_stride + i0),
                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_castsi512_ps(r[j]))));

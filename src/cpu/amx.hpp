@@ -23,6 +23,8 @@ namespace flashattn::detail::cpu::amx {
 // data state (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process), and
 // FLASHATTN_CPU_AMX is not "0" (common/knobs.hpp: the fp32 products, for comparison).
 bool available();
+// The processor and the OS part of available(), whatever FLASHATTN_CPU_AMX says.
+bool supported();
 
 // The widths the tile products take: a reduced dimension of whole 32-element chunks and an
 // output of whole 32-column pairs of tiles.

@@ -1,5 +1,5 @@
 // AVX-512 helpers shared by the CPU engine's AVX-512 variants (cpu/kernels.cpp) and its AMX
-// path (cpu/amx.cpp): a cheaper exponential and lane reductions. Each carries the avx512f
+// path (cpu/amx.cpp): a cheaper exponential, lane reductions, a 16 x 16 transpose. Each carries the avx512f
 // target itself, so that only functions compiled for AVX-512 call it.
 #pragma once
 
@@ -31,6 +31,32 @@ FA_AVX512 __m512 exp2_fma(__m512 x, __m512 a, __m512 c) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c1));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+// Transposes 16 x 16 32-bit words held a row per register: register i ends up holding column
+// i (pairs within 32-bit lanes, then 64-bit lanes, then 128-bit quarters twice). The
+// zero-masked forms with every lane kept: GCC 12 warns of the plain ones' pass-through operand.
+FA_AVX512 void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_epi32(0xFFFF, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(0xFFFF, r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_maskz_unpacklo_epi64(0xFF, t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(0xFF, t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(0xFF, t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(0xFF, t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_maskz_shuffle_i32x4(0xFFFF, t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, t[j], t[8 + j], 0xdd);
+  }
 }
 
 // The max and the sum of a vector's lanes, by halving swaps.
