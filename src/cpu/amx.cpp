@@ -193,9 +193,7 @@ FA_AMX_TARGET void transpose_to_bf16(const float* src, int64_t src_stride, int r
   for (int i0 = 0; i0 < rows; i0 += 16)
     for (int j0 = 0; j0 < cols; j0 += 16) {
       __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = _mm512_castps_si512(_mm512_loadu_ps(src + (i0 + i) * src_stride + j0));
-      avx512::transpose16(r);
+      avx512::load_transposed16(src + i0 * src_stride + j0, src_stride, r);
       for (int j = 0; j < 16; ++j)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (j0 + j) * dst_stride + i0),
                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_castsi512_ps(r[j]))));

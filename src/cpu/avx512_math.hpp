@@ -6,6 +6,8 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(FLASHATTN_NO_MULTIVERSION)
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "cpu/kernels.hpp"
 
 namespace flashattn::detail::cpu::avx512 {
@@ -57,6 +59,13 @@ FA_AVX512 void transpose16(__m512i r[16]) {
     r[j] = _mm512_maskz_shuffle_i32x4(0xFFFF, t[j], t[8 + j], 0x88);
     r[8 + j] = _mm512_maskz_shuffle_i32x4(0xFFFF, t[j], t[8 + j], 0xdd);
   }
+}
+
+// Loads 16 rows of 16 floats, `stride` floats apart, and transposes them: register k holds
+// column k (as 32-bit words).
+FA_AVX512 void load_transposed16(const float* src, int64_t stride, __m512i r[16]) {
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_castps_si512(_mm512_loadu_ps(src + i * stride));
+  transpose16(r);
 }
 
 // The max and the sum of a vector's lanes, by halving swaps.

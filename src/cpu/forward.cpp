@@ -154,6 +154,15 @@ void key_row_pointers(const KeyRows& keys, int64_t j0, int count, int total, boo
   for (int c = count; c < total; ++c) rows[c] = nullptr;
 }
 
+// Asks for row r of the next key block's keys and values while row r of this block's scores is
+// worked on, so that the next block's staging finds them in cache (no row past next.count).
+template <typename T>
+void prefetch_next_row(const KeyRows& keys, const KeyRows::Run<T>& next, int r, int D, int Dv) {
+  if (r >= next.count) return;
+  prefetch_row(next.k + r * keys.k_row_stride, D);
+  prefetch_row(next.v + r * keys.v_row_stride, Dv);
+}
+
 // modify_scores over the score tile of rows [r0, r0 + n) of `block` (keys [j0, j0 + cols)): a
 // packed block's rows each have their own position and head (ALiBi slope), a plain one's one.
 void modify_tile(const ForwardParams& p, const SequenceView& seq, int32_t b, const RowBlock& block,
@@ -238,10 +247,7 @@ void attend_rows_amx(const ForwardParams& p, const SequenceView& seq, const KeyR
                    false, scale_in_softmax ? 1.0f : scale);
       modify_tile(p, seq, b, block, r0, n, j0, cols, t.s);
       for (int r = 0; r < n; ++r) {
-        if (r0 + r < next.count) {
-          prefetch_row(next.k + (r0 + r) * keys.k_row_stride, D);
-          prefetch_row(next.v + (r0 + r) * keys.v_row_stride, Dv);
-        }
+        prefetch_next_row(keys, next, r0 + r, D, Dv);
         float* row = t.s + static_cast<int64_t>(r) * kBlockK;
         float* acc_row = t.acc + static_cast<int64_t>(r0 + r) * Dv;
         uint16_t* p_row = probabilities + static_cast<int64_t>(r) * kBlockK;
@@ -324,10 +330,7 @@ void attend_rows(const ForwardParams& p, const SequenceView& seq, const KeyRows&
       score_tile(t.q + static_cast<int64_t>(r0) * D, t.kt, t.s, n, D);
       modify_tile(p, seq, b, block, r0, n, j0, cols, t.s);
       for (int r = 0; r < n; ++r) {
-        if (r0 + r < next.count) {
-          prefetch_row(next.k + (r0 + r) * keys.k_row_stride, D);
-          prefetch_row(next.v + (r0 + r) * keys.v_row_stride, Dv);
-        }
+        prefetch_next_row(keys, next, r0 + r, D, Dv);
         float* row = t.s + static_cast<int64_t>(r) * kBlockK;
         softmax_step(row, t.m + r0 + r, t.l + r0 + r,
                      t.acc + static_cast<int64_t>(r0 + r) * Dv, Dv);

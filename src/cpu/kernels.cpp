@@ -45,9 +45,7 @@ __attribute__((target("avx512f"))) void transpose_block_avx512(const float* src,
   for (int j = 0; j + 16 <= cols; j += 16)
     for (int d = 0; d < width; d += 16) {
       __m512i r[16];
-      for (int x = 0; x < 16; ++x)
-        r[x] = _mm512_castps_si512(_mm512_loadu_ps(src + (j + x) * row_stride + d));
-      avx512::transpose16(r);
+      avx512::load_transposed16(src + j * row_stride + d, row_stride, r);
       for (int k = 0; k < 16; ++k)
         _mm512_storeu_ps(dst + static_cast<int64_t>(d + k) * kBlockK + col0 + j,
                          _mm512_castsi512_ps(r[k]));
