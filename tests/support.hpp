@@ -54,6 +54,25 @@ inline std::mt19937_64& rng() {
 }
 
 // An owning host buffer of `count` elements of `dtype`.
+// Sets an environment variable for one test and restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
 struct Buffer {
   DType dtype = DType::Float32;
   std::vector<unsigned char> bytes;

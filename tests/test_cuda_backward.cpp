@@ -337,24 +337,6 @@ TEST(CudaBackward, DropoutKeepBitsEqualTheCpuBitForBit) {
     }
 }
 
-// Sets an environment variable for one test and restores it after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // The default mode's stats: D indexed like lse (rows floats), or, where the Hopper TMA kernel
 // takes the call (dense calls at buckets 64 and 128 on an sm_90a build), D and

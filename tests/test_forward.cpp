@@ -168,6 +168,29 @@ TEST(EdgeCases, AsManyQueryBlocksAsHeads) {
   }
 }
 
+#ifndef FLASHATTN_TEST_CUDA
+// FLASHATTN_CPU_AMX takes 0, 1 or nothing: anything else is an error naming it, before out is
+// written (and not inside the worker threads, where it could not leave).
+TEST(EdgeCases, BadCpuAmxSettingIsAnErrorBeforeAnythingIsWritten) {
+  ScopedEnv bad("FLASHATTN_CPU_AMX", "on");
+  Case c{.seqlen_q = 33, .seqlen_k = 40, .heads = 2, .head_dim = 64, .dtype = DType::BFloat16};
+  Inputs in = make_inputs(c);
+  Buffer out(c.dtype, 33 * 2 * 64), lse(DType::Float32, 2 * 33);
+  out.poison();
+  lse.poison();
+  const Buffer out_before = out, lse_before = lse;
+  try {
+    forward_on_backend(in.q, in.k, in.v, out.view({1, 33, 2, 64}), lse.view({1, 2, 33}), Options{});
+    ADD_FAILURE() << "FLASHATTN_CPU_AMX=on was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_EQ(e.argument(), "FLASHATTN_CPU_AMX") << e.what();
+  }
+  EXPECT_EQ(out.bytes, out_before.bytes);
+  EXPECT_EQ(lse.bytes, lse_before.bytes);
+}
+#endif
+
 TEST(EdgeCases, FullyMaskedRowsGiveZeroOutputAndMinusInfinityLse) {
   // Sq = 5, Sk = 2, causal: rows 0..2 see no key (docs/SPEC.md's example).
   Case c{.seqlen_q = 5, .seqlen_k = 2, .heads = 2, .head_dim = 8, .causal = true};

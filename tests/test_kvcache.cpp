@@ -584,6 +584,28 @@ TEST(KvCache, SequencesWithoutKeysGiveZeroOutAndMinusInfLse) {
   }
 }
 
+#ifndef FLASHATTN_TEST_CUDA
+// FLASHATTN_CPU_AMX takes 0, 1 or nothing: anything else is an error naming it, raised before
+// the append writes the cache (and not inside the worker threads, where it could not leave).
+TEST(KvCache, BadCpuAmxSettingIsAnErrorBeforeTheAppend) {
+  ScopedEnv bad("FLASHATTN_CPU_AMX", "2");
+  KvProblem p(KvCase{.name = "bad setting", .dtype = DType::BFloat16});
+  const Buffer k_before = p.k_cache, v_before = p.v_cache;
+  Buffer out_poisoned = p.out;
+  out_poisoned.poison();
+  try {
+    run_on_backend(p);
+    ADD_FAILURE() << "FLASHATTN_CPU_AMX=2 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_EQ(e.argument(), "FLASHATTN_CPU_AMX") << e.what();
+  }
+  EXPECT_EQ(p.k_cache.bytes, k_before.bytes);
+  EXPECT_EQ(p.v_cache.bytes, v_before.bytes);
+  EXPECT_EQ(p.out.bytes, out_poisoned.bytes);
+}
+#endif
+
 TEST(KvCache, EmptyNewKeysAreAccepted) {
   run_and_check({.name = "S_new = 0 given as tensors", .seqlen_new = 0, .rotary = Rotary::NeoX,
                  .mask = kMasks[1], .empty_new = true});

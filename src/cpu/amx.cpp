@@ -52,6 +52,8 @@ bool supported() {
 
 bool available() { return supported() && knobs::cpu_amx_allowed(); }
 
+void check_setting() { knobs::cpu_amx_allowed(); }
+
 #ifdef FLASHATTN_AMX
 
 #define FA_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))

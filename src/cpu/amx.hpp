@@ -25,6 +25,10 @@ namespace flashattn::detail::cpu::amx {
 bool available();
 // The processor and the OS part of available(), whatever FLASHATTN_CPU_AMX says.
 bool supported();
+// Reads FLASHATTN_CPU_AMX, throwing for a value that is not 0, 1 or empty: the CPU entry points
+// call it first, so that a bad value is an error before anything is written (the kv-cache
+// append included) and not inside the worker threads, where an exception cannot propagate.
+void check_setting();
 
 // The widths the tile products take: a reduced dimension of whole 32-element chunks and an
 // output of whole 32-column pairs of tiles.

@@ -716,6 +716,7 @@ size_t backward_typed(const BackwardParams& bp) {
 }  // namespace
 
 size_t backward(const BackwardParams& params) {
+  amx::check_setting();
   switch (params.fwd.dtype) {
     case DType::Float32:
       return backward_typed<float>(params);

@@ -397,6 +397,7 @@ size_t forward_typed(const ForwardParams& p) {
 }  // namespace
 
 size_t forward(const ForwardParams& params) {
+  amx::check_setting();
   switch (params.dtype) {
     case DType::Float32:
       return forward_typed<float>(params);

@@ -40,6 +40,7 @@
 
 #include "common/numeric.hpp"
 #include "common/mask.hpp"
+#include "cpu/amx.hpp"
 #include "cpu/attention.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/tiles.hpp"
@@ -483,6 +484,7 @@ KvCacheRun forward_kvcache_typed(const KvCacheParams& params) {
 }  // namespace
 
 KvCacheRun forward_kvcache(const KvCacheParams& params) {
+  amx::check_setting();
   switch (params.attn.dtype) {
     case DType::Float32:
       return forward_kvcache_typed<float>(params);
