@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One GPU call for the robustness items (issues 28 and 34), each stage started only while the
+# call's budget (ROBUST_LIMIT_S, default 560 s) leaves room for it:
+#   1. the package built with CUDA (sm_90a) and installed;
+#   2. scripts/gpu_sweep.py without the sanitizer: ROBUST_FAST_CALLS calls (default 3000, seed 2),
+#      the answers checked against float64;
+#   3. scripts/gpu_sweep.py --huge (tensors past 2^31 elements);
+#   4. upstream's test file on the ids in upstream/sample_ids.txt (dev/upstream_tests.sh; carry
+#      upstream/);
+#   5. the sweep under compute-sanitizer memcheck in chunks of ROBUST_CHUNK calls (default 250),
+#      seeds 1, 2, 3, ... while time is left: every chunk that finishes counts.
+# Results in $OUT (logs, the sweeps' JSON, upstream_failures.txt); a table printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit
+py=python3
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+limit=${ROBUST_LIMIT_S:-560}
+start=$SECONDS
+left() { echo $((limit - (SECONDS - start))); }
+rows=()
+row() { rows+=("$(printf '%-34s %-5s %5ss  %s' "$1" "$2" "$3" "$4")"); }
+
+echo "== dev/gpu_robustness.sh $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+[ -d .deps/wheels ] && "$py" -m pip install --no-index --find-links .deps/wheels -q scikit-build-core nanobind einops >/dev/null 2>&1
+export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+
+t=$SECONDS
+"$py" -m pip install --no-build-isolation --no-deps --no-index -v -C build-dir=build-py/gpu \
+  -C cmake.define.FLASHATTN_CUDA=ON -C cmake.define.FLASHATTN_CUDA_ARCHS=sm_90a . >"$out/pip.log" 2>&1
+rc=$?
+row "package (sm_90a)" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) "$(tail -1 "$out/pip.log" | cut -c1-60)"
+if [ $rc != 0 ]; then tail -30 "$out/pip.log"; printf '%s\n' "${rows[@]}"; exit 1; fi
+
+t=$SECONDS
+timeout $(($(left) - 60)) "$py" scripts/gpu_sweep.py --device cuda --calls "${ROBUST_FAST_CALLS:-3000}" \
+  --seed 2 --out "$out/sweep_fast" >"$out/sweep_fast.log" 2>&1
+rc=$?
+row "sweep, no sanitizer (seed 2)" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+  "$(grep '^outcome' "$out/sweep_fast.log" | cut -c10-110)"
+
+if [ "$(left)" -gt 150 ]; then
+  t=$SECONDS
+  timeout 240 "$py" scripts/gpu_sweep.py --device cuda --huge --seed 1 --out "$out/sweep_huge" \
+    >"$out/sweep_huge.log" 2>&1
+  rc=$?
+  row "sweep --huge" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+    "$(grep '^outcome' "$out/sweep_huge.log" | cut -c10-110)"
+fi
+
+if [ -f upstream/sample_ids.txt ] && [ "$(left)" -gt 120 ]; then
+  t=$SECONDS
+  UPSTREAM_IDS=upstream/sample_ids.txt OUT="$out/upstream" timeout $(($(left) - 90)) \
+    bash dev/upstream_tests.sh run 0 0 >"$out/upstream.log" 2>&1
+  rc=$?
+  row "upstream sample" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+    "$(grep -E 'passed|failed' "$out/upstream.log" | tail -1 | cut -c1-80)"
+fi
+
+chunk=${ROBUST_CHUNK:-250}
+seed=1
+while [ "$(left)" -gt 45 ]; do
+  t=$SECONDS
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout $(($(left) - 10)) compute-sanitizer --tool memcheck \
+    --error-exitcode 99 "$py" scripts/gpu_sweep.py --device cuda --calls "$chunk" --seed "$seed" \
+    --out "$out/memcheck_$seed" >"$out/memcheck_$seed.log" 2>&1
+  rc=$?
+  row "memcheck sweep seed $seed ($chunk)" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) \
+    "$(grep -hE 'ERROR SUMMARY' "$out/memcheck_$seed.log" | tail -1 | sed 's/^=* *//') $(grep '^outcome' "$out/memcheck_$seed.log" | cut -c10-60)"
+  [ $rc = 0 ] || break
+  seed=$((seed + 1))
+done
+
+tail -5 "$out/upstream/upstream_failures.txt" 2>/dev/null
+grep -E '^(FAIL|finding)' "$out"/sweep_*.log "$out"/memcheck_*.log 2>/dev/null | head -20
+printf '%s\n' "${rows[@]}"
