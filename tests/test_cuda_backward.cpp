@@ -275,68 +275,137 @@ TEST(CudaBackward, MoreBlocksThanTheGridsYExtent) {
 // With v_j = e_j and dout_i = e_i (see test_dropout.cpp's OneHot), dv_j[i] = (P o M)_ij: the
 // zeros of dv are exactly the dropped (or masked) elements. The CUDA backward's zeros must be
 // the CPU backward's, element for element, in both modes, over several (b, h) counters and a
-// window that starts blocks off the 4-key Philox groups.
+// window that starts blocks off the 4-key Philox groups, and with positions whose key is on
+// them (the Hopper TMA kernel) and off them (the sm80 kernels).
 TEST(CudaBackward, DropoutKeepBitsEqualTheCpuBitForBit) {
   constexpr int64_t B = 2, Sq = 60, Sk = 150, H = 3, D = 64;
   for (DType dt : {DType::BFloat16, DType::Float16})
-    for (bool deterministic : {false, true}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + (deterministic ? " deterministic" : " default") +
-                   " seed=" + std::to_string(test_seed()));
-      Buffer q(dt, B * Sq * H * D), k(dt, B * Sk * H * D), v(dt, B * Sk * H * D),
-          out(dt, B * Sq * H * D), lse(DType::Float32, B * H * Sq), dout(dt, B * Sq * H * D),
-          dq(dt, B * Sq * H * D), dk(dt, B * Sk * H * D), dv(dt, B * Sk * H * D),
-          dv_cpu(dt, B * Sk * H * D), dq_cpu(dt, B * Sq * H * D), dk_cpu(dt, B * Sk * H * D);
-      q.fill_random(0.5f);
-      k.fill_random(0.5f);
-      for (int64_t n = 0; n < v.count(); ++n) v.set(n, 0.0f);
-      for (int64_t n = 0; n < dout.count(); ++n) dout.set(n, 0.0f);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-          for (int64_t j = 0; j < Sk; ++j) v.set(((b * Sk + j) * H + h) * D + j % D, 1.0f);
-          for (int64_t i = 0; i < Sq; ++i) dout.set(((b * Sq + i) * H + h) * D + i, 1.0f);
-        }
-      Options o;
-      o.dropout_p = 0.4f;
-      o.dropout_seed = rng()();
-      o.dropout_offset = rng()() >> 16;
-      o.window_left = 37;
-      o.window_right = 9;
-      o.deterministic = deterministic;
-      const TensorView qv = q.view({B, Sq, H, D}), kv = k.view({B, Sk, H, D}),
-                       vv = v.view({B, Sk, H, D}), ov = out.view({B, Sq, H, D}),
-                       lv = lse.view({B, H, Sq}), dov = dout.view({B, Sq, H, D});
-      forward(qv, kv, vv, ov, lv, o, on(Backend::CPU));
-      backward(qv, kv, vv, ov, dov, lv, dq_cpu.view({B, Sq, H, D}), dk_cpu.view({B, Sk, H, D}),
-               dv_cpu.view({B, Sk, H, D}), o, on(Backend::CPU));
-      const RunInfo info =
-          backward_on_backend(qv, kv, vv, ov, dov, lv, dq.view({B, Sq, H, D}),
-                              dk.view({B, Sk, H, D}), dv.view({B, Sk, H, D}), o);
-      ASSERT_EQ(info.backend, Backend::CUDA);
-      const std::vector<double> gpu = reference::gather(dv.view({B, Sk, H, D}));
-      const std::vector<double> cpu = reference::gather(dv_cpu.view({B, Sk, H, D}));
-      int64_t kept = 0, dropped = 0;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-          const std::vector<uint8_t> mask = reference::dropout_mask(o, b, h, Sq, Sk);
-          for (int64_t j = 0; j < Sk; ++j)
-            for (int64_t i = 0; i < Sq; ++i) {
-              const size_t at = size_t(((b * Sk + j) * H + h) * D + i);
-              ASSERT_EQ(gpu[at] == 0.0, cpu[at] == 0.0)
-                  << "b=" << b << " h=" << h << " i=" << i << " j=" << j;
-              ASSERT_FALSE(std::isnan(gpu[at]));
-              if (gpu[at] != 0.0) {
-                ASSERT_EQ(mask[size_t(i * Sk + j)], 1) << "kept where the reference drops";
-                ++kept;
-              } else if (mask[size_t(i * Sk + j)] == 0) {
-                ++dropped;
+    for (bool deterministic : {false, true})
+      for (int key : {0, 8, 7}) {  // positions (13, key): none, on the 4-key groups, off them
+        SCOPED_TRACE(std::string(dtype_name(dt)) + (deterministic ? " deterministic" : " default") +
+                     (key ? " positions (13, " + std::to_string(key) + ")" : std::string()) +
+                     " seed=" + std::to_string(test_seed()));
+        Buffer q(dt, B * Sq * H * D), k(dt, B * Sk * H * D), v(dt, B * Sk * H * D),
+            out(dt, B * Sq * H * D), lse(DType::Float32, B * H * Sq), dout(dt, B * Sq * H * D),
+            dq(dt, B * Sq * H * D), dk(dt, B * Sk * H * D), dv(dt, B * Sk * H * D),
+            dv_cpu(dt, B * Sk * H * D), dq_cpu(dt, B * Sq * H * D), dk_cpu(dt, B * Sk * H * D);
+        q.fill_random(0.5f);
+        k.fill_random(0.5f);
+        for (int64_t n = 0; n < v.count(); ++n) v.set(n, 0.0f);
+        for (int64_t n = 0; n < dout.count(); ++n) dout.set(n, 0.0f);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h) {
+            for (int64_t j = 0; j < Sk; ++j) v.set(((b * Sk + j) * H + h) * D + j % D, 1.0f);
+            for (int64_t i = 0; i < Sq; ++i) dout.set(((b * Sq + i) * H + h) * D + i, 1.0f);
+          }
+        Options o;
+        o.dropout_p = 0.4f;
+        o.dropout_seed = rng()();
+        o.dropout_offset = rng()() >> 16;
+        o.window_left = 37;
+        o.window_right = 9;
+        o.deterministic = deterministic;
+        if (key) o.positions = Options::Positions{13, key};
+        const TensorView qv = q.view({B, Sq, H, D}), kv = k.view({B, Sk, H, D}),
+                         vv = v.view({B, Sk, H, D}), ov = out.view({B, Sq, H, D}),
+                         lv = lse.view({B, H, Sq}), dov = dout.view({B, Sq, H, D});
+        forward(qv, kv, vv, ov, lv, o, on(Backend::CPU));
+        backward(qv, kv, vv, ov, dov, lv, dq_cpu.view({B, Sq, H, D}), dk_cpu.view({B, Sk, H, D}),
+                 dv_cpu.view({B, Sk, H, D}), o, on(Backend::CPU));
+        const RunInfo info =
+            backward_on_backend(qv, kv, vv, ov, dov, lv, dq.view({B, Sq, H, D}),
+                                dk.view({B, Sk, H, D}), dv.view({B, Sk, H, D}), o);
+        ASSERT_EQ(info.backend, Backend::CUDA);
+        const std::vector<double> gpu = reference::gather(dv.view({B, Sk, H, D}));
+        const std::vector<double> cpu = reference::gather(dv_cpu.view({B, Sk, H, D}));
+        int64_t kept = 0, dropped = 0;
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h) {
+            const std::vector<uint8_t> mask = reference::dropout_mask(o, b, h, Sq, Sk);
+            for (int64_t j = 0; j < Sk; ++j)
+              for (int64_t i = 0; i < Sq; ++i) {
+                const size_t at = size_t(((b * Sk + j) * H + h) * D + i);
+                ASSERT_EQ(gpu[at] == 0.0, cpu[at] == 0.0)
+                    << "b=" << b << " h=" << h << " i=" << i << " j=" << j;
+                ASSERT_FALSE(std::isnan(gpu[at]));
+                if (gpu[at] != 0.0) {
+                  ASSERT_EQ(mask[size_t(i * Sk + j)], 1) << "kept where the reference drops";
+                  ++kept;
+                } else if (mask[size_t(i * Sk + j)] == 0) {
+                  ++dropped;
+                }
               }
-            }
-        }
-      EXPECT_GT(kept, 1000);
-      EXPECT_GT(dropped, 1000);
-    }
+          }
+        EXPECT_GT(kept, 1000);
+        EXPECT_GT(dropped, 1000);
+      }
 }
 
+
+// Positions (Options::positions; docs/SPEC.md): a block of a longer self-attention gets the
+// whole sequence's dropout bits and ALiBi distances on every CUDA kernel that takes those
+// options: the Hopper kernels (TMA forward and backward, where the machine has them) and the
+// sm80 ones (FLASHATTN_CUDA_FORWARD/BACKWARD=sm80), forward and backward against the float64
+// reference, with a key position on the groups of 4 keys a Philox call covers and off them.
+TEST(CudaPositions, DropoutAndAlibiMatchTheReferenceOnEveryKernel) {
+  struct Family {
+    const char* name;
+    const char* forced;  // FLASHATTN_CUDA_FORWARD and _BACKWARD, or null: as dispatched
+  } families[] = {{"dispatched", nullptr}, {"sm80", "sm80"}};
+  struct Features {
+    const char* name;
+    bool alibi, dropout;
+  } features[] = {{"alibi", true, false}, {"dropout", false, true}, {"alibi+dropout", true, true}};
+  struct At {
+    int64_t query, key;
+  } positions[] = {{37, 21}, {256, 64}, {0, 1003}};
+  for (const Family& family : families)
+    for (int64_t head_dim : {64, 128, 40, 256})
+      for (DType dt : {DType::BFloat16, DType::Float16})
+        for (const Features& f : features)
+          for (const At& at : positions) {
+            std::optional<ScopedEnv> fwd, bwd;
+            if (family.forced) {
+              fwd.emplace("FLASHATTN_CUDA_FORWARD", family.forced);
+              bwd.emplace("FLASHATTN_CUDA_BACKWARD", family.forced);
+            }
+            Case c;
+            c.batch = 2;
+            c.seqlen_q = 97;
+            c.seqlen_k = 150;
+            c.heads = 4;
+            c.heads_k = 2;
+            c.head_dim = head_dim;
+            c.dtype = dt;
+            c.alibi = f.alibi ? Case::Alibi::PerBatchHead : Case::Alibi::Off;
+            c.dropout_p = f.dropout ? 0.2f : 0.0f;
+            // The call's own mask stays bottom-right aligned on its rows and keys.
+            c.window_left = at.key == 64 ? 70 : -1;
+            c.window_right = at.key == 64 ? 3 : -1;
+            const std::string what = std::string(family.name) + " " + f.name + " positions (" +
+                                     std::to_string(at.query) + ", " + std::to_string(at.key) +
+                                     ") " + c.describe();
+            SCOPED_TRACE(what);
+            Buffer slopes;
+            Options o = options_of(c, slopes);
+            o.positions = Options::Positions{at.query, at.key};
+
+            Inputs in = make_inputs(c);
+            Buffer out(dt, c.batch * c.seqlen_q * c.heads * head_dim),
+                lse(DType::Float32, c.batch * c.heads * c.seqlen_q);
+            const TensorView out_view = out.view({c.batch, c.seqlen_q, c.heads, head_dim});
+            const TensorView lse_view = lse.view({c.batch, c.heads, c.seqlen_q});
+            const RunInfo info = forward_on_backend(in.q, in.k, in.v, out_view, lse_view, o);
+            ASSERT_EQ(info.backend, Backend::CUDA);
+            expect_matches_reference(in.q, in.k, in.v, o, nullptr, out_view, &lse_view, what);
+
+            GpuProblem p(c, o);  // the CPU engine's forward (out, lse) feeds the backward
+            backward_on_backend(p.in.q, p.in.k, p.in.v, p.out_view(), p.dout_view(), p.lse_view(),
+                                p.dq_view(), p.dk_view(), p.dv_view(), p.o);
+            expect_gradients_match_reference(p, what);
+            if (::testing::Test::HasFailure()) return;  // one failing combination is enough to read
+          }
+}
 
 // The default mode's stats: D indexed like lse (rows floats), or, where the Hopper TMA kernel
 // takes the call (dense calls at buckets 64 and 128 on an sm_90a build), D and

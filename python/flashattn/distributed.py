@@ -28,8 +28,8 @@ first row and first key (flashattn's positions, docs/SPEC.md "Positions"), so th
 draws the keep bits of the global (row, key) and ALiBi measures |global row - global key|.
 A varlen call then runs per sequence too, as sequence b of a call whose other sequences
 are empty (dropout's batch index and the (B, H) slopes' row are the whole batch's). The
-dropout seed is drawn as flash_attn_func draws it and rank 0's is used everywhere. Positions
-are in the CPU engine so far; the CUDA backend refuses them with dropout or ALiBi.
+dropout seed is drawn as flash_attn_func draws it and rank 0's is used everywhere. Every
+backend takes positions (the CPU engine and the CUDA kernels).
 
 Communication is torch.distributed's: P2P isend/irecv (NCCL on GPUs, where it runs on its own
 stream, ordered against the compute stream by torch; Gloo on CPUs), plus one small all_gather
@@ -861,8 +861,7 @@ _ARGS_DOC = """\
         dropout_p: float. Dropout probability: the keep bits are exactly those of
             flash_attn_func over the whole sequence (each chunk call passes its global
             positions, docs/SPEC.md "Positions"); the seed is drawn from torch's generator as
-            flash_attn_func draws it, rank 0's draw used by every rank. CPU backend only for
-            now (the CUDA kernels do not take positions yet: a ValueError says so).
+            flash_attn_func draws it, rank 0's draw used by every rank.
         softmax_scale: float. Default 1 / sqrt(headdim).
         causal: bool. The causal mask over the *global* positions (query i sees key j <= i).
         window_size: (left, right), global: query i sees keys i - left .. i + right (-1:

@@ -911,14 +911,6 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
   check_outputs_disjoint(inputs, out_checked, lse, lse_extent);
   call.backend = check_backend_memory(execution, q, call.head_dim, copied_by_rows, inputs,
                                       out_checked, lse);
-  // The CUDA attention kernels measure ALiBi and draw dropout in the call's own coordinates
-  // (attention_probabilities' kernel has positions): refused rather than computed wrongly.
-  if (call.backend == Backend::CUDA && options.positions &&
-      (options.dropout_p > 0.0f || options.alibi_slopes))
-    unsupported("positions",
-                "none with dropout or ALiBi on the CUDA backend (not implemented in its "
-                "kernels yet; the CPU backend has them)",
-                std::string("positions with ") + (options.dropout_p > 0.0f ? "dropout" : "ALiBi"));
   // Last, as in validate_kvcache: the values, after every structural check (host only).
   if (paged) check_paged_lengths(*varlen, call.batch, k, call.rows_k);
   return call;

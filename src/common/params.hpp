@@ -173,8 +173,11 @@ FA_HOST_DEVICE SequenceView sequence_view(const ForwardParams& p, int32_t b) {
 // ALiBi's distance of (i, j) in sequence s is |i + alibi_diagonal - j|: the call's
 // bottom-right alignment (seqlen_k - seqlen_q), or with positions the offset between the
 // query and key tokens (the whole sequence is self-attention: token t sees token t at distance 0).
+FA_HOST_DEVICE int64_t alibi_diagonal(const ForwardParams& p, int64_t seqlen_q, int64_t seqlen_k) {
+  return p.has_positions ? p.query_position0 - p.key_position0 : seqlen_k - seqlen_q;
+}
 FA_HOST_DEVICE int64_t alibi_diagonal(const ForwardParams& p, const SequenceView& s) {
-  return p.has_positions ? p.query_position0 - p.key_position0 : s.seqlen_k - s.seqlen_q;
+  return alibi_diagonal(p, s.seqlen_q, s.seqlen_k);
 }
 
 // Where key j (0 <= j < total_k < 2^31) of sequence b of a paged batch lives. The page index

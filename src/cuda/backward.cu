@@ -142,10 +142,13 @@ bool is_plain(const sm80::BackwardKernelParams& kp) {
 
 // The TMA kernel: dense and varlen calls at buckets 64 and 128 whose tensors TMA can describe (args gets
 // their maps); FLASHATTN_SM90_BACKWARD_LOADS=cp.async leaves plain ones to the cp.async kernel.
+// Dropout with a key position off the groups of 4 keys one Philox call covers stays on the
+// sm80 kernels (sm90::dropout_keep_mask shares each call among the lanes of one group).
 template <typename Element>
 bool prepare_sm90_ws(const sm80::BackwardKernelParams& kp, knobs::KernelFamily forced, sm90::WsBackwardArgs& args) {
   const ForwardParams& p = kp.bp.fwd;
   if (!sm90_may_take(forced) || p.is_paged() || !knobs::sm90_backward_uses_tma()) return false;
+  if (kp.has_dropout && p.key_position0 % 4 != 0) return false;
   switch (head_dim_bucket(p.head_dim)) {
     case 64: return sm90::prepare_backward_ws<Element, 64>(kp, args);
     case 128: return sm90::prepare_backward_ws<Element, 128>(kp, args);

@@ -38,6 +38,7 @@
 #include "common/params.hpp"
 #include "common/philox.hpp"
 #include "cuda/common/kernel_code.cuh"
+#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile_order.cuh"
@@ -271,21 +272,19 @@ __device__ __forceinline__ void probabilities_and_ds(
       lo = lo64 < 0 ? 0 : (lo64 > Cfg::kBlockN ? Cfg::kBlockN : static_cast<int>(lo64));
       hi = hi64 < 0 ? 0 : (hi64 > Cfg::kBlockN ? Cfg::kBlockN : static_cast<int>(hi64));
     }
-    // |i + Sk - Sq - j| = |diagonal - c| for the tile column c = j - j0.
-    const int diagonal = static_cast<int>(i + tc.seqlen_k - tc.seqlen_q - tc.j0);
+    // ALiBi's |i + alibi_diagonal - j| = |diagonal - c| for the tile column c = j - j0.
+    const int diagonal = static_cast<int>(i + alibi_diagonal(p, tc.seqlen_q, tc.seqlen_k) - tc.j0);
     const bool dropout = kGeneral && kp.has_dropout;
     const bool draw = dropout && i < tc.seqlen_q;
 #pragma unroll
     for (int t = 0; t < Cfg::kSTiles; ++t) {
       const int c0 = warp_col0 + t * 8 + quad_col;
-      // Columns c0, c0 + 1 share one group of 4 keys (j0 and c0 are even).
+      // The keep bits of tokens (i, j) and (i, j + 1) of the whole sequence (the call's
+      // moved by Options::positions): one group of 4 keys unless j % 4 == 3.
       uint32_t keep = 3u;
-      if (draw) {
-        const int64_t j = tc.j0 + c0;
-        keep = kp.dropout.keep_bits4(static_cast<uint32_t>(tc.b), static_cast<uint32_t>(tc.h),
-                                     static_cast<uint32_t>(i), static_cast<uint32_t>(j / 4)) >>
-               (j % 4);
-      }
+      if (draw) keep = dropout_pair_bits(kp.dropout, static_cast<uint32_t>(tc.b), static_cast<uint32_t>(tc.h),
+                                         static_cast<uint32_t>(i + p.query_position0),
+                                         static_cast<uint32_t>(tc.j0 + c0 + p.key_position0));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = c0 + e;

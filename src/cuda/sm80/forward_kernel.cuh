@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
           modify_scores_row<kSTiles>(&s[mt][0][0], r, scales, softcap, slope,
-                                     static_cast<int>(row_of(mt, r) + seq.seqlen_k - seq.seqlen_q - j0), quad_col);
+                                     static_cast<int>(row_of(mt, r) + alibi_diagonal(p, seq) - j0), quad_col);
     }
     if (needs_mask) {
 #pragma unroll
@@ -392,7 +392,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       for (int r = 0; r < 2; ++r) {
         scale_o[r] = online_softmax_row<kSTiles>(&s[mt][0][0], r, row_max[mt][r], row_sum[mt][r], exp_scale);
         if (dropout)
-          dropout_row<kSTiles>(&s[mt][0][0], r, rng, b, h, static_cast<uint32_t>(row_of(mt, r)), j0, quad_col);
+          dropout_row<kSTiles>(&s[mt][0][0], r, rng, b, h,
+                               static_cast<uint32_t>(row_of(mt, r) + p.query_position0), j0 + p.key_position0,
+                               quad_col);
       }
 #pragma unroll
       for (int t = 0; t < kOTiles; ++t) {

@@ -277,14 +277,17 @@ __device__ __forceinline__ void probabilities_from_scores(float (&st)[kCols / 2]
 }
 
 // Dropout's keep bits of this lane's scores of key row r (key j = j0 + key0 + 8 r; the
-// layout of probabilities_from_scores), bit 2 t + e for column t * 8 + quad_col + e. One
-// Philox call gives the bits of 4 consecutive keys of one query row (common/philox.hpp); in
-// this transposed layout those keys belong to the 4 lanes 16 a + 4 m + c (m = 0..3, m = j % 4),
-// so each of them makes a quarter of the calls and the words are exchanged by shuffles: 8 calls
-// a step per thread at 64 columns, where one per score would be 32.
+// layout of probabilities_from_scores), bit 2 t + e for column t * 8 + quad_col + e; m0 and j
+// are tokens of the whole sequence (moved by Options::positions). One Philox call gives the
+// bits of 4 consecutive keys of one query row (common/philox.hpp); in this transposed layout
+// those keys belong to the 4 lanes 16 a + 4 m + c (m = 0..3, m = j % 4), so each of them makes
+// a quarter of the calls and the words are exchanged by shuffles: 8 calls a step per thread at
+// 64 columns, where one per score would be 32. That needs keys j - m .. j - m + 3 to be one
+// group: a key position that is a multiple of 4 (cuda/backward.cu sends the others to the
+// sm80 kernels; the calls of both groups here made the kernel at head dim 128 spill).
 template <int kCols>
-__device__ __forceinline__ uint32_t dropout_keep_mask(const DropoutRng& rng, uint32_t b, uint32_t h, int64_t m0,
-                                                      int64_t j) {
+__device__ __forceinline__ uint32_t dropout_keep_mask(const DropoutRng& rng, uint32_t b, uint32_t h, uint32_t m0,
+                                                      uint32_t j) {
   constexpr int kColumns = kCols / 4;  // this lane's columns: q = 2 t + e
   static_assert(kColumns <= 32, "one bit per column in a word");
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -316,7 +319,7 @@ __device__ __forceinline__ uint32_t dropout_keep_mask(const DropoutRng& rng, uin
 // 1 - tanh^2 with a softcap (the derivative of the capped score by the scaled one; the scale
 // itself is applied to dK and dQ at the end), else 1. The scores are those of the forward's
 // general path (online_softmax.cuh): x = cap tanh(s scale / cap) or s scale, minus slope
-// |i + Sk - Sq - j|; P = 2^(x log2 e - lse log2 e). The tanh is taken here rather than under
+// |i + alibi_diagonal - j| (params.hpp); P = 2^(x log2 e - lse log2 e). The tanh is taken here rather than under
 // dP^T's wgmma so that no third array (g) is held across it. d_cols: this lane's D, column
 // t * 8 + e at d_cols[t * 8 + e]; keep: dropout's keep bits of this lane's keys key0 and
 // key0 + 8 (dropout_keep_mask; all ones without dropout), drawn by the caller while the
@@ -336,6 +339,9 @@ __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols /
   const float score_scale = p.softmax_scale * kLog2e;
   const float slope2 = slope * kLog2e;
   const float keep_scale = rng != nullptr ? rng->scale : 1.0f;
+  // ALiBi's |i + alibi_diagonal - j| for column c = t * 8 + quad_col + e of key row r:
+  // |diagonal0 - 8 r + 8 t + e|, one float held instead of the diagonal's terms.
+  const float diagonal0 = static_cast<float>(m0 + quad_col + alibi_diagonal(p, seq) - blk.j0 - key0);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t j = blk.j0 + key0 + r * 8;
@@ -349,8 +355,7 @@ __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols /
         hi = hi64 < 0 ? 0 : (hi64 > kCols ? kCols : static_cast<int>(hi64));
       }
     }
-    // |i + Sk - Sq - j| for column c = t * 8 + quad_col + e: |lane_diagonal + 8 t + e|.
-    const float lane_diagonal = static_cast<float>(m0 + quad_col + seq.seqlen_k - seq.seqlen_q - j);
+    const float lane_diagonal = diagonal0 - static_cast<float>(8 * r);
 #pragma unroll
     for (int t = 0; t < kCols / 8; ++t)
 #pragma unroll

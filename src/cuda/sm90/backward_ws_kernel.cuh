@@ -415,7 +415,9 @@ __device__ __forceinline__ void consume_backward(const WsBackwardArgs& args, con
 #pragma unroll
         for (int r = 0; r < 2; ++r)
           keep[r] = dropout_keep_mask<kBlockM>(kp.dropout, static_cast<uint32_t>(blk.b),
-                                               static_cast<uint32_t>(step.head), m0, blk.j0 + key0 + r * 8);
+                                               static_cast<uint32_t>(step.head),
+                                               static_cast<uint32_t>(m0 + p.query_position0),
+                                               static_cast<uint32_t>(blk.j0 + key0 + r * 8 + p.key_position0));
       }
     }
     ptx::wgmma_wait<1>();  // S^T

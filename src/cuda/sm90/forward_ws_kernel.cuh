@@ -307,7 +307,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
 #pragma unroll
         for (int r = 0; r < 2; ++r)
           modify_scores_row<kSTiles>(s, r, scales, softcap, slope,
-                                     static_cast<int>(m0 + cta_row(r) + seq.seqlen_k - seq.seqlen_q - j0), quad_col);
+                                     static_cast<int>(m0 + cta_row(r) + alibi_diagonal(p, seq) - j0), quad_col);
       }
       if (n < tile.full_begin || n >= tile.full_end) {
 #pragma unroll
@@ -322,7 +322,8 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       for (int r = 0; r < 2; ++r) {
         scale_o[r] = online_softmax_row<kSTiles>(s, r, row_max[r], row_sum[r], exp_scale);
         if (dropout)
-          dropout_row<kSTiles>(s, r, rng, tile.b, tile.h, static_cast<uint32_t>(m0 + cta_row(r)), j0, quad_col);
+          dropout_row<kSTiles>(s, r, rng, tile.b, tile.h, static_cast<uint32_t>(m0 + cta_row(r) + p.query_position0),
+                               j0 + p.key_position0, quad_col);
       }
     };
     // P as A fragments of the P V wgmma: the S accumulators of two adjacent n8 tiles are one
