@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call for the robustness items (issues 28 and 34), each stage started only while the
 # call's budget (ROBUST_LIMIT_S, default 560 s) leaves room for it:
-#   1. the package built with CUDA (sm_90a) and installed;
+#   1. the package built with CUDA (sm_90a) and installed; beside it, where ROBUST_GTESTS names
+#      test binaries with gtest filters ("test_backward_cuda=CudaPositions.*
+#      test_forward_cuda=*Dropout*"), those built in build-gpu and run after it;
 #   2. scripts/gpu_sweep.py without the sanitizer: ROBUST_FAST_CALLS calls (default 3000, seed 2),
 #      the answers checked against float64;
 #   3. scripts/gpu_sweep.py --huge (tensors past 2^31 elements);
@@ -28,10 +30,32 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 
 t=$SECONDS
+read -r -a gtests <<<"${ROBUST_GTESTS:-}"
+if [ ${#gtests[@]} -gt 0 ]; then
+  (cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=sm_90a &&
+     cmake --build build-gpu --target "${gtests[@]%%=*}") >"$out/gtest_build.log" 2>&1 &
+  gtest_build=$!
+fi
 "$py" -m pip install --no-build-isolation --no-deps --no-index -v -C build-dir=build-py/gpu \
   -C cmake.define.FLASHATTN_CUDA=ON -C cmake.define.FLASHATTN_CUDA_ARCHS=sm_90a . >"$out/pip.log" 2>&1
 rc=$?
 row "package (sm_90a)" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) "$(tail -1 "$out/pip.log" | cut -c1-60)"
+if [ ${#gtests[@]} -gt 0 ]; then
+  wait "$gtest_build"
+  brc=$?
+  row "build ${gtests[*]%%=*}" "$([ $brc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+    "$(grep -ciE 'spill|serializ' "$out/gtest_build.log") spill/serialisation lines"
+  [ $brc = 0 ] || tail -30 "$out/gtest_build.log"
+  for g in "${gtests[@]}"; do
+    [ $brc = 0 ] || break
+    t=$SECONDS
+    timeout 300 "build-gpu/tests/${g%%=*}" --gtest_filter="${g#*=}" >"$out/gtest_${g%%=*}.log" 2>&1
+    rc2=$?
+    row "${g%%=*} ${g#*=}" "$([ $rc2 = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+      "$(grep -E '^\[  (PASSED|FAILED) ' "$out/gtest_${g%%=*}.log" | tr '\n' ' ' | cut -c1-70)"
+    [ $rc2 = 0 ] || grep -E 'Failure|error|FAILED' "$out/gtest_${g%%=*}.log" | head -20
+  done
+fi
 if [ $rc != 0 ]; then tail -30 "$out/pip.log"; printf '%s\n' "${rows[@]}"; exit 1; fi
 
 t=$SECONDS
