@@ -23,6 +23,9 @@ bf16 by default, hdim 128. The rows (--features picks some):
            TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED=1 (--cudnn-nested sets it; torch 2.11 on an
            H100 ran it without, eagerly only: its CUDA-graph capture failed); a peer that
            refuses or fails says why in its row.
+  paged    the varlen batch with its keys and values in pages of --page-size rows (default
+           256) in a random order, flash_attn_varlen_func(..., block_table=...): the peers as
+           for varlen, on the dense copies of the same keys (SDPA takes no block table).
   softcap  softcap=30, seqlen 2048 and 8192, batch 16384 / seqlen, 16 heads, causal and not;
            q scaled so that the scores have standard deviation 10, where the cap bends them.
   alibi    ALiBi with the standard geometric slopes of 16 heads (fp32), the same shapes.
@@ -32,7 +35,7 @@ bf16 by default, hdim 128. The rows (--features picks some):
 TFLOP/s, EAGER and KERNEL (CUDA-graph replay), as bench/forward.py (bench/harness.py gives the
 method), over one FLOP count per row that every system shares: 4*B*H*S*S*D, halved when
 causal; for the window row 4*D*B*H times the visible (query, key) pairs (visible_pairs); for
-varlen the sum over the sequences of 4*H*L*L*D, halved when causal.
+varlen (and paged) the sum over the sequences of 4*H*L*L*D, halved when causal.
 
 Correctness before timing: ours's out and lse (on poisoned memory) against the float64
 reference with the feature on (two (batch, head) slices; for varlen, slices of the first, the
@@ -52,7 +55,8 @@ from typing import Callable
 
 import harness as h
 
-FEATURES = ("gqa", "window", "varlen", "softcap", "alibi")
+FEATURES = ("gqa", "window", "varlen", "paged", "softcap", "alibi")
+RAGGED = ("varlen", "paged")  # flash_attn_varlen_func over the ragged batch
 PLAIN_PEERS = ("softcap", "alibi")  # SDPA lacks the feature: the peers time the plain call
 SOFTCAP = 30.0
 CUDNN_NESTED_ENV = "TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED"
@@ -63,6 +67,7 @@ PEERS_RUN = {
     "window": "fa2: torch.ops.aten._flash_attention_forward(window_size_left, "
               "window_size_right), the FA2 kernel behind SDPA's flash backend; cudnn: n/a",
     "varlen": "SDPA on nested jagged tensors (B, H, j, D) over the same buffers",
+    "paged": "SDPA on nested jagged tensors over the dense copies of the paged keys and values",
     "softcap": "plain SDPA of the same shape (no softcap): an upper bound on the peers' rate",
     "alibi": "plain SDPA of the same shape (no ALiBi): an upper bound on the peers' rate",
 }
@@ -104,13 +109,16 @@ class Case:
     window: tuple = (-1, -1)
     softcap: float = 0.0
     alibi: bool = False
-    lengths: tuple = ()      # varlen: the sequences' lengths
+    lengths: tuple = ()      # varlen, paged: the sequences' lengths
+    page_size: int = 0       # paged: rows per page
 
     def label(self) -> str:
         mask = "causal" if self.causal else "full"
-        if self.feature == "varlen":
+        if self.feature in RAGGED:
             tokens = h.seqlen_label(sum(self.lengths))
-            return f"varlen {len(self.lengths)} seqs {tokens} tok d{self.hdim} {mask} h{self.heads}"
+            pages = f" pages of {self.page_size}" if self.feature == "paged" else ""
+            return f"varlen {len(self.lengths)} seqs {tokens} tok{pages} d{self.hdim} {mask} " \
+                   f"h{self.heads}"
         what = {"gqa": f"gqa {self.heads}q/{self.kv_heads}kv", "window": f"window {self.window}",
                 "softcap": f"softcap {self.softcap:g}", "alibi": "alibi"}[self.feature]
         return f"{what} d{self.hdim} {mask} s{h.seqlen_label(self.seqlen)} " \
@@ -122,13 +130,14 @@ class Case:
                 "heads": self.heads, "kv_heads": self.kv_heads,
                 "window": list(self.window) if self.feature == "window" else None,
                 "softcap": self.softcap or None, "alibi": self.alibi,
-                "lengths": list(self.lengths) or None, "peers_run": PEERS_RUN[self.feature]}
+                "lengths": list(self.lengths) or None, "page_size": self.page_size or None,
+                "peers_run": PEERS_RUN[self.feature]}
 
     def flops(self) -> float:
         if self.feature == "window":
             return window_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.hdim,
                                 self.window, self.causal)
-        if self.feature == "varlen":
+        if self.feature in RAGGED:
             return sum(h.forward_flops(1, self.heads, n, n, self.hdim, self.causal)
                        for n in self.lengths)
         return h.forward_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.hdim,
@@ -193,10 +202,12 @@ def cases(features: list[str], args) -> list[Case]:
         elif feature == "window":
             out.append(Case("window", 1, size.heads, size.heads, size.window_seqlen, size.hdim,
                             True, window=size.window))
-        elif feature == "varlen":
+        elif feature in RAGGED:
             lengths = ragged_lengths(size.varlen_tokens, *size.varlen_range, args.seed)
-            out += [Case("varlen", len(lengths), size.heads, size.heads, max(lengths),
-                         size.hdim, c, lengths=lengths) for c in (False, True)]
+            page_size = args.page_size if feature == "paged" else 0
+            out += [Case(feature, len(lengths), size.heads, size.heads, max(lengths),
+                         size.hdim, c, lengths=lengths, page_size=page_size)
+                    for c in (False, True)]
         elif feature == "softcap":
             out += [Case("softcap", b, size.heads, size.heads, s, size.hdim, c, softcap=SOFTCAP)
                     for b, s, c in dense]
@@ -211,7 +222,7 @@ def make_sets(case: Case, args) -> list[dict]:
     together beyond --rotate-mib."""
     import torch
     dtype = h.torch_dtype(args.dtype)
-    if case.feature == "varlen":
+    if case.feature in RAGGED:
         q_dims, kv_dims = [(sum(case.lengths), n, case.hdim) for n in (case.heads, case.kv_heads)]
     else:
         q_dims, kv_dims = [(case.batch, case.seqlen, n, case.hdim)
@@ -219,7 +230,7 @@ def make_sets(case: Case, args) -> list[dict]:
     # q and out, k and v: what each call reads or writes
     per_set = 2 * (math.prod(q_dims) + math.prod(kv_dims)) * dtype.itemsize
     shared = {}
-    if case.feature == "varlen":
+    if case.feature in RAGGED:
         offsets = torch.tensor([0, *case.lengths], device=args.device).cumsum(0)
         shared = {"offsets": offsets, "cu_seqlens": offsets.to(torch.int32)}
     gen = h.generator(args.device, args.seed)
@@ -232,7 +243,32 @@ def make_sets(case: Case, args) -> list[dict]:
             # tell whether it was applied. (The values do not change the work timed.)
             q.mul_(case.softcap / 3)
         sets.append({"q": q, "k": k, "v": v} | shared)
+        if case.feature == "paged":
+            sets[-1] |= paged_copies(case, k, v, gen)
     return sets
+
+
+def paged_copies(case: Case, k, v, gen) -> dict:
+    """k and v (total, Hk, D) as pages of case.page_size rows in a random order, and the
+    block table (B, max pages) of the ragged batch; page rows past a sequence are NaN."""
+    import torch
+    size = case.page_size
+    pages_of = [-(-n // size) for n in case.lengths]
+    order = torch.randperm(sum(pages_of), device=k.device, generator=gen)
+    table = torch.zeros(len(case.lengths), max(pages_of), dtype=torch.int32, device=k.device)
+    k_pages = torch.full((sum(pages_of), size, *k.shape[1:]), float("nan"), dtype=k.dtype,
+                         device=k.device)
+    v_pages = torch.full_like(k_pages, float("nan"))
+    start, used = 0, 0
+    for b, n in enumerate(case.lengths):
+        for p in range(pages_of[b]):
+            page = int(order[used + p])
+            table[b, p] = page
+            rows = min(size, n - p * size)
+            k_pages[page, :rows] = k[start + p * size:start + p * size + rows]
+            v_pages[page, :rows] = v[start + p * size:start + p * size + rows]
+        start, used = start + n, used + pages_of[b]
+    return {"k_pages": k_pages, "v_pages": v_pages, "block_table": table}
 
 
 # --- the calls -------------------------------------------------------------------------------
@@ -243,6 +279,10 @@ def ours_call(case: Case, x: dict, slopes) -> Callable:
         return lambda **extra: flash_attn_varlen_func(
             x["q"], x["k"], x["v"], x["cu_seqlens"], x["cu_seqlens"], case.seqlen, case.seqlen,
             causal=case.causal, **extra)
+    if case.feature == "paged":
+        return lambda **extra: flash_attn_varlen_func(
+            x["q"], x["k_pages"], x["v_pages"], x["cu_seqlens"], x["cu_seqlens"], case.seqlen,
+            case.seqlen, causal=case.causal, block_table=x["block_table"], **extra)
     return lambda **extra: flash_attn_func(x["q"], x["k"], x["v"], causal=case.causal,
                                            window_size=case.window, softcap=case.softcap,
                                            alibi_slopes=slopes, **extra)
@@ -259,7 +299,7 @@ def peer_call(case: Case, x: dict) -> Callable:
         return lambda: torch.ops.aten._flash_attention_forward(
             q, k, v, None, None, case.seqlen, case.seqlen, 0.0, case.causal, False,
             window_size_left=left, window_size_right=right)[0]
-    if case.feature == "varlen":
+    if case.feature in RAGGED:
         # Built once here, not in the timed call: nested (B, j, H, D) views of the same
         # buffers, sharing one offsets tensor (so one ragged dimension j), their longest and
         # shortest lengths given (else torch computes them, a synchronisation, on each call),
@@ -288,7 +328,7 @@ def compare(case: Case, x: dict, out, lse, slopes, dtype: str, peer, peer_out,
     longest and the last sequence (each a batch of one), all of which must pass."""
     q, k, v = x["q"], x["k"], x["v"]
     features = {"window": case.window, "softcap": case.softcap, "alibi_slopes": slopes}
-    if case.feature != "varlen":
+    if case.feature not in RAGGED:
         group = case.heads // case.kv_heads
         pairs = sorted({(0, 0), (case.batch - 1, case.heads - 1)})
         return h.check_attention(out, lse, q, lambda b, hh: (k[b, :, hh // group],
@@ -321,7 +361,7 @@ def check(case: Case, sets: list[dict], slopes, args) -> tuple[dict, dict]:
     import torch
     x = sets[0]
     q = x["q"]
-    lse_shape = (case.heads, q.shape[0]) if case.feature == "varlen" else \
+    lse_shape = (case.heads, q.shape[0]) if case.feature in RAGGED else \
         (case.batch, case.heads, case.seqlen)
     blocks = [(q.shape, q.dtype), (lse_shape, torch.float32)]
     with h.poisoned_allocations(args.device, blocks) as addresses:
@@ -330,7 +370,7 @@ def check(case: Case, sets: list[dict], slopes, args) -> tuple[dict, dict]:
 
     def peer_output():
         result = peer_call(case, x)()
-        return result.transpose(1, 2).values() if case.feature == "varlen" else result
+        return result.transpose(1, 2).values() if case.feature in RAGGED else result
 
     peer, peer_out = h.first_working_peer(args, peer_output, peers=case.check_peers)
     refused = {}
@@ -384,6 +424,8 @@ def main() -> int:
     p = h.parser(__doc__)
     p.add_argument("--features", default=",".join(FEATURES),
                    help="comma-separated rows among " + ", ".join(FEATURES) + " (default all)")
+    p.add_argument("--page-size", type=int, default=256,
+                   help="rows per page of the paged row (default 256)")
     p.add_argument("--cudnn-nested", action="store_true",
                    help=f"set {CUDNN_NESTED_ENV}=1: torch's experimental cuDNN path for nested "
                         "tensors (varlen's cudnn peer)")

@@ -3,13 +3,17 @@
 # call's budget (ROBUST_LIMIT_S, default 560 s) leaves room for it:
 #   1. the package built with CUDA (sm_90a) and installed; beside it, where ROBUST_GTESTS names
 #      test binaries with gtest filters ("test_backward_cuda=CudaPositions.*
-#      test_forward_cuda=*Dropout*"), those built in build-gpu and run after it;
+#      test_forward_cuda=*Dropout*"; ROBUST_GTESTS_MORE adds to it, by default the varlen and
+#      paged forward cases), those built in build-gpu and run after it;
+#   1b. upstream's test file on the ids in upstream/sample_ids.txt (dev/upstream_tests.sh; carry
+#      upstream/), at most ROBUST_UPSTREAM_S seconds (default 150);
+#   1c. bench/forward_features.py --features varlen,paged (pages of 256 and 16; the paged rows
+#      again with FLASHATTN_CUDA_FORWARD=sm80, the kernel paged calls took before), unless
+#      ROBUST_BENCH=0;
 #   2. scripts/gpu_sweep.py without the sanitizer: ROBUST_FAST_CALLS calls (default 3000, seed 2),
 #      the answers checked against float64;
 #   3. scripts/gpu_sweep.py --huge (tensors past 2^31 elements);
-#   4. upstream's test file on the ids in upstream/sample_ids.txt (dev/upstream_tests.sh; carry
-#      upstream/);
-#   5. the sweep under compute-sanitizer memcheck in chunks of ROBUST_CHUNK calls (default 250),
+#   4. the sweep under compute-sanitizer memcheck in chunks of ROBUST_CHUNK calls (default 250),
 #      seeds 1, 2, 3, ... while time is left: every chunk that finishes counts.
 # Results in $OUT (logs, the sweeps' JSON, upstream_failures.txt); a table printed last.
 set -uo pipefail
@@ -30,7 +34,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 
 t=$SECONDS
-read -r -a gtests <<<"${ROBUST_GTESTS:-}"
+read -r -a gtests <<<"${ROBUST_GTESTS:-} ${ROBUST_GTESTS_MORE-test_forward_cuda=*Varlen*:*Paged*}"
 if [ ${#gtests[@]} -gt 0 ]; then
   (cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=sm_90a &&
      cmake --build build-gpu --target "${gtests[@]%%=*}") >"$out/gtest_build.log" 2>&1 &
@@ -58,12 +62,38 @@ if [ ${#gtests[@]} -gt 0 ]; then
 fi
 if [ $rc != 0 ]; then tail -30 "$out/pip.log"; printf '%s\n' "${rows[@]}"; exit 1; fi
 
-t=$SECONDS
-timeout $(($(left) - 60)) "$py" scripts/gpu_sweep.py --device cuda --calls "${ROBUST_FAST_CALLS:-3000}" \
-  --seed 2 --out "$out/sweep_fast" >"$out/sweep_fast.log" 2>&1
-rc=$?
-row "sweep, no sanitizer (seed 2)" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
-  "$(grep '^outcome' "$out/sweep_fast.log" | cut -c10-110)"
+if [ -f upstream/sample_ids.txt ] && [ "$(left)" -gt 120 ]; then
+  t=$SECONDS
+  UPSTREAM_IDS=upstream/sample_ids.txt OUT="$out/upstream" timeout "${ROBUST_UPSTREAM_S:-150}" \
+    bash dev/upstream_tests.sh run 0 0 >"$out/upstream.log" 2>&1
+  rc=$?
+  row "upstream sample" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+    "$(grep -E 'passed|failed' "$out/upstream.log" | tail -1 | cut -c1-80)"
+fi
+
+if [ "${ROBUST_BENCH:-1}" = 1 ] && [ "$(left)" -gt 300 ]; then
+  for run in "paged256 --features varlen,paged" "paged16 --features paged --page-size 16" \
+             "sm80_paged256 --features paged" "sm80_paged16 --features paged --page-size 16"; do
+    read -r name bench_args <<<"$run"
+    t=$SECONDS
+    # shellcheck disable=SC2086  # the arguments word by word
+    env $([ "${name#sm80}" != "$name" ] && echo FLASHATTN_CUDA_FORWARD=sm80) timeout 90 \
+      "$py" bench/forward_features.py $bench_args --out "$out/bench_$name" >"$out/bench_$name.log" 2>&1
+    brc=$?
+    row "forward_features $name" "$([ $brc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+      "$(grep -E '^\| varlen' "$out/bench_$name.log" | awk -F'|' '{printf "%s;", $3}' | cut -c1-60)"
+    grep -E '^\| varlen' "$out/bench_$name.log" | cut -c1-160
+  done
+fi
+
+if [ "$(left)" -gt 120 ]; then
+  t=$SECONDS
+  timeout $(($(left) - 60)) "$py" scripts/gpu_sweep.py --device cuda --calls "${ROBUST_FAST_CALLS:-3000}" \
+    --seed 2 --out "$out/sweep_fast" >"$out/sweep_fast.log" 2>&1
+  rc=$?
+  row "sweep, no sanitizer (seed 2)" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+    "$(grep '^outcome' "$out/sweep_fast.log" | cut -c10-110)"
+fi
 
 if [ "$(left)" -gt 150 ]; then
   t=$SECONDS
@@ -74,14 +104,6 @@ if [ "$(left)" -gt 150 ]; then
     "$(grep '^outcome' "$out/sweep_huge.log" | cut -c10-110)"
 fi
 
-if [ -f upstream/sample_ids.txt ] && [ "$(left)" -gt 120 ]; then
-  t=$SECONDS
-  UPSTREAM_IDS=upstream/sample_ids.txt OUT="$out/upstream" timeout $(($(left) - 90)) \
-    bash dev/upstream_tests.sh run 0 0 >"$out/upstream.log" 2>&1
-  rc=$?
-  row "upstream sample" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
-    "$(grep -E 'passed|failed' "$out/upstream.log" | tail -1 | cut -c1-80)"
-fi
 
 chunk=${ROBUST_CHUNK:-250}
 seed=1

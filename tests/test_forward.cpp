@@ -1,6 +1,7 @@
 // A backend against the float64 reference: a property sweep over shapes, dtypes, head dims,
 // GQA ratios, masks, softcap, ALiBi, memory layouts and ragged batches. Compiled once per
 // backend: test_forward_cpu, and test_forward_cuda (FLASHATTN_TEST_CUDA, label gpu).
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -496,7 +497,8 @@ TEST(Varlen, PagedEveryPageSizeAndFeature) {
 }
 
 // Every head-dim bucket of the kernels (each has its own paged variant on CUDA), odd head
-// dims, an odd page size and a page size that is a multiple of the key blocks.
+// dims, and page sizes: odd (the sm80 kernel on CUDA), a divisor of the key blocks, and
+// multiples of 8 that are neither (the Hopper kernel's boxes of 8 rows).
 TEST(Varlen, PagedEveryHeadDimBucket) {
   int n = 0;
   // 5 and 59 run on the CUDA backend's padded copies of the page pool.
@@ -510,7 +512,7 @@ TEST(Varlen, PagedEveryHeadDimBucket) {
     vc.dtype = n % 2 ? DType::BFloat16 : DType::Float16;
     vc.mask = kMasks[size_t(n) % 4];
     vc.seqused = n % 3 == 2;
-    vc.page_size = n % 2 ? 7 : 64;
+    vc.page_size = std::array<int64_t, 4>{64, 7, 24, 136}[size_t(n) % 4];
     vc.packed_pages = n % 3 == 1;
     run_varlen_case(vc);
     ++n;
@@ -522,6 +524,7 @@ TEST(Varlen, PagedEveryHeadDimBucket) {
 TEST(Varlen, PagedLongSequences) {
   for (const auto& [d, page_size, mask] : {std::tuple{64, int64_t{16}, kMasks[1]},
                                            std::tuple{128, int64_t{256}, kMasks[0]},
+                                           std::tuple{128, int64_t{48}, kMasks[1]},
                                            std::tuple{256, int64_t{5}, kMasks[2]}}) {
     VarlenCase vc;
     vc.lens_q = {700, 1, 129};

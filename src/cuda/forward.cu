@@ -1,8 +1,8 @@
 // Chooses the forward kernel for a validated call: on Hopper, the sm90 (wgmma) kernel where it
 // covers the call; otherwise the sm80 (mma.sync) kernel instantiated for the call's dtype and
 // head-dim bucket (head dims rounded up to a multiple of 32); a head dim that is not a
-// multiple of 8 runs on padded copies (cuda/head_dim_padding.hpp). Paged keys and values
-// always take the sm80 kernel's paged variant: the sm90 kernel has no page indirection.
+// multiple of 8 runs on padded copies (cuda/head_dim_padding.hpp). Paged keys and values take
+// the sm90 kernel where their page size is a multiple of 8, else the sm80 kernel's paged variant.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -28,8 +28,9 @@ namespace {
 // The sm90 kernel (TMA, warp-specialised) takes dense and varlen calls on a GPU that loaded its
 // sm_90a code; head dims go up to the next multiple of 64 (H200, 2026-12-03, bench/forward.py,
 // bf16 hdim 64, dense: 1.19-1.39x the sm80 kernel at 512-16k, causal 1.06-1.33x from 1k; varlen
-// calls at 64 take its two-consumer shape, not yet timed against the sm80 kernel). The calls it
-// cannot take (paged, tensors TMA cannot describe) run on the sm80 kernel, as every call with
+// calls at 64 take its two-consumer shape, not yet timed against the sm80 kernel) and paged
+// varlen calls whose page size is a multiple of 8. The calls it cannot take (other page sizes,
+// tensors TMA cannot describe) run on the sm80 kernel, as every call with
 // FLASHATTN_CUDA_FORWARD=sm80 (the tests run the CUDA suite both ways).
 template <typename Element>
 bool run_sm90(const ForwardParams& p, knobs::KernelFamily forced) {
@@ -45,7 +46,7 @@ bool run_sm90(const ForwardParams& p, knobs::KernelFamily forced) {
 
 template <typename Element>
 void run_bucket(const ForwardParams& p, knobs::KernelFamily forced) {
-  if (!p.is_paged() && run_sm90<Element>(p, forced)) return;
+  if (run_sm90<Element>(p, forced)) return;
   with_head_dim_bucket(p.head_dim, [&](auto bucket) {
     if (p.is_paged())
       sm80::run_forward<Element, decltype(bucket)::value, true>(p);

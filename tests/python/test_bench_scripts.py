@@ -50,7 +50,8 @@ def test_a_benchmark_runs_ours_and_checks_it(script, tmp_path):
         assert document["meta"]["copy_bandwidth"]["tbps"] > 0
     if name == "forward_features":
         rows = {(row["feature"], row["causal"]): row for row in document["rows"]}
-        assert {feature for feature, _ in rows} == {"gqa", "window", "varlen", "softcap", "alibi"}
+        assert {feature for feature, _ in rows} == {"gqa", "window", "varlen", "paged", "softcap",
+                                                    "alibi"}
         window = rows["window", True]
         left, right = window["window"]
         assert right == 0  # causal, `left` keys back: query i sees keys max(0, i - left) .. i

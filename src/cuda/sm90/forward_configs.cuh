@@ -1,7 +1,7 @@
 // Tile shapes of the sm90 (TMA, warp-specialised) forward kernel per 64-column head-dim bucket,
 // with the reasons, and its launch. Each (dtype, bucket) instantiates it in its own generated
-// file (src/CMakeLists.txt). Calls it cannot take (paged, tensors TMA cannot describe) run on
-// the sm80 kernel (cuda/forward.cu).
+// file (src/CMakeLists.txt). Calls it cannot take (pages of a size that is not a multiple of 8,
+// tensors TMA cannot describe) run on the sm80 kernel (cuda/forward.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -93,22 +93,39 @@ unsigned ws_forward_ctas(const ForwardTiles& tiles) {
   return persistent ? persistent_ctas(tiles) : forward_ctas(tiles);
 }
 
-// Launches the kernel for a dense or varlen call (no block table); false, launching nothing,
-// where it cannot take the call: paged, varlen on a shape that does not take it, a general
-// call on a shape without that variant, its code or shared memory not here, or tensors TMA
-// cannot describe.
+// The rows of a paged call's k and v boxes: the largest power of two up to kBlockN that
+// divides the page size, so that a box never crosses a page; 0 (the sm80 kernel takes the
+// call) below 8 rows, where the boxes would be too many and too small (a page size that is
+// not a multiple of 8).
+template <typename Cfg>
+int page_box_rows(const ForwardParams& p) {
+  int rows = Cfg::kBlockN;
+  while (rows >= 8 && p.page_size % rows != 0) rows /= 2;
+  return rows >= 8 ? rows : 0;
+}
+
+// Launches the kernel for a dense, varlen or paged varlen call; false, launching nothing,
+// where it cannot take the call: varlen on a shape that does not take it, pages of a size
+// that is not a multiple of 8, a general call on a shape without that variant, its code or
+// shared memory not here, or tensors TMA cannot describe.
 template <typename Cfg>
 bool launch_forward_ws(const ForwardParams& p) {
   const ScoreVariant variant = score_variant(p);
-  if (p.is_paged() || (p.is_varlen() && !Cfg::kTakesVarlen) || (!Cfg::kHasGeneral && variant != ScoreVariant::Plain))
-    return false;
+  if ((p.is_varlen() && !Cfg::kTakesVarlen) || (!Cfg::kHasGeneral && variant != ScoreVariant::Plain)) return false;
+  const int box_rows = p.is_paged() ? page_box_rows<Cfg>(p) : 0;
+  if (p.is_paged() && box_rows == 0) return false;
   static PerDevice<bool> sm90_code;
   if (!sm90_code.get([] { return kernel_ptx_version(forward_ws_kernel<Cfg, ScoreVariant::Plain>) >= 90; }) ||
       Cfg::kSharedBytes > shared_bytes_per_block_limit())
     return false;
   WsForwardArgs args{};
-  if (!encode_tiled(args.q, tiled_q(p), Cfg::kBlockM) || !encode_tiled(args.k, tiled_k(p), Cfg::kBlockN) ||
-      !encode_tiled(args.v, tiled_v(p), Cfg::kBlockN) || !encode_tiled(args.out, tiled_out(p), kOutBoxRows))
+  args.page_box_rows = box_rows;
+  const bool kv_mapped = p.is_paged() ? encode_tiled(args.k, tiled_k_pages(p), box_rows) &&
+                                            encode_tiled(args.v, tiled_v_pages(p), box_rows) &&
+                                            encode_nan_rows(args.nan_rows, p.dtype, box_rows)
+                                      : encode_tiled(args.k, tiled_k(p), Cfg::kBlockN) &&
+                                            encode_tiled(args.v, tiled_v(p), Cfg::kBlockN);
+  if (!kv_mapped || !encode_tiled(args.q, tiled_q(p), Cfg::kBlockM) || !encode_tiled(args.out, tiled_out(p), kOutBoxRows))
     return false;
   // The general variants' kernels where the shape compiles them (else the plain one thrice).
   constexpr auto plain_kernel = forward_ws_kernel<Cfg, ScoreVariant::Plain>;

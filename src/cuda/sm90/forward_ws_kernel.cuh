@@ -96,6 +96,12 @@ inline constexpr int kOutBoxRows = 16;
 struct WsForwardArgs {
   CUtensorMap q, k, v, out;
   ForwardTiles tiles;
+  // Paged keys and values (0: none): the rows of k's and v's boxes, which divide both kBlockN
+  // and the page size (k and v are then mapped as (num_pages, page_size, Hk, D)); nan_rows
+  // maps 128 rows of 64 NaNs (nan_rows_map), what a key box of a page outside the table's range
+  // loads instead.
+  int32_t page_box_rows = 0;
+  CUtensorMap nan_rows;
 };
 
 // The shared-memory carve-up, the same in every thread. The barriers are found by arithmetic
@@ -159,33 +165,81 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     prefetch_tensor_map(&args.out);
   }
   int tile_count = 0, k_iteration = 0, v_iteration = 0, tails = 0;
-  // Rows [row, row + kBlockN) of the tensor into the ring's next buffer; rows from
-  // `zero_from` on (< kBlockN: a varlen V block at its sequence's end) are zeroed after landing.
-  const auto load_kv = [&](const void* map, uint32_t ring, int kv, int& iteration, int64_t row, int head,
-                           int batch, int zero_from) {
+  // The ring's next buffer of `kv`, once free: its address and stage. Its copies complete on
+  // the stage's full barrier, or on tail_landed where rows are fixed up after landing.
+  struct Buffer {
+    uint32_t dst;
+    int kv, stage;
+    bool fixes;
+    __device__ Mbarrier full(const WsShared<Cfg>& shared) const { return shared.full(kv, stage); }
+    __device__ Mbarrier landed(const WsShared<Cfg>& shared) const { return fixes ? shared.tail_landed() : full(shared); }
+  };
+  const auto next_buffer = [&](uint32_t ring, int kv, int& iteration, bool fixes) {
     const RingSlot slot = ring_slot<Cfg::kStages>(iteration++);
     sh.empty(kv, slot.stage).wait(slot.parity ^ 1);
-    const Mbarrier full = sh.full(kv, slot.stage);
-    const bool zeroes = zero_from < Cfg::kBlockN;
-    const Mbarrier landed = zeroes ? sh.tail_landed() : full;
-    const uint32_t dst = ring + slot.stage * Cfg::kTileBytes;
-    if (issues) {
-      landed.arrive_expect_bytes(Cfg::kTileBytes);
+    return Buffer{ring + slot.stage * Cfg::kTileBytes, kv, slot.stage, fixes};
+  };
+  // After a V buffer's copies have landed, the warp zeroes its rows from `zero_from` on (a
+  // block at its sequence's end, whose rows past it are the next sequence's or anything: 0 x
+  // NaN is NaN) and completes the stage's full barrier itself.
+  const auto fix_rows = [&](const Buffer& buffer, int zero_from) {
+    buffer.landed(sh).wait(static_cast<uint32_t>(tails++ & 1));
+    // Whole 128-byte rows of every panel: the swizzle only permutes chunks within a row.
+    for (int r = zero_from + lane / 8; r < Cfg::kBlockN; r += 4)
 #pragma unroll
       for (int panel = 0; panel < Cfg::kPanels; ++panel)
-        tma_load(dst + panel * Cfg::kBlockN * 128, map, panel * 64, static_cast<int32_t>(row), head, batch, landed);
+        ptx::st_shared_128(buffer.dst + (panel * Cfg::kBlockN + r) * 128 + (lane % 8) * 16, make_uint4(0, 0, 0, 0));
+    ptx::fence_proxy_async_shared();  // the zeros, visible to the wgmmas that read the stage
+    __syncwarp();
+    if (issues) buffer.full(sh).arrive();
+  };
+  // Rows [row, row + kBlockN) of the tensor into the ring's next buffer, zeroed from
+  // `zero_from` on.
+  const auto load_kv = [&](const void* map, uint32_t ring, int kv, int& iteration, int64_t row, int head,
+                           int batch, int zero_from) {
+    const bool zeroes = zero_from < Cfg::kBlockN;
+    const Buffer buffer = next_buffer(ring, kv, iteration, zeroes);
+    if (issues) {
+      buffer.landed(sh).arrive_expect_bytes(Cfg::kTileBytes);
+#pragma unroll
+      for (int panel = 0; panel < Cfg::kPanels; ++panel)
+        tma_load(buffer.dst + panel * Cfg::kBlockN * 128, map, panel * 64, static_cast<int32_t>(row), head, batch,
+                 buffer.landed(sh));
     }
-    if (zeroes) {
-      landed.wait(static_cast<uint32_t>(tails++ & 1));
-      // Whole 128-byte rows of every panel: the swizzle only permutes chunks within a row.
-      for (int r = zero_from + lane / 8; r < Cfg::kBlockN; r += 4)
+    if (zeroes) fix_rows(buffer, zero_from);
+  };
+  // Paged: keys [j0, j0 + kBlockN) of sequence b (j0 a multiple of kBlockN, so that each box
+  // of page_box_rows lies in one page) in boxes of their pages, looked up by the issuing lane
+  // (32-bit: keys are below 2^31; the producer has 24 registers). A box past the sequence's
+  // keys is never looked up and one whose page lies outside [0, num_pages) is never read: both
+  // load at page -1, which TMA fills with zeros without touching memory, but a key box of a
+  // bad page loads NaN rows (args.nan_rows), so that the query rows that see it come out NaN.
+  const auto load_kv_paged = [&](int kv, int& iteration, uint32_t j0, int head, int b, uint32_t seqlen_k) {
+    const int box_rows = args.page_box_rows;
+    const int zero_from = kv == kValuesRing && j0 + Cfg::kBlockN > seqlen_k
+                              ? static_cast<int>(seqlen_k > j0 ? seqlen_k - j0 : 0)
+                              : Cfg::kBlockN;
+    const Buffer buffer = next_buffer(kv == kKeysRing ? sh.k : sh.v, kv, iteration, zero_from < Cfg::kBlockN);
+    if (issues) {
+      buffer.landed(sh).arrive_expect_bytes(Cfg::kTileBytes);
+#pragma unroll 1
+      for (int x = 0; x < Cfg::kBlockN / box_rows; ++x) {
+        const uint32_t key = j0 + static_cast<uint32_t>(x * box_rows);
+        int32_t page = -1, row = 0;
+        if (key < seqlen_k) {
+          page = p.block_table[b * p.block_table_batch_stride + key / static_cast<uint32_t>(p.page_size)];
+          row = static_cast<int32_t>(key % static_cast<uint32_t>(p.page_size));
+        }
+        const bool nan = kv == kKeysRing && key < seqlen_k && !page_exists(p, page);
+        if (!page_exists(p, page)) page = -1;
 #pragma unroll
         for (int panel = 0; panel < Cfg::kPanels; ++panel)
-          ptx::st_shared_128(dst + (panel * Cfg::kBlockN + r) * 128 + (lane % 8) * 16, make_uint4(0, 0, 0, 0));
-      ptx::fence_proxy_async_shared();  // the zeros, visible to the wgmmas that read the stage
-      __syncwarp();
-      if (issues) full.arrive();
+          tma_load(buffer.dst + (panel * Cfg::kBlockN + x * box_rows) * 128,
+                   nan ? &args.nan_rows : (kv == kKeysRing ? &args.k : &args.v), nan ? 0 : panel * 64, nan ? 0 : row,
+                   nan ? 0 : head, nan ? 0 : page, buffer.landed(sh));
+      }
     }
+    if (buffer.fixes) fix_rows(buffer, zero_from);
   };
   // Varlen tensors are one batch element of all the sequences' rows.
   const bool varlen = p.is_varlen();
@@ -214,6 +268,17 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
                                 : Cfg::kBlockN;
       load_kv(&args.v, sh.v, kValuesRing, v_iteration, k_row0 + j0, hk, batch, zero_from);
     };
+    if (args.page_box_rows > 0) {
+      for (int n = 0; n <= tile.n_blocks; ++n) {
+        if (n < tile.n_blocks)
+          load_kv_paged(kKeysRing, k_iteration, static_cast<uint32_t>(tile.keys.begin) + n * Cfg::kBlockN, hk, tile.b,
+                        static_cast<uint32_t>(tile.seq.seqlen_k));
+        if (n > 0)
+          load_kv_paged(kValuesRing, v_iteration, static_cast<uint32_t>(tile.keys.begin) + (n - 1) * Cfg::kBlockN, hk,
+                        tile.b, static_cast<uint32_t>(tile.seq.seqlen_k));
+      }
+      continue;
+    }
     for (int n = 0; n < tile.n_blocks; ++n) {
       load_kv(&args.k, sh.k, kKeysRing, k_iteration, k_row0 + tile.keys.begin + int64_t{n} * Cfg::kBlockN, hk, batch,
               Cfg::kBlockN);

@@ -23,7 +23,26 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return found;
 }
 
+// All bits set: a NaN in fp16 and in bf16. Constant-initialised (a constexpr constructor), so
+// the module's image holds it and no call has to write it.
+struct NanRows {
+  uint16_t bits[128 * 64];
+  constexpr NanRows() : bits() {
+    for (uint16_t& b : bits) b = 0xFFFF;
+  }
+};
+__device__ const NanRows nan_rows;
+
 }  // namespace
+
+bool encode_nan_rows(CUtensorMap& map, DType dtype, int box_rows) {
+  void* rows = nullptr;
+  if (cudaGetSymbolAddress(&rows, nan_rows) != cudaSuccess) {
+    cudaGetLastError();  // a failed lookup must not surface as a later call's error
+    return false;
+  }
+  return encode_tiled(map, TiledTensor{rows, dtype, 64, 128, 1, 1, 64, 128 * 64, 128 * 64}, box_rows);
+}
 
 bool encode_tiled(CUtensorMap& map, const TiledTensor& t, int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = encoder();

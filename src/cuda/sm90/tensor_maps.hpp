@@ -38,6 +38,13 @@ inline TiledTensor tiled_v(const ForwardParams& p) {
   return {p.v, p.dtype, p.head_dim_v, p.is_varlen() ? p.total_k : p.seqlen_k, p.heads_k, p.is_varlen() ? 1 : p.batch,
           p.v_row_stride, p.v_head_stride, p.v_batch_stride};
 }
+// Paged keys and values: (num_pages, page_size, Hk, D), a page per batch element.
+inline TiledTensor tiled_k_pages(const ForwardParams& p) {
+  return {p.k, p.dtype, p.head_dim, p.page_size, p.heads_k, p.num_pages, p.k_row_stride, p.k_head_stride, p.k_batch_stride};
+}
+inline TiledTensor tiled_v_pages(const ForwardParams& p) {
+  return {p.v, p.dtype, p.head_dim_v, p.page_size, p.heads_k, p.num_pages, p.v_row_stride, p.v_head_stride, p.v_batch_stride};
+}
 inline TiledTensor tiled_out(const ForwardParams& p) {
   return {p.out, p.dtype, p.head_dim_v, p.is_varlen() ? p.total_q : p.seqlen_q, p.heads, p.is_varlen() ? 1 : p.batch,
           p.out_row_stride, p.out_head_stride, p.out_batch_stride};
@@ -47,5 +54,10 @@ inline TiledTensor tiled_out(const ForwardParams& p) {
 // the tensor (a base or stride not a multiple of 16 bytes, a size past its limits) or the
 // driver offers no encoder: the caller then takes a kernel that loads without TMA.
 bool encode_tiled(CUtensorMap& map, const TiledTensor& tensor, int box_rows);
+
+// 128 rows of 64 NaNs of `dtype` in device memory (the module's own, initialised with it), in
+// boxes of 64 x box_rows: what the forward loads for the keys of a page outside the block
+// table's range. False as encode_tiled.
+bool encode_nan_rows(CUtensorMap& map, DType dtype, int box_rows);
 
 }  // namespace flashattn::detail::cuda::sm90
