@@ -7,12 +7,12 @@
 #      paged forward cases), those built in build-gpu and run after it;
 #   1b. upstream's test file on the ids in upstream/sample_ids.txt (dev/upstream_tests.sh; carry
 #      upstream/), at most ROBUST_UPSTREAM_S seconds (default 150);
-#   1c. bench/forward_features.py --features varlen,paged (pages of 256 and 16; the paged rows
-#      again with FLASHATTN_CUDA_FORWARD=sm80, the kernel paged calls took before), unless
-#      ROBUST_BENCH=0;
 #   2. scripts/gpu_sweep.py without the sanitizer: ROBUST_FAST_CALLS calls (default 3000, seed 2),
 #      the answers checked against float64;
 #   3. scripts/gpu_sweep.py --huge (tensors past 2^31 elements);
+#   3b. bench/forward_features.py --features varlen,paged (pages of 256, again with
+#      FLASHATTN_CUDA_FORWARD=sm80, the kernel paged calls took before, then pages of 16),
+#      unless ROBUST_BENCH=0;
 #   4. the sweep under compute-sanitizer memcheck in chunks of ROBUST_CHUNK calls (default 250),
 #      seeds 1, 2, 3, ... while time is left: every chunk that finishes counts.
 # Results in $OUT (logs, the sweeps' JSON, upstream_failures.txt); a table printed last.
@@ -62,7 +62,17 @@ if [ ${#gtests[@]} -gt 0 ]; then
 fi
 if [ $rc != 0 ]; then tail -30 "$out/pip.log"; printf '%s\n' "${rows[@]}"; exit 1; fi
 
-if [ -f upstream/sample_ids.txt ] && [ "$(left)" -gt 120 ]; then
+# ROBUST_EXTRA: a command run here (after the builds), at most ROBUST_EXTRA_S seconds (default
+# 200), its output in $OUT/extra.log and its last lines printed.
+if [ -n "${ROBUST_EXTRA:-}" ]; then
+  t=$SECONDS
+  OUT="$out" timeout "${ROBUST_EXTRA_S:-200}" bash -c "$ROBUST_EXTRA" >"$out/extra.log" 2>&1
+  xrc=$?
+  row "extra" "$([ $xrc = 0 ] && echo ok || echo "rc$xrc")" $((SECONDS - t)) "${ROBUST_EXTRA:0:60}"
+  tail -25 "$out/extra.log"
+fi
+
+if [ -f upstream/sample_ids.txt ] && [ "${ROBUST_UPSTREAM_S:-150}" -gt 0 ] && [ "$(left)" -gt 120 ]; then
   t=$SECONDS
   UPSTREAM_IDS=upstream/sample_ids.txt OUT="$out/upstream" timeout "${ROBUST_UPSTREAM_S:-150}" \
     bash dev/upstream_tests.sh run 0 0 >"$out/upstream.log" 2>&1
@@ -71,20 +81,6 @@ if [ -f upstream/sample_ids.txt ] && [ "$(left)" -gt 120 ]; then
     "$(grep -E 'passed|failed' "$out/upstream.log" | tail -1 | cut -c1-80)"
 fi
 
-if [ "${ROBUST_BENCH:-1}" = 1 ] && [ "$(left)" -gt 300 ]; then
-  for run in "paged256 --features varlen,paged" "paged16 --features paged --page-size 16" \
-             "sm80_paged256 --features paged" "sm80_paged16 --features paged --page-size 16"; do
-    read -r name bench_args <<<"$run"
-    t=$SECONDS
-    # shellcheck disable=SC2086  # the arguments word by word
-    env $([ "${name#sm80}" != "$name" ] && echo FLASHATTN_CUDA_FORWARD=sm80) timeout 90 \
-      "$py" bench/forward_features.py $bench_args --out "$out/bench_$name" >"$out/bench_$name.log" 2>&1
-    brc=$?
-    row "forward_features $name" "$([ $brc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
-      "$(grep -E '^\| varlen' "$out/bench_$name.log" | awk -F'|' '{printf "%s;", $3}' | cut -c1-60)"
-    grep -E '^\| varlen' "$out/bench_$name.log" | cut -c1-160
-  done
-fi
 
 if [ "$(left)" -gt 120 ]; then
   t=$SECONDS
@@ -104,6 +100,22 @@ if [ "$(left)" -gt 150 ]; then
     "$(grep '^outcome' "$out/sweep_huge.log" | cut -c10-110)"
 fi
 
+
+if [ "${ROBUST_BENCH:-1}" = 1 ] && [ "$(left)" -gt 150 ]; then
+  for run in "paged256 --features varlen,paged" "sm80_paged256 --features paged" \
+             "paged16 --features paged --page-size 16"; do
+    [ "$(left)" -gt 100 ] || break
+    read -r name bench_args <<<"$run"
+    t=$SECONDS
+    # shellcheck disable=SC2086  # the arguments word by word
+    env $([ "${name#sm80}" != "$name" ] && echo FLASHATTN_CUDA_FORWARD=sm80) timeout 80 \
+      "$py" bench/forward_features.py $bench_args --out "$out/bench_$name" >"$out/bench_$name.log" 2>&1
+    brc=$?
+    row "forward_features $name" "$([ $brc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+      "$(grep -E '^\| varlen' "$out/bench_$name.log" | awk -F'|' '{printf "%s;", $3}' | cut -c1-60)"
+    grep -E '^\| varlen' "$out/bench_$name.log" | cut -c1-160
+  done
+fi
 
 chunk=${ROBUST_CHUNK:-250}
 seed=1

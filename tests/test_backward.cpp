@@ -237,11 +237,12 @@ TEST(BackwardEdgeCases, EmptyQueryGivesZeroKeyGradients) {
 }
 
 TEST(BackwardEdgeCases, CustomScalesAndLargeSoftcapScores) {
-  for (float scale : {0.5f, -0.3f, 0.0f, 3.0f}) {
-    Case c{.seqlen_q = 33, .seqlen_k = 71, .heads = 2, .head_dim = 16, .dtype = DType::BFloat16,
-           .softcap = 1.5f, .softmax_scale = scale};
-    run_backward_case(c, 0.0f, scale < 0.0f);
-  }
+  for (int64_t d : {16, 64})  // 64: the Hopper TMA kernel's general variant
+    for (float scale : {0.5f, -0.3f, 0.0f, 3.0f}) {
+      Case c{.seqlen_q = 33, .seqlen_k = 71, .heads = 2, .head_dim = d, .dtype = DType::BFloat16,
+             .softcap = 1.5f, .softmax_scale = scale};
+      run_backward_case(c, 0.0f, scale < 0.0f);
+    }
 }
 
 // Where dS cancels (one visible key: dS = P (dP - D) with D taken from the rounded out, which

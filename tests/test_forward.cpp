@@ -227,12 +227,16 @@ TEST(EdgeCases, WindowsWiderThanTheSequenceEqualNoWindow) {
   }
 }
 
+// With a softcap too: tanh(s scale / cap) of a negative scale (the GPU sweep found the CUDA
+// kernels' tanh taking the scale's magnitude for granted), at head dims of every CUDA kernel.
 TEST(EdgeCases, CustomAndNegativeSoftmaxScales) {
-  for (float scale : {0.5f, -0.3f, 0.0f, 3.0f}) {
-    Case c{.seqlen_q = 33, .seqlen_k = 71, .heads = 2, .head_dim = 16, .dtype = DType::BFloat16,
-           .softmax_scale = scale};
-    run_dense_case(c);
-  }
+  for (int64_t d : {16, 64, 128})
+    for (float softcap : {0.0f, 1.5f})
+      for (float scale : {0.5f, -0.3f, 0.0f, 3.0f}) {
+        Case c{.seqlen_q = 33, .seqlen_k = 71, .heads = 2, .head_dim = d, .dtype = DType::BFloat16,
+               .softcap = softcap, .softmax_scale = scale};
+        run_dense_case(c);
+      }
 }
 
 TEST(EdgeCases, StridedOutputView) {

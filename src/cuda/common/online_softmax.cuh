@@ -46,7 +46,8 @@ __device__ __forceinline__ void modify_scores_row(float* s, int r, const ScoreSc
   // unit's pipe, which the exponentials already fill).
   const float lane_diagonal = static_cast<float>(diagonal - quad_col);
   const float scaled_slope = slope * scales.slope;
-  const float tanh_exponent = -2.0f * 1.4426950408889634f * scales.score;
+  // tanh_of_scaled wants k <= 0: a negative softmax scale is taken as tanh(-s |scale| / cap).
+  const float tanh_exponent = -2.0f * 1.4426950408889634f * fabsf(scales.score);
   const auto modify = [&](auto score, auto with_alibi) {
 #pragma unroll
     for (int t = 0; t < kSTiles; ++t)
@@ -67,8 +68,10 @@ __device__ __forceinline__ void modify_scores_row(float* s, int r, const ScoreSc
     else
       modify(score, std::false_type{});
   };
-  if (softcap)
+  if (softcap && scales.score >= 0.0f)
     with_alibi([=](float x) { return ptx::tanh_of_scaled(x, tanh_exponent); });
+  else if (softcap)  // (the negation folds into the copysign)
+    with_alibi([=](float x) { return ptx::tanh_of_scaled(-x, tanh_exponent); });
   else
     with_alibi([=](float x) { return x * scales.score; });
 }

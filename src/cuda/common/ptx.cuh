@@ -292,8 +292,9 @@ __device__ __forceinline__ float reciprocal_1_to_2(float d) {
   return fmaf(r, fmaf(-d, r, 1.0f), r);
 }
 
-// tanh(x) for x = s * scale, given s and k = -2 log2(e) scale: tanh |x| = 2 / (1 + e) - 1
-// with e = 2^(k |s|) in (0, 1], and the sign copied from s. One MUFU operation (the
+// tanh(x) for x = s * scale, scale >= 0, given s and k = -2 log2(e) scale <= 0 (a negative
+// scale: tanh(x) = tanh(-s |scale|)): tanh |x| = 2 / (1 + e) - 1 with e = 2^(k |s|) in (0, 1],
+// and the sign copied from s. One MUFU operation (the
 // exponential) and nine other instructions; e only shrinks towards 0 (where tanh rounds to 1),
 // so nothing needs clamping; NaN stays NaN. Absolute error about 2e-6. (It replaced a form of
 // about 16 instructions, a clamp and three Newton steps from a bit-pattern guess: 1.05-1.11x

@@ -334,8 +334,10 @@ __device__ __forceinline__ void general_probabilities_and_ds(float (&st)[kCols /
   const int quad_col = (threadIdx.x % 4) * 2;
   const SequenceView& seq = blk.seq;
   const bool softcap = p.softcap > 0.0f;
-  const float cap2 = softcap ? p.softcap * kLog2e : 0.0f;
-  const float tanh_exponent = softcap ? -2.0f * kLog2e * p.softmax_scale / p.softcap : 0.0f;
+  // tanh(s scale / cap) = sign(scale) tanh(s |scale| / cap): the sign rides on cap2 (x =
+  // cap2 tanh), and 1 - tanh^2 does not see it.
+  const float cap2 = softcap ? copysignf(p.softcap * kLog2e, p.softmax_scale) : 0.0f;
+  const float tanh_exponent = softcap ? -2.0f * kLog2e * fabsf(p.softmax_scale) / p.softcap : 0.0f;
   const float score_scale = p.softmax_scale * kLog2e;
   const float slope2 = slope * kLog2e;
   const float keep_scale = rng != nullptr ? rng->scale : 1.0f;
