@@ -305,22 +305,26 @@ struct DeviceVarlen {
 // the query blocks that would read it come out NaN (out and lse), the other sequences are
 // exact, and nothing past out or lse is written. (Under compute-sanitizer the call also reads
 // nothing outside the pages and the table.)
+// Pages of 16 (the sm80 kernel on Hopper) and 64 (the TMA kernel, which loads NaN keys there).
 TEST(CudaVarlenGuards, PageIndexOutOfRangeGivesNaNRows) {
-  for (const int32_t bad : {-5, 1 << 30}) {
-    SCOPED_TRACE("block_table[1][2] = " + std::to_string(bad));
-    DeviceVarlen p;
-    PagedKeys pages = page_keys(p.kv(), p.vv(), p.cu_k, nullptr, 16, false);
-    static_cast<int32_t*>(pages.block_table.data)[1 * pages.max_pages + 2] = bad;  // keys 32..47
-    EXPECT_TRUE(p.run(pages.k, pages.v, p.cu_q, p.cu_k, pages.block_table));
-    const auto* out = reinterpret_cast<const detail::bfloat16_t*>(p.out.data());
-    const auto* lse = static_cast<const float*>(p.lse.data());
-    for (int64_t i = 40 * p.H * p.D; i < 110 * p.H * p.D; ++i)
-      ASSERT_TRUE(std::isnan(detail::to_float(out[i]))) << "out element " << i;
-    for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t r = 40; r < 110; ++r) ASSERT_TRUE(std::isnan(lse[h * p.total_q + r]));
-    p.expect_rows_match(0, 40, {}, "sequence 0");
-    p.expect_rows_match(110, 135, {}, "sequence 2");
-  }
+  for (const auto& [page_size, slot] : {std::pair{16, 2}, std::pair{64, 0}})
+    for (const int32_t bad : {-5, 1 << 30}) {
+      SCOPED_TRACE("pages of " + std::to_string(page_size) + ", block_table[1][" +
+                   std::to_string(slot) + "] = " + std::to_string(bad));
+      DeviceVarlen p;
+      PagedKeys pages = page_keys(p.kv(), p.vv(), p.cu_k, nullptr, page_size, false);
+      // Keys 32..47 (16) or 0..63 (64) of sequence 1, which every one of its rows sees.
+      static_cast<int32_t*>(pages.block_table.data)[1 * pages.max_pages + slot] = bad;
+      EXPECT_TRUE(p.run(pages.k, pages.v, p.cu_q, p.cu_k, pages.block_table));
+      const auto* out = reinterpret_cast<const detail::bfloat16_t*>(p.out.data());
+      const auto* lse = static_cast<const float*>(p.lse.data());
+      for (int64_t i = 40 * p.H * p.D; i < 110 * p.H * p.D; ++i)
+        ASSERT_TRUE(std::isnan(detail::to_float(out[i]))) << "out element " << i;
+      for (int64_t h = 0; h < p.H; ++h)
+        for (int64_t r = 40; r < 110; ++r) ASSERT_TRUE(std::isnan(lse[h * p.total_q + r]));
+      p.expect_rows_match(0, 40, {}, "sequence 0");
+      p.expect_rows_match(110, 135, {}, "sequence 2");
+    }
 }
 
 // cu_seqlens past the tensors' rows (or negative, or lengths past the pages): every range is

@@ -501,8 +501,8 @@ TEST(Varlen, PagedEveryPageSizeAndFeature) {
 }
 
 // Every head-dim bucket of the kernels (each has its own paged variant on CUDA), odd head
-// dims, and page sizes: odd (the sm80 kernel on CUDA), a divisor of the key blocks, and
-// multiples of 8 that are neither (the Hopper kernel's boxes of 8 rows).
+// dims, and page sizes: odd and a multiple of 8 (the sm80 kernel on CUDA), a divisor of the
+// key blocks, and a multiple of 64 past them (the Hopper kernel's boxes of 64 rows, three a page).
 TEST(Varlen, PagedEveryHeadDimBucket) {
   int n = 0;
   // 5 and 59 run on the CUDA backend's padded copies of the page pool.
@@ -516,7 +516,7 @@ TEST(Varlen, PagedEveryHeadDimBucket) {
     vc.dtype = n % 2 ? DType::BFloat16 : DType::Float16;
     vc.mask = kMasks[size_t(n) % 4];
     vc.seqused = n % 3 == 2;
-    vc.page_size = std::array<int64_t, 4>{64, 7, 24, 136}[size_t(n) % 4];
+    vc.page_size = std::array<int64_t, 4>{64, 7, 24, 192}[size_t(n) % 4];
     vc.packed_pages = n % 3 == 1;
     run_varlen_case(vc);
     ++n;
@@ -528,7 +528,7 @@ TEST(Varlen, PagedEveryHeadDimBucket) {
 TEST(Varlen, PagedLongSequences) {
   for (const auto& [d, page_size, mask] : {std::tuple{64, int64_t{16}, kMasks[1]},
                                            std::tuple{128, int64_t{256}, kMasks[0]},
-                                           std::tuple{128, int64_t{48}, kMasks[1]},
+                                           std::tuple{128, int64_t{320}, kMasks[1]},
                                            std::tuple{256, int64_t{5}, kMasks[2]}}) {
     VarlenCase vc;
     vc.lens_q = {700, 1, 129};

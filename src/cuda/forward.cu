@@ -2,7 +2,7 @@
 // covers the call; otherwise the sm80 (mma.sync) kernel instantiated for the call's dtype and
 // head-dim bucket (head dims rounded up to a multiple of 32); a head dim that is not a
 // multiple of 8 runs on padded copies (cuda/head_dim_padding.hpp). Paged keys and values take
-// the sm90 kernel where their page size is a multiple of 8, else the sm80 kernel's paged variant.
+// the sm90 kernel where their page size is a multiple of 64, else the sm80 kernel's paged variant.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -29,7 +29,7 @@ namespace {
 // sm_90a code; head dims go up to the next multiple of 64 (H200, 2026-12-03, bench/forward.py,
 // bf16 hdim 64, dense: 1.19-1.39x the sm80 kernel at 512-16k, causal 1.06-1.33x from 1k; varlen
 // calls at 64 take its two-consumer shape, not yet timed against the sm80 kernel) and paged
-// varlen calls whose page size is a multiple of 8. The calls it cannot take (other page sizes,
+// varlen calls whose page size is a multiple of 64 (sm90::page_box_rows). The calls it cannot take (other page sizes,
 // tensors TMA cannot describe) run on the sm80 kernel, as every call with
 // FLASHATTN_CUDA_FORWARD=sm80 (the tests run the CUDA suite both ways).
 template <typename Element>

@@ -1,7 +1,7 @@
 // Tile shapes of the sm90 (TMA, warp-specialised) forward kernel per 64-column head-dim bucket,
 // with the reasons, and its launch. Each (dtype, bucket) instantiates it in its own generated
-// file (src/CMakeLists.txt). Calls it cannot take (pages of a size that is not a multiple of 8,
-// tensors TMA cannot describe) run on the sm80 kernel (cuda/forward.cu).
+// file (src/CMakeLists.txt). Calls it cannot take (pages of a size that is not a multiple of
+// 64, tensors TMA cannot describe) run on the sm80 kernel (cuda/forward.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -95,18 +95,23 @@ unsigned ws_forward_ctas(const ForwardTiles& tiles) {
 
 // The rows of a paged call's k and v boxes: the largest power of two up to kBlockN that
 // divides the page size, so that a box never crosses a page; 0 (the sm80 kernel takes the
-// call) below 8 rows, where the boxes would be too many and too small (a page size that is
-// not a multiple of 8).
+// call) below kMinPageBoxRows. H200, 2026-12-06, bench/forward_features.py, 64k tokens in 14
+// sequences, hdim 128, eager TFLOP/s full / causal: pages of 256 (one 128-row box a block)
+// 539 / 509 against the sm80 kernel's 279 / 268 (1.93x / 1.90x, and level with the dense
+// varlen call's 535 / 542); pages of 16 (eight 16-row boxes a block) 227 / 217, below the
+// sm80 kernel at 256 (whose per-row loads do not depend on the page size), so small boxes
+// stay there. 64 (two boxes a block) was not timed.
+inline constexpr int kMinPageBoxRows = 64;
 template <typename Cfg>
 int page_box_rows(const ForwardParams& p) {
   int rows = Cfg::kBlockN;
-  while (rows >= 8 && p.page_size % rows != 0) rows /= 2;
-  return rows >= 8 ? rows : 0;
+  while (rows >= kMinPageBoxRows && p.page_size % rows != 0) rows /= 2;
+  return rows >= kMinPageBoxRows ? rows : 0;
 }
 
 // Launches the kernel for a dense, varlen or paged varlen call; false, launching nothing,
 // where it cannot take the call: varlen on a shape that does not take it, pages of a size
-// that is not a multiple of 8, a general call on a shape without that variant, its code or
+// that is not a multiple of kMinPageBoxRows, a general call on a shape without that variant, its code or
 // shared memory not here, or tensors TMA cannot describe.
 template <typename Cfg>
 bool launch_forward_ws(const ForwardParams& p) {
