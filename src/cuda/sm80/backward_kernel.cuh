@@ -279,8 +279,8 @@ __device__ __forceinline__ void probabilities_and_ds(
 #pragma unroll
     for (int t = 0; t < Cfg::kSTiles; ++t) {
       const int c0 = warp_col0 + t * 8 + quad_col;
-      // The keep bits of tokens (i, j) and (i, j + 1) of the whole sequence (the call's
-      // moved by Options::positions): one group of 4 keys unless j % 4 == 3.
+      // The keep bits of tokens (i, j) and (i, j + 1) of the whole sequence (the call's row
+      // and key moved by Options::positions): one group of 4 keys unless j % 4 == 3.
       uint32_t keep = 3u;
       if (draw) keep = dropout_pair_bits(kp.dropout, static_cast<uint32_t>(tc.b), static_cast<uint32_t>(tc.h),
                                          static_cast<uint32_t>(i + p.query_position0),

@@ -319,8 +319,8 @@ __device__ __forceinline__ uint32_t dropout_keep_mask(const DropoutRng& rng, uin
 // 1 - tanh^2 with a softcap (the derivative of the capped score by the scaled one; the scale
 // itself is applied to dK and dQ at the end), else 1. The scores are those of the forward's
 // general path (online_softmax.cuh): x = cap tanh(s scale / cap) or s scale, minus slope
-// |i + alibi_diagonal - j| (params.hpp); P = 2^(x log2 e - lse log2 e). The tanh is taken here rather than under
-// dP^T's wgmma so that no third array (g) is held across it. d_cols: this lane's D, column
+// |i + alibi_diagonal - j| (params.hpp); P = 2^(x log2 e - lse log2 e). The tanh is taken
+// here rather than under dP^T's wgmma so that no third array (g) is held across it. d_cols: this lane's D, column
 // t * 8 + e at d_cols[t * 8 + e]; keep: dropout's keep bits of this lane's keys key0 and
 // key0 + 8 (dropout_keep_mask; all ones without dropout), drawn by the caller while the
 // matrix products run; rng: null without dropout.

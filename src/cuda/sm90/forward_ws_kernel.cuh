@@ -98,7 +98,7 @@ struct WsForwardArgs {
   ForwardTiles tiles;
   // Paged keys and values (0: none): the rows of k's and v's boxes, which divide both kBlockN
   // and the page size (k and v are then mapped as (num_pages, page_size, Hk, D)); nan_rows
-  // maps 128 rows of 64 NaNs (nan_rows_map), what a key box of a page outside the table's range
+  // maps 128 rows of 64 NaNs (encode_nan_rows), what a key box of a page outside the table's range
   // loads instead.
   int32_t page_box_rows = 0;
   CUtensorMap nan_rows;
