@@ -63,6 +63,13 @@ struct DropoutRng {
   FA_HOST_DEVICE bool keep(uint32_t b, uint32_t h, uint32_t i, uint32_t j) const {
     return (keep_bits4(b, h, i, j / 4) >> (j % 4)) & 1u;
   }
+  // The keep bits of columns j (bit 0) and j + 1 (bit 1) of row i: one Philox call, or two
+  // where the pair straddles groups of 4 columns (j % 4 == 3).
+  FA_HOST_DEVICE uint32_t keep_bits2(uint32_t b, uint32_t h, uint32_t i, uint32_t j) const {
+    uint32_t bits = keep_bits4(b, h, i, j / 4) >> (j % 4);
+    if (j % 4 == 3) bits = (bits & 1u) | (keep_bits4(b, h, i, j / 4 + 1) & 1u) << 1;
+    return bits;
+  }
 };
 
 // p in (0, 1); p = 0 means no dropout and no generator at all.

@@ -140,15 +140,6 @@ __device__ __forceinline__ float online_softmax_row(float* s, int r, float& row_
   return scale_o;
 }
 
-// Dropout's keep bits of keys j (bit 0) and j + 1 (bit 1) of query row i: one Philox call,
-// or two where the pair straddles groups of 4 keys (j % 4 == 3).
-__device__ __forceinline__ uint32_t dropout_pair_bits(const DropoutRng& rng, uint32_t b, uint32_t h, uint32_t i,
-                                                      uint32_t j) {
-  uint32_t bits = rng.keep_bits4(b, h, i, j / 4) >> (j % 4);
-  if (j % 4 == 3) bits = (bits & 1u) | (rng.keep_bits4(b, h, i, j / 4 + 1) & 1u) << 1;
-  return bits;
-}
-
 // Dropout on row r's probabilities, after the row sum (so l and lse are of the undropped
 // softmax): key column j = j0 + c of query row i keeps its p iff bit j % 4 of the Philox call
 // for group j / 4 is set (common/philox.hpp), the same bits as on the CPU. i and j0 are
@@ -160,7 +151,7 @@ __device__ __forceinline__ void dropout_row(float* s, int r, const DropoutRng& r
 #pragma unroll
   for (int t = 0; t < kSTiles; ++t) {
     const uint32_t j = static_cast<uint32_t>(j0 + t * 8 + quad_col);
-    const uint32_t bits = dropout_pair_bits(rng, b, h, i, j);
+    const uint32_t bits = rng.keep_bits2(b, h, i, j);
     if (!(bits & 1u)) s[4 * t + 2 * r] = 0.0f;
     if (!(bits & 2u)) s[4 * t + 2 * r + 1] = 0.0f;
   }

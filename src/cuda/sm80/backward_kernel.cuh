@@ -38,7 +38,6 @@
 #include "common/params.hpp"
 #include "common/philox.hpp"
 #include "cuda/common/kernel_code.cuh"
-#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tile_order.cuh"
@@ -282,9 +281,9 @@ __device__ __forceinline__ void probabilities_and_ds(
       // The keep bits of tokens (i, j) and (i, j + 1) of the whole sequence (the call's row
       // and key moved by Options::positions): one group of 4 keys unless j % 4 == 3.
       uint32_t keep = 3u;
-      if (draw) keep = dropout_pair_bits(kp.dropout, static_cast<uint32_t>(tc.b), static_cast<uint32_t>(tc.h),
-                                         static_cast<uint32_t>(i + p.query_position0),
-                                         static_cast<uint32_t>(tc.j0 + c0 + p.key_position0));
+      if (draw) keep = kp.dropout.keep_bits2(static_cast<uint32_t>(tc.b), static_cast<uint32_t>(tc.h),
+                                             static_cast<uint32_t>(i + p.query_position0),
+                                             static_cast<uint32_t>(tc.j0 + c0 + p.key_position0));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = c0 + e;
