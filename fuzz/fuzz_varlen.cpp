@@ -191,22 +191,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int32_t x : paged ? table_t.int32_values() : std::vector<int32_t>{}) std::fprintf(stderr, " %d", x);
     std::fprintf(stderr, "\n");
   }
-  if (cq.size() != static_cast<size_t>(B + 1) || ck.size() != static_cast<size_t>(B + 1))
-    fail("cu_seqlens of another length than B + 1 were accepted");
+  // The call's batch is what cu_seqlens_q's length says (docs/SPEC.md); the fuzzer may have
+  // given it another length than the intended B + 1, which is a valid call of that batch when
+  // every tensor with a batch dimension agrees (both cu_seqlens of length 1: an empty batch).
+  if (cq.empty() || ck.size() != cq.size()) fail("cu_seqlens of different lengths were accepted");
+  const int64_t Bc = static_cast<int64_t>(cq.size()) - 1;
+  if (with_seqused && su.size() != static_cast<size_t>(Bc)) fail("seqused_k of another length than B was accepted");
+  if (paged && table_t.t.sizes[0] != Bc) fail("a block table of another batch than B was accepted");
+  if (options.alibi_slopes != nullptr && slopes.t.ndim == 2 && slopes.t.sizes[0] != Bc)
+    fail("ALiBi slopes of another batch than B were accepted");
   if (cq[0] != 0 || ck[0] != 0) fail("cu_seqlens not starting at 0 were accepted");
   if (max_q < 0 || max_k < 0 || max_q > 2147483647LL || max_k > 2147483647LL)
     fail("a max_seqlen outside [0, 2^31) was accepted");
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < Bc; ++b) {
     const int64_t lq = int64_t{cq[size_t(b) + 1]} - cq[size_t(b)], lk = int64_t{ck[size_t(b) + 1]} - ck[size_t(b)];
     if (lq < 0 || lk < 0) fail("decreasing cu_seqlens were accepted");
     if (lq > max_q || lk > max_k) fail("a sequence longer than max_seqlen was accepted");
     if (with_seqused && (su[size_t(b)] < 0 || su[size_t(b)] > lk)) fail("seqused_k outside [0, its key length] was accepted");
   }
-  if (cq[size_t(B)] > q.t.sizes[0]) fail("cu_seqlens_q past the rows of q was accepted");
-  if (!paged && ck[size_t(B)] > k.t.sizes[0]) fail("cu_seqlens_k past the rows of k was accepted");
+  if (cq[size_t(Bc)] > q.t.sizes[0]) fail("cu_seqlens_q past the rows of q was accepted");
+  if (!paged && ck[size_t(Bc)] > k.t.sizes[0]) fail("cu_seqlens_k past the rows of k was accepted");
   const std::vector<int32_t> tb = paged ? table_t.int32_values() : std::vector<int32_t>{};
   if (paged) {
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < Bc; ++b) {
       const int64_t keys = with_seqused ? su[size_t(b)] : int64_t{ck[size_t(b) + 1]} - ck[size_t(b)];
       if (keys > table_t.t.sizes[1] * page_size) fail("a sequence with more keys than its pages hold was accepted");
       for (int64_t slot = 0; slot * page_size < keys; ++slot) {
@@ -216,7 +223,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   // Rows past cu_seqlens_q[B] are neither read nor written: out's and lse's stay poison.
-  const int64_t rows_done = cq[size_t(B)];
+  const int64_t rows_done = cq[size_t(Bc)];
   for (int64_t e = rows_done * H * D; e < out.numel(); ++e)
     if (!out.element_untouched(e)) fail("an accepted call wrote a row of out past cu_seqlens_q[B]");
   if (with_lse)
@@ -238,7 +245,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (paged) {
     const std::vector<double> kp = flashattn::reference::gather(k.view()), vp = flashattn::reference::gather(v.view());
     const int64_t row = Hk * D;
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < Bc; ++b) {
       const int64_t keys = with_seqused ? su[size_t(b)] : int64_t{ck[size_t(b) + 1]} - ck[size_t(b)];
       for (int64_t p = 0; p < keys; ++p) {
         const int64_t r = int64_t{tb[size_t(b * table_t.t.sizes[1] + p / page_size)]} * page_size + p % page_size;
@@ -252,7 +259,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (paged) {
     kv = k_packed.emplace(dtype, std::vector<int64_t>{packed.back(), Hk, D}, k_rows).v;
     vv = v_packed.emplace(dtype, std::vector<int64_t>{packed.back(), Hk, D}, v_rows).v;
-    varlen.cu_seqlens_k = cu_packed.emplace(FA_INT32, std::vector<int64_t>{B + 1}, std::vector<double>(packed.begin(), packed.end())).v;
+    varlen.cu_seqlens_k = cu_packed.emplace(FA_INT32, std::vector<int64_t>{Bc + 1}, std::vector<double>(packed.begin(), packed.end())).v;
     varlen.seqused_k.reset();  // the packed rows are exactly the keys used
   }
   const flashattn::reference::Result exact = flashattn::reference::forward(q.view(), kv, vv, o, &varlen);
