@@ -33,8 +33,9 @@ _COMMON_ARGS = """\
             into the value it stands for (None: 1): (batch_size, nheads_k), or
             (batch_size, nheads_k, ceil(seqlen / flashattn.FP8_SCALE_BLOCK_ROWS)) for one
             factor per block of 128 rows of a sequence (seqlen: seqlen_q for q, seqlen_k for k
-            and v; varlen: max_seqlen_q/k). flashattn.quantize_fp8 makes them. CPU only for
-            now: CUDA refuses fp8 (NotImplementedError) until its kernel exists."""
+            and v; varlen: max_seqlen_q/k). flashattn.quantize_fp8 makes them. On CUDA, the
+            Hopper kernel (H100/H200; rows of 16-byte multiples); other GPUs refuse fp8
+            (NotImplementedError)."""
 
 _MASKS = """\
     Masks (1 = attend, 0 = masked out). With causal=True the mask is aligned to the bottom-right

@@ -55,20 +55,34 @@ void run_bucket(const ForwardParams& p, knobs::KernelFamily forced) {
   });
 }
 
+// FP8 (e4m3) runs on the sm90 kernel alone, as in FlashAttention-3: head dims up to 256 in
+// 128-column buckets (TMA fills the columns past the head dim with zeros: no padded copies);
+// elsewhere (no sm_90a code or no Hopper GPU here, tensors TMA cannot describe, the sm80
+// kernels forced) the call is refused before anything is written.
+void run_fp8(const ForwardParams& p, knobs::KernelFamily forced) {
+  const bool ran = forced != knobs::KernelFamily::Sm80 &&
+                   (p.head_dim <= 128 ? sm90::run_forward<__nv_fp8_e4m3, 128>(p)
+                                      : sm90::run_forward<__nv_fp8_e4m3, 256>(p));
+  if (!ran)
+    throw Error(ErrorCode::Unsupported, "q",
+                "dtype fp16 or bf16 on this GPU (fp8_e4m3 runs on the Hopper kernel only: sm_90a "
+                "code, a Hopper GPU, head dims up to 256)",
+                "dtype fp8_e4m3 (head dim " + std::to_string(p.head_dim) + ") on cuda device " +
+                    std::to_string(p.device));
+}
+
 }  // namespace
 
 size_t forward(const ForwardParams& p) {
-  // The validator refuses fp8 for CUDA already (api/validate.cpp, resolve_backend); this is
-  // where the Hopper fp8 kernel will be dispatched (issue 31), and until then never run the
-  // bf16 kernels on fp8 bytes.
-  if (p.dtype == DType::Float8E4M3)
-    throw Error(ErrorCode::Unsupported, "q",
-                "dtype fp16 or bf16 for the cuda backend (no fp8_e4m3 kernel yet)",
-                "dtype fp8_e4m3");
   check_heads_and_batch(p.heads, p.batch);  // the grid holds H and B (cuda/common/tile_order.cuh)
   const knobs::KernelFamily forced = knobs::forward_family();
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
   const CurrentDevice on_the_tensors_gpu(p.device);
+  if (p.dtype == DType::Float8E4M3) {
+    run_fp8(p, forced);
+    throw_if_failed(cudaGetLastError(), "a successful kernel launch");
+    return 0;
+  }
   // The forward allocates nothing itself: its workspace is the padded copies, if any.
   return run_with_padded_head_dim(p, [forced](const ForwardParams& padded) -> size_t {
 #ifdef FLASHATTN_SM80_TUNING

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import flashattn  # noqa: E402
 from flashattn.fp8 import dequantize_fp8, hadamard_rotation  # noqa: E402
 
-from conftest import reference  # noqa: E402
+from conftest import mask, page_keys, reference  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 
@@ -222,9 +222,152 @@ def test_accuracy_demo_runs_and_the_rotation_helps(tmp_path):
     assert rotated["p_in_e4m3"] < plain["p_in_e4m3"]
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and flashattn.cuda_compiled()),
-                    reason="needs a GPU and the CUDA backend")
-def test_cuda_refuses_fp8_until_its_kernel_exists():
-    q = random_fp8(1, 4, 2, 8).cuda()
+# ---- the Hopper kernel (runs on a GPU)
+
+hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and flashattn.cuda_compiled()
+         and torch.cuda.get_device_capability()[0] == 9),
+    reason="needs a Hopper GPU and the CUDA backend: the FP8 kernel's tests skipped")
+
+
+def kernel_emulation(q8, k8, v8, qd, kd, vd, causal=False, window=(-1, -1), softcap=0.0,
+                     softmax_scale=None):
+    """out (B, Sq, H, D) of the Hopper FP8 kernel emulated in float64 (docs/SPEC.md, "FP8
+    inputs"): the scores of the exactly dequantised q and k; per query tile of 128 rows its key
+    blocks of 128 (aligned to the sequence's start) in order, with the running max; each
+    block's exponentials rounded to e4m3 after the factor vd(block) / v_unit, v_unit the
+    largest v factor of the blocks the tile reads, times the stored (raw) V; the sum
+    unrounded; out = O v_unit / sum. Only the fp32 arithmetic of the kernel differs from it."""
+    b, sq, h, d = q8.shape
+    sk, hk = k8.shape[1], k8.shape[2]
+    group = h // hk
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    qf = dequantize_fp8(q8, qd).double()
+    kf = dequantize_fp8(k8, kd).double().repeat_interleave(group, dim=2)
+    v_raw = v8.double().repeat_interleave(group, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~torch.from_numpy(mask(sq, sk, causal, window)), -math.inf)
+    blocks = -(-sk // 128)
+    v_factor = vd.double().reshape(b, hk, -1).expand(b, hk, blocks) if vd.dim() == 2 or \
+        vd.shape[2] == 1 else vd.double()
+    out = torch.zeros(b, sq, h, d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            factors = v_factor[bi, hi // group]
+            for m0 in range(0, sq, 128):
+                st = s[bi, hi, m0:m0 + 128]
+                seen = torch.isfinite(st).any(dim=0).nonzero()
+                if len(seen) == 0:
+                    continue
+                first, last = int(seen.min()) // 128, int(seen.max()) // 128
+                v_unit = float(factors[first:last + 1].max())
+                m = torch.full((st.shape[0],), -math.inf, dtype=torch.float64)
+                total = torch.zeros(st.shape[0], dtype=torch.float64)
+                acc = torch.zeros(st.shape[0], d, dtype=torch.float64)
+                for j in range(first, last + 1):
+                    sj = st[:, 128 * j:128 * j + 128]
+                    m_new = torch.maximum(m, sj.max(dim=1).values)
+                    finite = torch.isfinite(m_new)
+                    shift = torch.where(finite, m_new, torch.zeros_like(m_new))
+                    p = torch.exp(sj - shift[:, None])
+                    alpha = torch.where(finite, torch.exp(m - shift), torch.zeros_like(m))
+                    total = total * alpha + p.sum(dim=1)
+                    ratio = float(factors[j]) / v_unit if v_unit > 0 else 0.0
+                    p8 = (p * ratio).float().to(E4M3).double()
+                    acc = acc * alpha[:, None] + p8 @ v_raw[bi, 128 * j:128 * j + 128, hi]
+                    m = m_new
+                safe = torch.where(total > 0, total, torch.ones_like(total))
+                out[bi, m0:m0 + 128, hi] = torch.where(total[:, None] > 0, acc * v_unit / safe[:, None], 0.0)
+    return out
+
+
+def quantized(b, s, h, d, generator, block_scaling, num_heads_k=None):
+    x = torch.randn(b, s, h, d, generator=generator)
+    return flashattn.quantize_fp8(x, num_heads_k=num_heads_k, block_scaling=block_scaling)
+
+
+def expect_kernel_result(out, q8, k8, v8, qd, kd, vd, **options):
+    """out (bf16, on the GPU) against kernel_emulation: RMSE within bf16's rounding and the
+    fp32 arithmetic, the largest error within a few e4m3 roundings of one probability (a
+    probability at a rounding boundary may round the other way in fp32); a wrong key order
+    or factor gives errors of the order of V's spread."""
+    emulated = kernel_emulation(q8, k8, v8, qd, kd, vd, **options)
+    got = out.double().cpu()
+    assert got.shape == emulated.shape and torch.isfinite(got).all()
+    rms = emulated.pow(2).mean().sqrt().item()
+    error = (got - emulated).abs()
+    assert error.pow(2).mean().sqrt().item() <= 4e-3 * rms, (error.pow(2).mean().sqrt().item(), rms)
+    assert error.max().item() <= 2.0 ** -5 * emulated.abs().max().item(), error.max().item()
+
+
+@hopper
+@pytest.mark.parametrize("d", [128, 256, 80])
+@pytest.mark.parametrize("block_scaling", [False, True])
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (200, 7), 0.0), (True, (-1, -1), 8.0)])
+def test_cuda_forward_matches_the_kernel_emulation(d, block_scaling, causal, window, softcap):
+    b, sq, sk, h, hk = 2, 300, 397, 4, 2
+    g = torch.Generator().manual_seed(d + 7 * block_scaling + 13 * causal + int(softcap))
+    (q8, qd), (k8, kd), (v8, vd) = (quantized(b, s, n, d, g, block_scaling, num_heads_k=hk)
+                                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
+    options = dict(causal=causal, window_size=window, softcap=softcap)
+    cuda = [t.cuda() for t in (q8, k8, v8, qd, kd, vd)]
+    out, lse, _ = flashattn.flash_attn_func(*cuda[:3], q_descale=cuda[3], k_descale=cuda[4],
+                                            v_descale=cuda[5], return_attn_probs=True, **options)
+    expect_kernel_result(out, q8, k8, v8, qd, kd, vd, causal=causal, window=window, softcap=softcap)
+    # lse does not see the rounding of P: against float64 of the dequantised inputs.
+    _, lse64 = reference(dequantize_fp8(q8, qd).double().numpy(), dequantize_fp8(k8, kd).double().numpy(),
+                         dequantize_fp8(v8, vd).double().numpy(), causal=causal, window=window, softcap=softcap)
+    lse = lse.double().cpu().numpy()
+    finite = np.isfinite(lse64)
+    assert (np.isfinite(lse) == finite).all()
+    assert np.abs(lse[finite] - lse64[finite]).max() <= 1e-3
+
+
+@hopper
+def test_cuda_varlen_and_paged_match_the_dense_calls():
+    """A ragged batch (an empty sequence among them), its keys dense and then in pages of
+    256 in a random order: each sequence as the dense call on its own rows gives it."""
+    h, hk, d = 4, 1, 128
+    lengths_q, lengths_k = [130, 0, 257, 5], [300, 64, 511, 129]
+    g = torch.Generator().manual_seed(3)
+    cu_q = torch.tensor([0] + list(np.cumsum(lengths_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(np.cumsum(lengths_k)), dtype=torch.int32)
+    q8, _ = quantized(1, sum(lengths_q), h, d, g, False)
+    k8, _ = quantized(1, sum(lengths_k), hk, d, g, False)
+    v8, _ = quantized(1, sum(lengths_k), hk, d, g, False)
+    q8, k8, v8 = q8[0], k8[0], v8[0]
+    qd, kd, vd = (torch.exp2(torch.empty(4, hk, 5).uniform_(-3, -1, generator=g)) for _ in range(3))
+    cuda = dict(q_descale=qd.cuda(), k_descale=kd.cuda(), v_descale=vd.cuda())
+    out = flashattn.flash_attn_varlen_func(q8.cuda(), k8.cuda(), v8.cuda(), cu_q.cuda(), cu_k.cuda(),
+                                           max(lengths_q), max(lengths_k), causal=True, **cuda).cpu()
+    rng = np.random.default_rng(5)
+    # (Paged as float32, exact for e4m3 values: the unused rows NaN, which e4m3 holds too.)
+    k_pages, v_pages, table = page_keys(k8.float().numpy(), v8.float().numpy(), cu_k.numpy(), 256, rng)
+    paged = flashattn.flash_attn_varlen_func(
+        q8.cuda(), torch.from_numpy(k_pages).to(E4M3).cuda(), torch.from_numpy(v_pages).to(E4M3).cuda(),
+        cu_q.cuda(), cu_k.cuda(), max(lengths_q), max(lengths_k), causal=True,
+        block_table=torch.from_numpy(table).cuda(), **cuda).cpu()
+    assert torch.equal(out, paged)
+    for s in range(4):
+        if lengths_q[s] == 0:
+            continue
+        rq, rk = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
+        blocks = lambda n: -(-n // 128)  # noqa: E731
+        one = [qd[s:s + 1, :, :blocks(lengths_q[s])], kd[s:s + 1, :, :blocks(lengths_k[s])],
+               vd[s:s + 1, :, :blocks(lengths_k[s])]]
+        dense = flashattn.flash_attn_func(q8[None, rq].cuda(), k8[None, rk].cuda(), v8[None, rk].cuda(),
+                                          causal=True, q_descale=one[0].cuda(), k_descale=one[1].cuda(),
+                                          v_descale=one[2].cuda()).cpu()
+        assert torch.equal(out[None, rq], dense), s
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and flashattn.cuda_compiled())
+                    or torch.cuda.get_device_capability()[0] == 9,
+                    reason="needs a GPU other than Hopper: there the FP8 kernel runs (skipped)")
+def test_cuda_refuses_fp8_off_hopper():
+    q = random_fp8(1, 4, 2, 64).cuda()
     with pytest.raises(NotImplementedError, match="fp8_e4m3"):
-        flashattn.flash_attn_func(q, q, q, q_descale=torch.ones(1, 2, device="cuda"))
+        flashattn.flash_attn_func(q, q, q)

@@ -272,6 +272,18 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// Four floats rounded to e4m3 (to nearest, saturating at +-448: what FP8 inputs hold) in one
+// 32-bit register, the first in the lowest byte: an A fragment register of an FP8 wgmma.
+__device__ __forceinline__ uint32_t pack4_e4m3(float b0, float b1, float b2, float b3) {
+  uint32_t packed;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"  // the second source lands in the low byte
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(packed)
+      : "f"(b0), "f"(b1), "f"(b2), "f"(b3));
+  return packed;
+}
 // 2^x with the hardware approximation (relative error ~2^-22); 2^-inf = 0, NaN stays NaN.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;

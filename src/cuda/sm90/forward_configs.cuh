@@ -33,6 +33,14 @@ struct TunedWsForward {
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   using Config = WsForwardConfig<E, kHeadDim, kBlockN, 2, kHeadDim <= 128>;
 };
+// FP8 (e4m3), head dims 128 and 256 (128-column buckets): 128 x 128 tiles (a transposed V row
+// is one 128-key block, and a tile's rows one q descale block), two stages of K, V and its
+// transposed copy (112 and 224 KiB), the consumers' wgmmas taking turns at 128 as above. Not
+// yet tuned by measurement.
+template <int kHeadDim>
+struct TunedWsForward<__nv_fp8_e4m3, kHeadDim> {
+  using Config = WsForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, 2, kHeadDim <= 128>;
+};
 // At 64 plain calls (the general variant spills at 160 registers) take a second shape with
 // three consumer warpgroups: 192 query rows x 128 keys, registers 32 / 160 (S 64 + P 32 + O 32),
 // 112 KiB. Each K/V tile read serves half as many rows again, and the turn passes round three
@@ -135,7 +143,9 @@ bool launch_forward_ws(const ForwardParams& p) {
   // The general variants' kernels where the shape compiles them (else the plain one thrice).
   constexpr auto plain_kernel = forward_ws_kernel<Cfg, ScoreVariant::Plain>;
   constexpr auto modified_kernel = forward_ws_kernel<Cfg, Cfg::kHasGeneral ? ScoreVariant::Modified : ScoreVariant::Plain>;
-  constexpr auto dropout_kernel = forward_ws_kernel<Cfg, Cfg::kHasGeneral ? ScoreVariant::Dropout : ScoreVariant::Plain>;
+  // (FP8 takes no dropout: no kernel of its own for it.)
+  constexpr auto dropout_kernel =
+      forward_ws_kernel<Cfg, Cfg::kHasGeneral && !Cfg::kFp8 ? ScoreVariant::Dropout : ScoreVariant::Plain>;
   static PerDevice<bool> shared_bytes_allowed;
   shared_bytes_allowed.get([] {
     for (const auto kernel : {plain_kernel, modified_kernel, dropout_kernel}) allow_shared_bytes(kernel, Cfg::kSharedBytes);

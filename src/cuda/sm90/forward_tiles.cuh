@@ -47,9 +47,10 @@ struct Tile {
     rows_here = seq.seqlen_q - m0 < Cfg::kBlockM ? seq.seqlen_q - m0 : Cfg::kBlockM;
     if (rows_here <= 0) return;
     keys = visible_keys_of_rows(m0, m0 + rows_here, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
-    // Paged keys load in boxes that must not cross a page: blocks start at multiples of
-    // kBlockN (the keys before the visible ones are masked).
-    if (p.is_paged() && !keys.empty()) keys.begin -= keys.begin % Cfg::kBlockN;
+    // Paged keys load in boxes that must not cross a page, and FP8's k and v descales are
+    // per block of kFp8ScaleBlockRows keys: blocks start at multiples of kBlockN (the keys
+    // before the visible ones are masked).
+    if ((p.is_paged() || Cfg::kFp8) && !keys.empty()) keys.begin -= keys.begin % Cfg::kBlockN;
     n_blocks = keys.empty() ? 0 : static_cast<int>((keys.end - keys.begin + Cfg::kBlockN - 1) / Cfg::kBlockN);
     if (n_blocks == 0) return;
     const KeyRange full = fully_visible_blocks(m0, m0 + rows_here, keys.begin, Cfg::kBlockN, n_blocks,

@@ -38,10 +38,12 @@
 #pragma once
 
 #include <cuda.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/params.hpp"
 #include "common/philox.hpp"
@@ -57,7 +59,12 @@ template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kPi
           int kConsumers_ = 2>
 struct WsForwardConfig {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;  // a multiple of 64: whole 128-byte panels
+  // FP8 (e4m3) inputs: out is bf16, and V is transposed in shared memory (transpose_values).
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  using OutElement = std::conditional_t<kFp8, __nv_bfloat16, Element>;
+  static constexpr int kPanelCols = 128 / static_cast<int>(sizeof(Element));  // a 128-byte row
+  static constexpr int kKStep = 32 / static_cast<int>(sizeof(Element));      // k of one wgmma
+  static constexpr int kHeadDim = kHeadDim_;  // whole 128-byte panels
   static constexpr int kBlockN = kBlockN_;    // keys per block: an N of wgmma.cuh
   static constexpr int kStages = kStages_;    // K and V buffers each
   static constexpr bool kPingPong = kPingPong_;
@@ -70,24 +77,37 @@ struct WsForwardConfig {
   static constexpr bool kTakesVarlen = kConsumers == 2;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kPanels = kHeadDim / 64;
+  static constexpr int kPanels = kHeadDim / kPanelCols;
   static constexpr int kQBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
   static constexpr int kTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
-  static constexpr int kBarrierBytes = 8 * (3 + 4 * kStages);
-  // 1 KiB to align the base to a swizzle atom, Q, the K and V rings, the barriers, and the
-  // O buffer (as large as Q) where the 227 KiB of an H100/H200 CTA hold it.
-  // The barriers' area is padded to a whole atom when O's buffer follows it.
-  static constexpr int kBaseBytes = 1024 + kQBytes + 2 * kStages * kTileBytes;
-  static constexpr bool kSeparateO = kBaseBytes + 1024 + kQBytes <= 227 * 1024;
+  // The rings: K and V, and with FP8 V's transposed copies (Vt), a full and an empty barrier
+  // per buffer; the producer's other three warps transpose.
+  static constexpr int kRings = kFp8 ? 3 : 2;
+  static constexpr int kTransposeWarps = kFp8 ? 3 : 0;
+  static constexpr int kBarrierBytes = 8 * (4 + 2 * kRings * kStages);  // and FP8's end flag
+  // 1 KiB to align the base to a swizzle atom, Q, the rings, the barriers, and the O buffer
+  // (as large as Q) where the 227 KiB of an H100/H200 CTA hold it; else O is staged in Q's
+  // rows. The barriers' area is padded to a whole atom when O's buffer follows it. FP8 stores
+  // O (bf16, twice Q's bytes) from registers.
+  static constexpr int kBaseBytes = 1024 + kQBytes + kRings * kStages * kTileBytes;
+  static constexpr bool kSeparateO = !kFp8 && kBaseBytes + 1024 + kQBytes <= 227 * 1024;
+  static constexpr bool kOInQ = !kFp8 && !kSeparateO;
   static_assert(kBarrierBytes <= 1024, "the barriers fit one atom");
   static constexpr int kSharedBytes = kBaseBytes + (kSeparateO ? 1024 + kQBytes : kBarrierBytes);
   // Registers per thread: 128 x 24 + 256 x 240 = 64,512 of the 65,536 of the SM with two
-  // consumers, 128 x 32 + 384 x 160 = 65,536 with three.
-  static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  // consumers, 128 x 32 + 384 x 160 = 65,536 with three. FP8: the transposing warps beside
+  // the producer need more (ptxas allocates the two roles together: it spills 112 bytes at
+  // 24, 44-48 at 32), its consumers about as many as 16-bit ones (more live values for the
+  // descales; 68-72 bytes of spills at 224): 40 / 232 at head dim 128 (4 bytes spilled in the
+  // general variant), 32 / 240 at 256 (S 64 + O 128 + P 16: wgmmas serialised at 232; the
+  // producer spills 40 bytes).
+  static constexpr int kProducerRegisters = kFp8 ? (kHeadDim <= 128 ? 40 : 32) : kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegisters = kFp8 ? (kHeadDim <= 128 ? 232 : 240) : kConsumers == 2 ? 240 : 160;
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kBlockN % 32 == 0 && kBlockN <= 256, "shapes");
-  static_assert(sizeof(Element) == 2, "16-bit elements: 64 of them fill a 128-byte row");
+  static_assert(kHeadDim % kPanelCols == 0 && kHeadDim <= 256 && kBlockN % 32 == 0 && kBlockN <= 256, "shapes");
+  static_assert(sizeof(Element) == 2 || sizeof(Element) == 1, "16-bit or FP8 elements");
+  // FP8: a Vt row is one block's keys, one 128-byte panel; a tile's rows share a q descale.
+  static_assert(!kFp8 || (kBlockN == 128 && kConsumers == 2 && kBlockM == kFp8ScaleBlockRows), "FP8 shapes");
 };
 
 // The kernel's parameters: the four tensor maps (64-byte aligned, read by the TMA unit from
@@ -110,8 +130,9 @@ struct WsForwardArgs {
 template <typename Cfg>
 struct WsShared {
   uint32_t q, k, v;    // shared addresses: Q, then kStages K tiles, then kStages V tiles
+  uint32_t vt;         // FP8: then kStages transposed V tiles
   uint32_t o;          // O's staging buffer: after the barriers, or Q itself
-  uint64_t* barriers;  // q_full, q_empty, per stage k_full, k_empty, v_full, v_empty, tail
+  uint64_t* barriers;  // q_full, q_empty, per stage and ring a full and an empty one, tail
 
   __device__ explicit WsShared(unsigned char* raw) {
     const uint32_t base = ptx::shared_address(raw);
@@ -119,19 +140,27 @@ struct WsShared {
     q = ptx::shared_address(aligned);
     k = q + Cfg::kQBytes;
     v = k + Cfg::kStages * Cfg::kTileBytes;
-    barriers = reinterpret_cast<uint64_t*>(aligned + Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes);
+    vt = v + Cfg::kStages * Cfg::kTileBytes;
+    barriers = reinterpret_cast<uint64_t*>(aligned + Cfg::kQBytes + Cfg::kRings * Cfg::kStages * Cfg::kTileBytes);
     o = Cfg::kSeparateO ? ptx::shared_address(barriers) + 1024 : q;  // the atom after the barriers
   }
   __device__ Mbarrier q_full() const { return {barriers}; }
   __device__ Mbarrier q_empty() const { return {barriers + 1}; }
-  // The ring's barriers: kv = 0 for K, 1 for V.
-  __device__ Mbarrier full(int kv, int stage) const { return {barriers + 2 + 4 * stage + 2 * kv}; }
-  __device__ Mbarrier empty(int kv, int stage) const { return {barriers + 3 + 4 * stage + 2 * kv}; }
+  // The rings' barriers: kv = kKeysRing, kValuesRing or (FP8) kTransposedRing.
+  __device__ Mbarrier full(int kv, int stage) const { return {barriers + 2 + 2 * Cfg::kRings * stage + 2 * kv}; }
+  __device__ Mbarrier empty(int kv, int stage) const { return {barriers + 3 + 2 * Cfg::kRings * stage + 2 * kv}; }
   // Where a varlen tile's last V block lands before the producer zeroes its rows past the
   // sequence and completes the stage's full barrier itself.
-  __device__ Mbarrier tail_landed() const { return {barriers + 2 + 4 * Cfg::kStages}; }
+  __device__ Mbarrier tail_landed() const { return {barriers + 2 + 2 * Cfg::kRings * Cfg::kStages}; }
+  // FP8: set by the producer when no V block follows (transpose_values).
+  __device__ volatile uint32_t* values_end() const {
+    return reinterpret_cast<volatile uint32_t*>(barriers + 3 + 2 * Cfg::kRings * Cfg::kStages);
+  }
 };
-inline constexpr int kKeysRing = 0, kValuesRing = 1;
+// The rings; the consumers read V from the transposed one with FP8 (kReadValuesRing).
+inline constexpr int kKeysRing = 0, kValuesRing = 1, kTransposedRing = 2;
+template <typename Cfg>
+inline constexpr int kReadValuesRing = Cfg::kFp8 ? kTransposedRing : kValuesRing;
 
 // The kernel's variants: plain calls (raw dot products, the scale folded into the exponent);
 // softcap, ALiBi or a non-positive scale (the scores modified first); and dropout, with any of
@@ -184,11 +213,15 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
   // NaN is NaN) and completes the stage's full barrier itself.
   const auto fix_rows = [&](const Buffer& buffer, int zero_from) {
     buffer.landed(sh).wait(static_cast<uint32_t>(tails++ & 1));
+    // (The lane behind an opaque copy: computed from `lane`, the addresses are hoisted out of
+    // the tile loop and hold registers the producer does not have.)
+    int fix_lane = lane;
+    asm volatile("" : "+r"(fix_lane));
     // Whole 128-byte rows of every panel: the swizzle only permutes chunks within a row.
-    for (int r = zero_from + lane / 8; r < Cfg::kBlockN; r += 4)
+    for (int r = zero_from + fix_lane / 8; r < Cfg::kBlockN; r += 4)
 #pragma unroll
       for (int panel = 0; panel < Cfg::kPanels; ++panel)
-        ptx::st_shared_128(buffer.dst + (panel * Cfg::kBlockN + r) * 128 + (lane % 8) * 16, make_uint4(0, 0, 0, 0));
+        ptx::st_shared_128(buffer.dst + (panel * Cfg::kBlockN + r) * 128 + (fix_lane % 8) * 16, make_uint4(0, 0, 0, 0));
     ptx::fence_proxy_async_shared();  // the zeros, visible to the wgmmas that read the stage
     __syncwarp();
     if (issues) buffer.full(sh).arrive();
@@ -203,8 +236,8 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
       buffer.landed(sh).arrive_expect_bytes(Cfg::kTileBytes);
 #pragma unroll
       for (int panel = 0; panel < Cfg::kPanels; ++panel)
-        tma_load(buffer.dst + panel * Cfg::kBlockN * 128, map, panel * 64, static_cast<int32_t>(row), head, batch,
-                 buffer.landed(sh));
+        tma_load(buffer.dst + panel * Cfg::kBlockN * 128, map, panel * Cfg::kPanelCols, static_cast<int32_t>(row), head,
+                 batch, buffer.landed(sh));
     }
     if (zeroes) fix_rows(buffer, zero_from);
   };
@@ -235,7 +268,8 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
 #pragma unroll
         for (int panel = 0; panel < Cfg::kPanels; ++panel)
           tma_load(buffer.dst + (panel * Cfg::kBlockN + x * box_rows) * 128,
-                   nan ? &args.nan_rows : (kv == kKeysRing ? &args.k : &args.v), nan ? 0 : panel * 64, nan ? 0 : row,
+                   nan ? &args.nan_rows : (kv == kKeysRing ? &args.k : &args.v), nan ? 0 : panel * Cfg::kPanelCols,
+                   nan ? 0 : row,
                    nan ? 0 : head, nan ? 0 : page, buffer.landed(sh));
       }
     }
@@ -253,7 +287,8 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
       sh.q_full().arrive_expect_bytes(Cfg::kQBytes);
 #pragma unroll
       for (int panel = 0; panel < Cfg::kPanels; ++panel)
-        tma_load(sh.q + panel * Cfg::kBlockM * 128, &args.q, panel * 64, static_cast<int32_t>(tile.seq.q_row0 + tile.m0),
+        tma_load(sh.q + panel * Cfg::kBlockM * 128, &args.q, panel * Cfg::kPanelCols,
+                 static_cast<int32_t>(tile.seq.q_row0 + tile.m0),
                  tile.h, batch, sh.q_full());
     }
     ++tile_count;
@@ -286,6 +321,71 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     }
     if (tile.n_blocks > 0) load_v(tile.n_blocks - 1);
   }
+  if constexpr (Cfg::kFp8) {  // the transposing warps' end: the next V buffer, full of nothing
+    const RingSlot slot = ring_slot<Cfg::kStages>(v_iteration);
+    sh.empty(kValuesRing, slot.stage).wait(slot.parity ^ 1);
+    if (issues) {
+      *sh.values_end() = 1;
+      sh.full(kValuesRing, slot.stage).arrive();  // releases the flag's write to the waiters
+    }
+  }
+}
+
+// FP8: the wgmma of O += P V takes its B operand K-major only (FP8 wgmmas have no
+// transpose), so the producer's warps 1-3 copy each V block (kBlockN keys x head dim, as TMA
+// loaded it) into the transposed ring: row d of a Vt buffer holds column d of V, its 128 key
+// slots one 128-byte swizzled row. Within every 32 keys the slots are permuted to match P's
+// A fragments, which the consumers pack straight from the S accumulators (s_to_p): slot
+// 4 q + i (q < 4, i < 4) of each 16 holds key 2 q + (i & 1) + 8 (i >> 1). A unit of work is
+// a 16-column chunk of V, in four rounds: lane l takes slot group l (four keys) and one word
+// (4 columns) of the chunk, turned with the round, loads it from its four key rows, gathers
+// each column's four bytes (a 4 x 4 byte transpose) and stores the column's 32-bit word of
+// slots. The lanes' loads fall on 16 distinct banks, their stores on 32.
+// The warps take the V blocks in the ring's order until the producer marks the end
+// (values_end): they need not walk the tiles, whose 64-bit index arithmetic would not fit
+// their 32 registers.
+template <typename Cfg>
+__device__ __forceinline__ void transpose_values(const WsShared<Cfg>& sh, int transposer) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  // The block-relative key of the lane's slot 4 lane (the others: + 1, + 8, + 9).
+  const int key0 = 32 * (lane / 8) + 16 * (lane / 4 % 2) + 2 * (lane % 4);
+  const int slot_chunk = lane / 4, slot_word = lane % 4;  // the 16-byte chunk and word of Vt rows
+  constexpr int kUnits = Cfg::kPanels * 8 * 4;            // (panel, 16-byte chunk, round)
+  for (int iteration = 0;; ++iteration) {
+    {
+      const RingSlot slot = ring_slot<Cfg::kStages>(iteration);
+      sh.full(kValuesRing, slot.stage).wait(slot.parity);
+      if (*sh.values_end() != 0) return;
+      sh.empty(kTransposedRing, slot.stage).wait(slot.parity ^ 1);
+      const uint32_t from = sh.v + slot.stage * Cfg::kTileBytes, to = sh.vt + slot.stage * Cfg::kTileBytes;
+#pragma unroll 1
+      for (int unit = transposer; unit < kUnits; unit += Cfg::kTransposeWarps) {
+        const int panel = unit / 32, chunk = unit / 4 % 8, word = (slot_chunk + unit) % 4;
+        uint32_t x[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = key0 + (i & 1) + 8 * (i >> 1);
+          x[i] = ptx::ld_shared_32(from + (panel * Cfg::kBlockN + key) * 128 + ((chunk ^ (key % 8)) << 4) + word * 4);
+        }
+        // Byte j of the four words is column 4 word + j of the four keys: gather each column.
+        const uint32_t ab01 = __byte_perm(x[0], x[1], 0x5140), cd01 = __byte_perm(x[2], x[3], 0x5140);
+        const uint32_t ab23 = __byte_perm(x[0], x[1], 0x7362), cd23 = __byte_perm(x[2], x[3], 0x7362);
+        const uint32_t columns[4] = {__byte_perm(ab01, cd01, 0x5410), __byte_perm(ab01, cd01, 0x7632),
+                                     __byte_perm(ab23, cd23, 0x5410), __byte_perm(ab23, cd23, 0x7632)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int row = panel * 128 + chunk * 16 + word * 4 + j;
+          ptx::st_shared_32(to + row * 128 + ((slot_chunk ^ (row % 8)) << 4) + slot_word * 4, columns[j]);
+        }
+      }
+      ptx::fence_proxy_async_shared();  // the copies, visible to the wgmmas that read them
+      __syncwarp();
+      if (lane == 0) {
+        sh.full(kTransposedRing, slot.stage).arrive();
+        sh.empty(kValuesRing, slot.stage).arrive();
+      }
+    }
+  }
 }
 
 // The named barriers of the consumers' turn at the tensor cores, passed round a ring:
@@ -299,8 +399,10 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   using SMma = ptx::Wgmma<Element, Cfg::kBlockN>;   // S = Q K^T: 64 x kBlockN per warpgroup
   using OMma = ptx::Wgmma<Element, Cfg::kHeadDim>;  // O += P V: 64 x kHeadDim per warpgroup
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  constexpr bool kFp8 = Cfg::kFp8;
   constexpr int kSTiles = kBlockN / 8;   // n8 tiles of S per row pair
   constexpr int kOTiles = kHeadDim / 8;  // n8 tiles of O
+  constexpr int kPSteps = kBlockN / Cfg::kKStep;  // P V's wgmmas per block: 16 or (FP8) 32 keys each
   constexpr int kTurnThreads = 2 * 128;
   const ForwardTiles& tiles = args.tiles;
   const ForwardParams& p = tiles.p;
@@ -320,7 +422,8 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
 
   const uint64_t q_desc = ptx::wgmma_descriptor(sh.q + consumer * 64 * 128, 16, 1024);
   const uint64_t k_desc = ptx::wgmma_descriptor(sh.k, 16, 1024);
-  const uint64_t v_desc = ptx::wgmma_descriptor(sh.v, kBlockN * 128, 1024);
+  // V as stored (MN-major B), or FP8's transposed copy (K-major, like K).
+  const uint64_t v_desc = kFp8 ? ptx::wgmma_descriptor(sh.vt, 16, 1024) : ptx::wgmma_descriptor(sh.v, kBlockN * 128, 1024);
   const auto panel_step = [](int kk, int rows) -> uint64_t {
     return static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
   };
@@ -334,10 +437,10 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     if constexpr (Cfg::kPingPong && Cfg::kConsumers == 3)
       named_barrier_arrive(kTurnBarrier + (consumer == 2 ? 0 : consumer + 1), kTurnThreads);
   };
-  const auto issue_pv = [&](float (&o)[kOTiles * 4], const uint32_t (&pf)[kBlockN / 16][4], int stage) {
+  const auto issue_pv = [&](float (&o)[kOTiles * 4], const uint32_t (&pf)[kPSteps][4], int stage) {
     const uint64_t v_stage = v_desc + ((stage * Cfg::kTileBytes) >> 4);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) OMma::rs(o, pf[kk], v_stage + ((kk * 16 * 128) >> 4));
+    for (int kk = 0; kk < kPSteps; ++kk) OMma::rs(o, pf[kk], v_stage + ((kFp8 ? kk * 32 : kk * 16 * 128) >> 4));
   };
   // Consumer 0 takes the first turn (the last one passes it a turn it did not take).
   if (consumer == Cfg::kConsumers - 1) pass_turn();
@@ -352,21 +455,52 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     // With a buffer of its own for O, Q is released after the tile's last S = Q K^T (every
     // warp of both consumers arrives): the next tile's Q then loads under this tile's end.
     const auto release_q_after_last_s = [&](int n) {
-      if constexpr (Cfg::kSeparateO)
+      if constexpr (!Cfg::kOInQ)
         if (n == tile.n_blocks - 1 && lane == 0) sh.q_empty().arrive();
     };
     if (tile.n_blocks == 0) release_q_after_last_s(-1);
 
     float o[kOTiles * 4] = {};
     float s[kSTiles * 4] = {};
-    uint32_t pf[kBlockN / 16][4] = {};
+    uint32_t pf[kPSteps][4] = {};
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+    // FP8's descales (common/params.hpp): the tile's rows share q's factor (kBlockM rows, a
+    // descale block) and a key block its k and v factors (blocks aligned, forward_tiles.cuh).
+    // Scores are q k^T qd kd: the product is folded into the exponent's scale where one factor
+    // serves the tile and it is positive (the plain variant's max of raw dot products then
+    // still orders the scores), else S is multiplied by it per block (s_factor). O accumulates
+    // in units of the largest v factor of the tile (v_unit): P is scaled by vd(n) / v_unit
+    // before it is rounded to e4m3 (at most 1, so P stays in range), out by v_unit at the end.
+    float tile_exp_scale = exp_scale, v_unit = 1.0f, q_factor = 1.0f;
+    bool fold_factors = true;
+    if constexpr (kFp8) {
+      const int hk = tile.h / p.group_size();
+      q_factor = p.q_descale.at(tile.b, hk, m0);
+      const float qk = q_factor * p.k_descale.at(tile.b, hk, tile.keys.begin);
+      fold_factors = plain && p.k_descale.block_stride == 0 && qk > 0.0f;
+      if (fold_factors) tile_exp_scale = exp_scale * qk;
+      v_unit = p.v_descale.at(tile.b, hk, tile.keys.begin);
+      if (p.v_descale.block_stride != 0)
+        for (int n = 1; n < tile.n_blocks; ++n)
+          v_unit = fmaxf(v_unit, p.v_descale.at(tile.b, hk, tile.keys.begin + int64_t{n} * kBlockN));
+    }
+    const auto fp8_factors = [&](int n, float& s_factor, float& p_factor) {
+      const int hk = tile.h / p.group_size();
+      const int64_t j0 = tile.keys.begin + int64_t{n} * kBlockN;
+      s_factor = fold_factors ? 1.0f : q_factor * p.k_descale.at(tile.b, hk, j0);
+      p_factor = p.v_descale.block_stride == 0 ? 1.0f : v_unit > 0.0f ? p.v_descale.at(tile.b, hk, j0) / v_unit : 0.0f;
+    };
 
     // Block n's scores in S: softcap and ALiBi, the mask where some row does not see the
     // block whole, the online softmax (S becomes P, unnormalised) and dropout; returns O's
     // rescale factors for the two rows.
-    const auto softmax_block = [&](int n, float (&scale_o)[2]) {
+    const auto softmax_block = [&](int n, float (&scale_o)[2], float s_factor) {
       const int64_t j0 = tile.keys.begin + int64_t{n} * kBlockN;
+      if (kFp8 && s_factor != 1.0f) {
+#pragma unroll
+        for (int i = 0; i < kSTiles * 4; ++i) s[i] *= s_factor;
+      }
       if (!plain) {
         const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[tile.b * p.alibi_batch_stride + tile.h] : 0.0f;
 #pragma unroll
@@ -385,27 +519,44 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        scale_o[r] = online_softmax_row<kSTiles>(s, r, row_max[r], row_sum[r], exp_scale);
+        scale_o[r] = online_softmax_row<kSTiles>(s, r, row_max[r], row_sum[r], tile_exp_scale);
         if (dropout)
           dropout_row<kSTiles>(s, r, rng, tile.b, tile.h, static_cast<uint32_t>(m0 + cta_row(r) + p.query_position0),
                                j0 + p.key_position0, quad_col);
       }
     };
     // P as A fragments of the P V wgmma: the S accumulators of two adjacent n8 tiles are one
-    // 16-key fragment.
-    const auto s_to_p = [&] {
+    // 16-key fragment. FP8: those of four n8 tiles one 32-key fragment, each register taking
+    // two columns of two tiles, which the transposed V's slot order matches
+    // (transpose_values); P scaled by p_factor first (FP8's v descales).
+    const auto s_to_p = [&](float p_factor) {
+      if constexpr (kFp8) {
+        if (p_factor != 1.0f) {
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        pf[kk][0] = ptx::pack2<Element>(s[8 * kk + 0], s[8 * kk + 1]);
-        pf[kk][1] = ptx::pack2<Element>(s[8 * kk + 2], s[8 * kk + 3]);
-        pf[kk][2] = ptx::pack2<Element>(s[8 * kk + 4], s[8 * kk + 5]);
-        pf[kk][3] = ptx::pack2<Element>(s[8 * kk + 6], s[8 * kk + 7]);
+          for (int i = 0; i < kSTiles * 4; ++i) s[i] *= p_factor;
+        }
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk) {
+          const float* x = s + 16 * kk;
+          pf[kk][0] = ptx::pack4_e4m3(x[0], x[1], x[4], x[5]);
+          pf[kk][1] = ptx::pack4_e4m3(x[2], x[3], x[6], x[7]);
+          pf[kk][2] = ptx::pack4_e4m3(x[8], x[9], x[12], x[13]);
+          pf[kk][3] = ptx::pack4_e4m3(x[10], x[11], x[14], x[15]);
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk) {
+          pf[kk][0] = ptx::pack2<Element>(s[8 * kk + 0], s[8 * kk + 1]);
+          pf[kk][1] = ptx::pack2<Element>(s[8 * kk + 2], s[8 * kk + 3]);
+          pf[kk][2] = ptx::pack2<Element>(s[8 * kk + 4], s[8 * kk + 5]);
+          pf[kk][3] = ptx::pack2<Element>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
       }
     };
     const auto issue_s = [&](int stage) {
       const uint64_t k_stage = k_desc + ((stage * Cfg::kTileBytes) >> 4);
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      for (int kk = 0; kk < kHeadDim / Cfg::kKStep; ++kk)
         SMma::ss(s, q_desc + panel_step(kk, kBlockM), k_stage + panel_step(kk, kBlockN), kk > 0);
     };
 
@@ -415,7 +566,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     RingSlot v_next{};
     const auto wait_for_next_v = [&] {
       v_next = ring_slot<Cfg::kStages>(v_iteration++);
-      sh.full(kValuesRing, v_next.stage).wait(v_next.parity);
+      sh.full(kReadValuesRing<Cfg>, v_next.stage).wait(v_next.parity);
     };
     if (tile.n_blocks > 0) {
       // Block 0: S(0) alone.
@@ -431,9 +582,10 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       ptx::wgmma_hold(s);
       if (releases) sh.empty(kKeysRing, k_slot.stage).arrive();
       release_q_after_last_s(0);
-      float unused[2];
-      softmax_block(0, unused);  // the first block's rescale is of an O of zeros
-      s_to_p();
+      float unused[2], s_factor = 1.0f, p_factor = 1.0f;
+      if constexpr (kFp8) fp8_factors(0, s_factor, p_factor);
+      softmax_block(0, unused, s_factor);  // the first block's rescale is of an O of zeros
+      s_to_p(p_factor);
       wait_for_next_v();
     }
     // Block n: S(n) and O += P(n - 1) V(n - 1) issued together; the softmax of S(n) runs
@@ -457,15 +609,16 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       ptx::wgmma_hold(s);
       if (releases) sh.empty(kKeysRing, k_slot.stage).arrive();
       release_q_after_last_s(n);
-      float scale_o[2];
-      softmax_block(n, scale_o);
+      float scale_o[2], s_factor = 1.0f, p_factor = 1.0f;
+      if constexpr (kFp8) fp8_factors(n, s_factor, p_factor);
+      softmax_block(n, scale_o, s_factor);
       ptx::wgmma_hold(s);  // the exponentials stay above the wait loop
       wait_for_next_v();
 
       ptx::wgmma_wait<0>();  // O += P(n - 1) V(n - 1) is done: O, pf and V(n - 1) are free
       ptx::wgmma_hold(o);
       ptx::wgmma_hold(pf);
-      if (releases) sh.empty(kValuesRing, v_slot.stage).arrive();
+      if (releases) sh.empty(kReadValuesRing<Cfg>, v_slot.stage).arrive();
 #pragma unroll
       for (int t = 0; t < kOTiles; ++t) {
         o[4 * t + 0] *= scale_o[0];
@@ -473,7 +626,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
         o[4 * t + 2] *= scale_o[1];
         o[4 * t + 3] *= scale_o[1];
       }
-      s_to_p();
+      s_to_p(p_factor);
     }
     // The last block's O += P V.
     if (tile.n_blocks > 0) {
@@ -486,7 +639,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       pass_turn();
       ptx::wgmma_wait<0>();
       ptx::wgmma_hold(o);
-      if (releases) sh.empty(kValuesRing, v_next.stage).arrive();
+      if (releases) sh.empty(kReadValuesRing<Cfg>, v_next.stage).arrive();
     }
 
     // Epilogue: out = O / l in the storage dtype, written by the warp into its 16 rows of the
@@ -507,17 +660,38 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       float l = row_sum[r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l == 0.0f ? 0.0f : (dropout ? rng.scale : 1.0f) / l;
+      const float inv = l == 0.0f ? 0.0f : (dropout ? rng.scale : v_unit) / l;
       const int row = warp_row0 + epilogue_lane / 4 + r * 8;
-      const uint32_t row_start = sh.o + row * 128 + (epilogue_lane % 4) * 4;
-#pragma unroll
-      for (int t = 0; t < kOTiles; ++t)  // swizzled_offset(row, 8 t), + this lane's 2 columns
-        ptx::st_shared_32(row_start + (t / 8) * kBlockM * 128 + (((t % 8) ^ (row % 8)) << 4),
-                          ptx::pack2<Element>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv));
       const int64_t i = m0 + row;
+      if constexpr (kFp8) {  // bf16 out, twice Q's bytes: stored from the registers
+        if (i < seq.seqlen_q) {
+          using Out = typename Cfg::OutElement;
+          Out* out_row = static_cast<Out*>(p.out) + (p.is_varlen() ? 0 : tile.b * p.out_batch_stride) +
+                         (seq.q_row0 + i) * p.out_row_stride + int64_t{tile.h} * p.out_head_stride;
+#pragma unroll
+          for (int t = 0; t < kOTiles; ++t) {
+            const int col = 8 * t + 2 * (epilogue_lane % 4);
+            if (col + 1 < p.head_dim_v)
+              *reinterpret_cast<uint32_t*>(out_row + col) =
+                  ptx::pack2<Out>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
+            else if (col < p.head_dim_v)
+              out_row[col] = __float2bfloat16_rn(o[4 * t + 2 * r] * inv);
+          }
+        }
+      } else {
+        const uint32_t row_start = sh.o + row * 128 + (epilogue_lane % 4) * 4;
+#pragma unroll
+        for (int t = 0; t < kOTiles; ++t)  // swizzled_offset(row, 8 t), + this lane's 2 columns
+          ptx::st_shared_32(row_start + (t / 8) * kBlockM * 128 + (((t % 8) ^ (row % 8)) << 4),
+                            ptx::pack2<Element>(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv));
+      }
       if (p.lse != nullptr && lane % 4 == 0 && i < seq.seqlen_q)
         p.lse[tile.b * p.lse_batch_stride + tile.h * p.lse_head_stride + seq.q_row0 + i] =
-            l == 0.0f ? -INFINITY : (row_max[r] * exp_scale + log2f(l)) * 0.6931471805599453f;
+            l == 0.0f ? -INFINITY : (row_max[r] * tile_exp_scale + log2f(l)) * 0.6931471805599453f;
+    }
+    if constexpr (kFp8) {
+      ++tile_count;
+      continue;
     }
     // The rows' generic-proxy writes, made visible to the TMA unit, then one thread's store.
     // A varlen tensor holds the next sequence's rows after this one's: a warp whose rows
@@ -550,7 +724,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       }
       __syncwarp();  // every lane's reads of the rows, before lane 0 releases them below
     }
-    if constexpr (!Cfg::kSeparateO) {  // the next tile's Q may overwrite the rows once read
+    if constexpr (Cfg::kOInQ) {  // the next tile's Q may overwrite the rows once read
       if (lane == 0) {
         ptx::bulk_wait_read();
         sh.q_empty().arrive();
@@ -573,18 +747,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __gr
   if (threadIdx.x == 0) {
     sh.q_full().init(1);
     sh.q_empty().init(4 * Cfg::kConsumers);  // every consumer warp
-    for (int s = 0; s < Cfg::kStages; ++s)
-      for (int kv = kKeysRing; kv <= kValuesRing; ++kv) {
-        sh.full(kv, s).init(1);
-        sh.empty(kv, s).init(Cfg::kConsumers);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      // FP8: V is read by the transposing warps, its transposed copy by the consumers.
+      sh.full(kKeysRing, s).init(1);
+      sh.empty(kKeysRing, s).init(Cfg::kConsumers);
+      sh.full(kValuesRing, s).init(1);
+      sh.empty(kValuesRing, s).init(Cfg::kFp8 ? Cfg::kTransposeWarps : Cfg::kConsumers);
+      if constexpr (Cfg::kFp8) {
+        sh.full(kTransposedRing, s).init(Cfg::kTransposeWarps);
+        sh.empty(kTransposedRing, s).init(Cfg::kConsumers);
       }
+    }
     sh.tail_landed().init(1);
+    *sh.values_end() = 0;
     fence_barrier_init();
   }
   __syncthreads();
   if (warpgroup == 0) {
     release_registers<Cfg::kProducerRegisters>();
-    if (threadIdx.x < 32) produce<Cfg>(args, sh);
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    if (warp == 0)
+      produce<Cfg>(args, sh);
+    else if constexpr (Cfg::kFp8)
+      transpose_values<Cfg>(sh, warp - 1);
     return;
   }
   claim_registers<Cfg::kConsumerRegisters>();

@@ -41,16 +41,18 @@ bool encode_nan_rows(CUtensorMap& map, DType dtype, int box_rows) {
     cudaGetLastError();  // a failed lookup must not surface as a later call's error
     return false;
   }
-  return encode_tiled(map, TiledTensor{rows, dtype, 64, 128, 1, 1, 64, 128 * 64, 128 * 64}, box_rows);
+  // 128 rows of 128 bytes: 64 16-bit NaNs, or 128 e4m3 ones (0xFF is NaN there too).
+  const int64_t cols = 128 / element_bytes(dtype);
+  return encode_tiled(map, TiledTensor{rows, dtype, cols, 128, 1, 1, cols, 128 * cols, 128 * cols}, box_rows);
 }
 
 bool encode_tiled(CUtensorMap& map, const TiledTensor& t, int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = encoder();
   if (encode == nullptr || t.rows <= 0 || t.cols <= 0 || t.heads <= 0 || t.batch <= 0) return false;
-  constexpr int64_t kElementBytes = 2;
+  const int64_t bytes = element_bytes(t.dtype);
   // A stride of a dimension of extent 1 is never used; TMA still wants a valid one.
-  const auto stride_bytes = [](int64_t extent, int64_t stride, int64_t fallback) -> cuuint64_t {
-    return static_cast<cuuint64_t>((extent > 1 ? stride : fallback) * kElementBytes);
+  const auto stride_bytes = [bytes](int64_t extent, int64_t stride, int64_t fallback) -> cuuint64_t {
+    return static_cast<cuuint64_t>((extent > 1 ? stride : fallback) * bytes);
   };
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.cols), static_cast<cuuint64_t>(t.rows),
                               static_cast<cuuint64_t>(t.heads), static_cast<cuuint64_t>(t.batch)};
@@ -60,10 +62,13 @@ bool encode_tiled(CUtensorMap& map, const TiledTensor& t, int box_rows) {
   for (const cuuint64_t s : strides)
     if (s == 0 || s % 16 != 0 || s >= (cuuint64_t{1} << 40)) return false;
   if (reinterpret_cast<uintptr_t>(t.base) % 16 != 0) return false;
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / bytes), static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = t.dtype == DType::BFloat16     ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : t.dtype == DType::Float8E4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult result =
-      encode(&map, t.dtype == DType::BFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      encode(&map, type,
              4, const_cast<void*>(t.base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return result == CUDA_SUCCESS;

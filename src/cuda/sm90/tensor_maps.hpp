@@ -2,8 +2,9 @@
 // copy a box of a strided tensor into shared memory, built on the host per call.
 //
 // A q/k/v tensor is seen as 4-D, innermost first: (head-dim column, row, head, batch), with
-// the caller's element strides. A box is 64 columns (128 bytes: one panel of the 128-byte
-// swizzle, cuda/sm90/swizzled_tile.cuh) by box_rows rows of one head of one batch element;
+// the caller's element strides. A box is 128 bytes of columns (64 16-bit or 128 e4m3 values:
+// one panel of the 128-byte swizzle, cuda/sm90/swizzled_tile.cuh) by box_rows rows of one
+// head of one batch element;
 // the TMA unit writes it in exactly the swizzled layout the wgmma descriptors read, and fills
 // what lies outside the tensor (rows past the sequence, columns past the head dim) with zeros.
 #pragma once
@@ -19,7 +20,7 @@ namespace flashattn::detail::cuda::sm90 {
 
 struct TiledTensor {
   const void* base = nullptr;
-  DType dtype = DType::Float16;  // 16-bit elements only
+  DType dtype = DType::Float16;  // 16-bit or e4m3 elements
   int64_t cols = 0, rows = 0, heads = 0, batch = 0;
   int64_t row_stride = 0, head_stride = 0, batch_stride = 0;  // elements
 };
@@ -45,18 +46,20 @@ inline TiledTensor tiled_k_pages(const ForwardParams& p) {
 inline TiledTensor tiled_v_pages(const ForwardParams& p) {
   return {p.v, p.dtype, p.head_dim_v, p.page_size, p.heads_k, p.num_pages, p.v_row_stride, p.v_head_stride, p.v_batch_stride};
 }
-inline TiledTensor tiled_out(const ForwardParams& p) {
-  return {p.out, p.dtype, p.head_dim_v, p.is_varlen() ? p.total_q : p.seqlen_q, p.heads, p.is_varlen() ? 1 : p.batch,
+inline TiledTensor tiled_out(const ForwardParams& p) {  // bf16 for FP8 inputs
+  return {p.out, p.dtype == DType::Float8E4M3 ? DType::BFloat16 : p.dtype, p.head_dim_v, p.is_varlen() ? p.total_q : p.seqlen_q, p.heads, p.is_varlen() ? 1 : p.batch,
           p.out_row_stride, p.out_head_stride, p.out_batch_stride};
 }
 
-// Encodes `tensor` with boxes of 64 x box_rows into `map`. False where TMA cannot describe
+inline int64_t element_bytes(DType dtype) { return dtype == DType::Float8E4M3 ? 1 : 2; }
+
+// Encodes `tensor` with boxes of 128 bytes x box_rows into `map`. False where TMA cannot describe
 // the tensor (a base or stride not a multiple of 16 bytes, a size past its limits) or the
 // driver offers no encoder: the caller then takes a kernel that loads without TMA.
 bool encode_tiled(CUtensorMap& map, const TiledTensor& tensor, int box_rows);
 
-// 128 rows of 64 NaNs of `dtype` in device memory (the module's own, initialised with it), in
-// boxes of 64 x box_rows: what the forward loads for the keys of a page outside the block
+// 128 rows of 128 bytes of NaNs of `dtype` in device memory (the module's own, initialised
+// with it), in boxes of 128 bytes x box_rows: what the forward loads for the keys of a page outside the block
 // table's range. False as encode_tiled.
 bool encode_nan_rows(CUtensorMap& map, DType dtype, int box_rows);
 

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Scratch: one GPU call for the FP8 forward (issue 31), each stage started while the call's
+# budget (FP8_LIMIT_S, default 560 s) leaves room for it:
+#   1. the package built with CUDA for sm_90a and installed (its ptxas lines on the FP8
+#      kernels: spills, serialised wgmmas);
+#   2. tests/python/test_fp8.py (the Hopper kernel against its float64 emulation, varlen,
+#      paged) and, unless FP8_FULL_PYTEST=0, the whole tests/python GPU file's forward cases;
+#   3. compute-sanitizer memcheck, racecheck and synccheck on a few FP8 calls
+#      (FP8_SANITIZE=0: not);
+#   4. bench/forward_fp8.py (FP8_BENCH_ARGS, default the head dims 128 and 256 at 512 .. 16k,
+#      causal or not, with cuDNN; FP8_BENCH=0: not).
+# Results in $OUT; a table printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit
+py=python3
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+limit=${FP8_LIMIT_S:-560}
+start=$SECONDS
+left() { echo $((limit - (SECONDS - start))); }
+rows=()
+row() { rows+=("$(printf '%-40s %-5s %5ss  %s' "$1" "$2" "$3" "$4")"); }
+echo "== dev/gpu_fp8.sh $(date -u '+%Y-%m-%d %H:%M UTC')"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+[ -d .deps/wheels ] && "$py" -m pip install --no-index --find-links .deps/wheels -q scikit-build-core nanobind einops >/dev/null 2>&1
+export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+
+t=$SECONDS
+"$py" -m pip install --no-build-isolation --no-deps --no-index -v -C build-dir=build-py/gpu \
+  -C cmake.define.FLASHATTN_CUDA=ON -C cmake.define.FLASHATTN_CUDA_ARCHS=sm_90a . >"$out/pip.log" 2>&1
+rc=$?
+row "package (sm_90a)" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+  "$(grep -c 'fp8.*serializ\|serializ.*fp8' "$out/pip.log") fp8 serialisation lines"
+grep -E "nv_fp8.*(spill|serializ)|(spill|serializ).*nv_fp8" "$out/pip.log" | sed 's/_ZN9flashattn6detail4cuda4sm90//' | cut -c1-160 | head
+[ $rc = 0 ] || { tail -30 "$out/pip.log"; exit 1; }
+
+t=$SECONDS
+(cd /tmp && timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider "$OLDPWD/tests/python/test_fp8.py") >"$out/pytest_fp8.log" 2>&1
+rc=$?
+row "pytest test_fp8.py" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) "$(tail -1 "$out/pytest_fp8.log" | cut -c1-70)"
+[ $rc = 0 ] || grep -E "^(FAILED|E  )" "$out/pytest_fp8.log" | head -30
+fp8_ok=$rc
+
+if [ "${FP8_FULL_PYTEST:-1}" = 1 ] && [ "$(left)" -gt 300 ]; then
+  t=$SECONDS
+  (cd /tmp && timeout $(($(left) - 240)) "$py" -m pytest -q -x -p no:cacheprovider "$OLDPWD/tests/python/test_gpu.py" -k "forward or varlen or paged") >"$out/pytest_gpu.log" 2>&1
+  rc=$?
+  row "pytest test_gpu.py -k forward|varlen|paged" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) "$(tail -1 "$out/pytest_gpu.log" | cut -c1-70)"
+  [ $rc = 0 ] || grep -E "^(FAILED|E  )" "$out/pytest_gpu.log" | head -20
+fi
+
+if [ "${FP8_SANITIZE:-1}" = 1 ] && [ "$(left)" -gt 200 ]; then
+  cat >"$out/fp8_calls.py" <<'PY'
+import torch, flashattn
+g = torch.Generator(device="cuda").manual_seed(0)
+for d, causal, block, sq, sk in ((128, False, False, 200, 333), (128, True, True, 257, 257), (256, True, False, 130, 400), (96, False, True, 64, 129)):
+    x = [torch.randn(2, s, 2, d, device="cuda", generator=g) for s in (sq, sk, sk)]
+    (q8, qd), (k8, kd), (v8, vd) = (flashattn.quantize_fp8(t, block_scaling=block) for t in x)
+    out = flashattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    torch.cuda.synchronize()
+    print(d, causal, block, bool(out.isfinite().all()))
+PY
+  for tool in memcheck racecheck synccheck; do
+    t=$SECONDS
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 "$py" "$out/fp8_calls.py" >"$out/sanitize_$tool.log" 2>&1
+    rc=$?
+    row "compute-sanitizer $tool (fp8 calls)" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) \
+      "$(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1 | sed 's/^=* *//')"
+  done
+fi
+
+if [ "${FP8_BENCH:-1}" = 1 ] && [ "$fp8_ok" = 0 ] && [ "$(left)" -gt 90 ]; then
+  t=$SECONDS
+  # shellcheck disable=SC2086
+  timeout $(($(left) - 20)) "$py" bench/forward_fp8.py --out "$out/bench" ${FP8_BENCH_ARGS:---hdims 128 256 --peers cudnn --target-s 0.3} \
+    >"$out/bench.log" 2>&1
+  rc=$?
+  row "bench/forward_fp8.py" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) "${FP8_BENCH_ARGS:-}"
+fi
+
+echo
+[ -f "$out/bench/forward_fp8.md" ] && sed -n '/^| shape/,$p' "$out/bench/forward_fp8.md" | cut -d'|' -f1-6,10-12 | head -40
+echo
+printf '%s\n' "${rows[@]}"
