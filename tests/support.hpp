@@ -427,9 +427,12 @@ inline RunInfo forward_on_backend(const TensorView& q, const TensorView& k, cons
                 : forward(q, k, v, out, lse, options, execution);
 #else
   DeviceMirror dq(q), dk(k), dv(v), dout(out);
-  std::optional<DeviceMirror> dlse, dslopes, dcuq, dcuk, dused, dtable;
+  std::optional<DeviceMirror> dlse, dslopes, dcuq, dcuk, dused, dtable, dqd, dkd, dvd;
   Options device_options = options;
   if (options.alibi_slopes) device_options.alibi_slopes = dslopes.emplace(*options.alibi_slopes).view();
+  if (options.q_descale) device_options.q_descale = dqd.emplace(*options.q_descale).view();
+  if (options.k_descale) device_options.k_descale = dkd.emplace(*options.k_descale).view();
+  if (options.v_descale) device_options.v_descale = dvd.emplace(*options.v_descale).view();
   std::optional<TensorView> lse_view;
   if (lse) lse_view = dlse.emplace(*lse).view();
   dout.poison();

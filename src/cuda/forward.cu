@@ -65,8 +65,8 @@ void run_fp8(const ForwardParams& p, knobs::KernelFamily forced) {
                                       : sm90::run_forward<__nv_fp8_e4m3, 256>(p));
   if (!ran)
     throw Error(ErrorCode::Unsupported, "q",
-                "dtype fp16 or bf16 on this GPU (fp8_e4m3 runs on the Hopper kernel only: sm_90a "
-                "code, a Hopper GPU, head dims up to 256)",
+                "dtype fp16 or bf16 for this call (fp8_e4m3 runs on the Hopper kernel only: sm_90a "
+                "code, a Hopper GPU, tensors TMA can describe, pages of a multiple of 64 keys)",
                 "dtype fp8_e4m3 (head dim " + std::to_string(p.head_dim) + ") on cuda device " +
                     std::to_string(p.device));
 }

@@ -133,13 +133,19 @@ bool launch_forward_ws(const ForwardParams& p) {
     return false;
   WsForwardArgs args{};
   args.page_box_rows = box_rows;
-  const bool kv_mapped = p.is_paged() ? encode_tiled(args.k, tiled_k_pages(p), box_rows) &&
-                                            encode_tiled(args.v, tiled_v_pages(p), box_rows) &&
-                                            encode_nan_rows(args.nan_rows, p.dtype, box_rows)
-                                      : encode_tiled(args.k, tiled_k(p), Cfg::kBlockN) &&
-                                            encode_tiled(args.v, tiled_v(p), Cfg::kBlockN);
-  if (!kv_mapped || !encode_tiled(args.q, tiled_q(p), Cfg::kBlockM) || !encode_tiled(args.out, tiled_out(p), kOutBoxRows))
+  if (!encode_tiled(args.q, tiled_q(p), Cfg::kBlockM) || !encode_tiled(args.out, tiled_out(p), kOutBoxRows))
     return false;
+  // No keys at all (TMA describes no empty tensor): no tile loads any, every row's out is 0
+  // and its lse -inf; q's map stands in. (The 16-bit calls take the sm80 kernel instead; FP8
+  // has no other kernel.)
+  const bool no_keys = Cfg::kFp8 && !p.is_paged() && tiled_k(p).rows == 0;
+  if (no_keys) args.k = args.v = args.q;
+  const bool kv_mapped = no_keys || (p.is_paged() ? encode_tiled(args.k, tiled_k_pages(p), box_rows) &&
+                                                        encode_tiled(args.v, tiled_v_pages(p), box_rows) &&
+                                                        encode_nan_rows(args.nan_rows, p.dtype, box_rows)
+                                                  : encode_tiled(args.k, tiled_k(p), Cfg::kBlockN) &&
+                                                        encode_tiled(args.v, tiled_v(p), Cfg::kBlockN));
+  if (!kv_mapped) return false;
   // The general variants' kernels where the shape compiles them (else the plain one thrice).
   constexpr auto plain_kernel = forward_ws_kernel<Cfg, ScoreVariant::Plain>;
   constexpr auto modified_kernel = forward_ws_kernel<Cfg, Cfg::kHasGeneral ? ScoreVariant::Modified : ScoreVariant::Plain>;

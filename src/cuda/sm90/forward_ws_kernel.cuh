@@ -171,10 +171,14 @@ enum class ScoreVariant { Plain, Modified, Dropout };
 // The tiles a CTA takes, round by round: round r deals tiles [r G, r G + G) out to the G CTAs,
 // every other round in reverse, so that under the masks (tiles in heaviest-first order,
 // tile_order.cuh) the CTA that took one round's heaviest tile takes the next one's lightest.
-// -1 past the last tile. With one CTA per tile, round 0 is the only one.
-__device__ __forceinline__ int64_t tile_of_round(const ForwardTiles& tiles, int64_t round) {
-  const int64_t ctas = gridDim.x;
-  const int64_t index = round * ctas + ((round & 1) ? ctas - 1 - blockIdx.x : blockIdx.x);
+// -1 past the last tile. With one CTA per tile, round 0 is the only one. (The CTA's
+// coordinates are read afresh each round: hoisted out of the tile loop, they and the values
+// made of them held registers the producer warp does not have, and spilled.)
+__device__ __forceinline__ int64_t tile_of_round(const ForwardTiles& tiles, int round) {
+  uint32_t cta, ctas;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ctas));
+  const int64_t index = int64_t{round} * ctas + ((round & 1) ? ctas - 1 - cta : cta);
   return index < tiles.tiles ? index : -1;
 }
 
@@ -193,7 +197,11 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     prefetch_tensor_map(&args.v);
     prefetch_tensor_map(&args.out);
   }
-  int tile_count = 0, k_iteration = 0, v_iteration = 0, tails = 0;
+  // Few live values (the producer has 24 or 32 registers): the blocks of the tiles before this
+  // one (a tile's K(n) and V(n) take the rings' slots blocks_before + n), and the phases of
+  // the barriers waited for once per use, Q's empty one (bit 0) and tail_landed (bit 1).
+  int blocks_before = 0;
+  uint32_t phases = 0;
   // The ring's next buffer of `kv`, once free: its address and stage. Its copies complete on
   // the stage's full barrier, or on tail_landed where rows are fixed up after landing.
   struct Buffer {
@@ -203,8 +211,8 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     __device__ Mbarrier full(const WsShared<Cfg>& shared) const { return shared.full(kv, stage); }
     __device__ Mbarrier landed(const WsShared<Cfg>& shared) const { return fixes ? shared.tail_landed() : full(shared); }
   };
-  const auto next_buffer = [&](uint32_t ring, int kv, int& iteration, bool fixes) {
-    const RingSlot slot = ring_slot<Cfg::kStages>(iteration++);
+  const auto next_buffer = [&](uint32_t ring, int kv, int iteration, bool fixes) {
+    const RingSlot slot = ring_slot<Cfg::kStages>(iteration);
     sh.empty(kv, slot.stage).wait(slot.parity ^ 1);
     return Buffer{ring + slot.stage * Cfg::kTileBytes, kv, slot.stage, fixes};
   };
@@ -212,7 +220,8 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
   // block at its sequence's end, whose rows past it are the next sequence's or anything: 0 x
   // NaN is NaN) and completes the stage's full barrier itself.
   const auto fix_rows = [&](const Buffer& buffer, int zero_from) {
-    buffer.landed(sh).wait(static_cast<uint32_t>(tails++ & 1));
+    buffer.landed(sh).wait((phases >> 1) & 1);
+    phases ^= 2;
     // (The lane behind an opaque copy: computed from `lane`, the addresses are hoisted out of
     // the tile loop and hold registers the producer does not have.)
     int fix_lane = lane;
@@ -228,7 +237,7 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
   };
   // Rows [row, row + kBlockN) of the tensor into the ring's next buffer, zeroed from
   // `zero_from` on.
-  const auto load_kv = [&](const void* map, uint32_t ring, int kv, int& iteration, int64_t row, int head,
+  const auto load_kv = [&](const void* map, uint32_t ring, int kv, int iteration, int64_t row, int head,
                            int batch, int zero_from) {
     const bool zeroes = zero_from < Cfg::kBlockN;
     const Buffer buffer = next_buffer(ring, kv, iteration, zeroes);
@@ -247,7 +256,7 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
   // keys is never looked up and one whose page lies outside [0, num_pages) is never read: both
   // load at page -1, which TMA fills with zeros without touching memory, but a key box of a
   // bad page loads NaN rows (args.nan_rows), so that the query rows that see it come out NaN.
-  const auto load_kv_paged = [&](int kv, int& iteration, uint32_t j0, int head, int b, uint32_t seqlen_k) {
+  const auto load_kv_paged = [&](int kv, int iteration, uint32_t j0, int head, int b, uint32_t seqlen_k) {
     const int box_rows = args.page_box_rows;
     const int zero_from = kv == kValuesRing && j0 + Cfg::kBlockN > seqlen_k
                               ? static_cast<int>(seqlen_k > j0 ? seqlen_k - j0 : 0)
@@ -277,12 +286,15 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
   };
   // Varlen tensors are one batch element of all the sequences' rows.
   const bool varlen = p.is_varlen();
-  for (int64_t round = 0, index; (index = tile_of_round(tiles, round)) >= 0; ++round) {
+  for (int round = 0; true; ++round) {
+    const int64_t index = tile_of_round(tiles, round);
+    if (index < 0) break;
     const Tile<Cfg> tile(tiles, index);
     if (tile.rows_here <= 0) continue;
     const int hk = tile.h / p.group_size();
     const int batch = varlen ? 0 : tile.b;
-    sh.q_empty().wait(static_cast<uint32_t>(tile_count & 1) ^ 1);
+    sh.q_empty().wait((phases & 1) ^ 1);
+    phases ^= 1;
     if (issues) {
       sh.q_full().arrive_expect_bytes(Cfg::kQBytes);
 #pragma unroll
@@ -291,7 +303,6 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
                  static_cast<int32_t>(tile.seq.q_row0 + tile.m0),
                  tile.h, batch, sh.q_full());
     }
-    ++tile_count;
     // K(n) goes a block ahead of V(n - 1): the consumers use them in that order.
     const int64_t k_row0 = tile.seq.k_row0;
     const auto load_v = [&](int n) {
@@ -301,28 +312,33 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
       const int zero_from = inside && j0 + Cfg::kBlockN > tile.seq.seqlen_k
                                 ? static_cast<int>(tile.seq.seqlen_k - j0)
                                 : Cfg::kBlockN;
-      load_kv(&args.v, sh.v, kValuesRing, v_iteration, k_row0 + j0, hk, batch, zero_from);
+      load_kv(&args.v, sh.v, kValuesRing, blocks_before + n, k_row0 + j0, hk, batch, zero_from);
     };
     if (args.page_box_rows > 0) {
-      for (int n = 0; n <= tile.n_blocks; ++n) {
-        if (n < tile.n_blocks)
-          load_kv_paged(kKeysRing, k_iteration, static_cast<uint32_t>(tile.keys.begin) + n * Cfg::kBlockN, hk, tile.b,
+      // (One running slot and key for both loads: offsets from the tile's start would be
+      // hoisted into registers of their own.)
+      const int end = blocks_before + tile.n_blocks;
+      uint32_t j0 = static_cast<uint32_t>(tile.keys.begin);
+      for (; blocks_before <= end; ++blocks_before, j0 += Cfg::kBlockN) {
+        if (blocks_before < end)
+          load_kv_paged(kKeysRing, blocks_before, j0, hk, tile.b, static_cast<uint32_t>(tile.seq.seqlen_k));
+        if (blocks_before > end - tile.n_blocks)
+          load_kv_paged(kValuesRing, blocks_before - 1, j0 - Cfg::kBlockN, hk, tile.b,
                         static_cast<uint32_t>(tile.seq.seqlen_k));
-        if (n > 0)
-          load_kv_paged(kValuesRing, v_iteration, static_cast<uint32_t>(tile.keys.begin) + (n - 1) * Cfg::kBlockN, hk,
-                        tile.b, static_cast<uint32_t>(tile.seq.seqlen_k));
       }
+      blocks_before = end;
       continue;
     }
     for (int n = 0; n < tile.n_blocks; ++n) {
-      load_kv(&args.k, sh.k, kKeysRing, k_iteration, k_row0 + tile.keys.begin + int64_t{n} * Cfg::kBlockN, hk, batch,
-              Cfg::kBlockN);
+      load_kv(&args.k, sh.k, kKeysRing, blocks_before + n, k_row0 + tile.keys.begin + int64_t{n} * Cfg::kBlockN, hk,
+              batch, Cfg::kBlockN);
       if (n > 0) load_v(n - 1);
     }
     if (tile.n_blocks > 0) load_v(tile.n_blocks - 1);
+    blocks_before += tile.n_blocks;
   }
   if constexpr (Cfg::kFp8) {  // the transposing warps' end: the next V buffer, full of nothing
-    const RingSlot slot = ring_slot<Cfg::kStages>(v_iteration);
+    const RingSlot slot = ring_slot<Cfg::kStages>(blocks_before);
     sh.empty(kValuesRing, slot.stage).wait(slot.parity ^ 1);
     if (issues) {
       *sh.values_end() = 1;
@@ -446,7 +462,9 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   if (consumer == Cfg::kConsumers - 1) pass_turn();
 
   int tile_count = 0, k_iteration = 0, v_iteration = 0;
-  for (int64_t round = 0, index; (index = tile_of_round(tiles, round)) >= 0; ++round) {
+  for (int round = 0; true; ++round) {
+    const int64_t index = tile_of_round(tiles, round);
+    if (index < 0) break;
     const Tile<Cfg> tile(tiles, index);
     if (tile.rows_here <= 0) continue;
     const int64_t m0 = tile.m0;
