@@ -2,7 +2,8 @@
 # Scratch: one GPU call for the FP8 forward (issue 31), each stage started while the call's
 # budget (FP8_LIMIT_S, default 560 s) leaves room for it:
 #   1. the package built with CUDA for sm_90a and installed (its ptxas lines on the FP8
-#      kernels: spills, serialised wgmmas);
+#      kernels: spills, serialised wgmmas); beside it, unless FP8_GTEST=0, the C++ FP8 suite
+#      on CUDA (test_fp8_cuda, build-gpu/), run after it;
 #   2. tests/python/test_fp8.py (the Hopper kernel against its float64 emulation, varlen,
 #      paged) and, unless FP8_FULL_PYTEST=0, the whole tests/python GPU file's forward cases;
 #   3. compute-sanitizer memcheck, racecheck and synccheck on a few FP8 calls
@@ -27,6 +28,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 
 t=$SECONDS
+if [ "${FP8_GTEST:-1}" = 1 ]; then
+  (cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=sm_90a &&
+     cmake --build build-gpu --target test_fp8_cuda) >"$out/gtest_build.log" 2>&1 &
+  gtest_build=$!
+fi
 "$py" -m pip install --no-build-isolation --no-deps --no-index -v -C build-dir=build-py/gpu \
   -C cmake.define.FLASHATTN_CUDA=ON -C cmake.define.FLASHATTN_CUDA_ARCHS=sm_90a . >"$out/pip.log" 2>&1
 rc=$?
@@ -34,6 +40,13 @@ row "package (sm_90a)" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t))
   "$(grep -c 'fp8.*serializ\|serializ.*fp8' "$out/pip.log") fp8 serialisation lines"
 grep -E "nv_fp8.*(spill|serializ)|(spill|serializ).*nv_fp8" "$out/pip.log" | sed 's/_ZN9flashattn6detail4cuda4sm90//' | cut -c1-160 | head
 [ $rc = 0 ] || { tail -30 "$out/pip.log"; exit 1; }
+if [ "${FP8_GTEST:-1}" = 1 ]; then
+  wait "$gtest_build" && t=$SECONDS && timeout 200 build-gpu/tests/test_fp8_cuda >"$out/gtest_fp8.log" 2>&1
+  rc=$?
+  row "test_fp8_cuda" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+    "$(grep -E '^\[  (PASSED|FAILED) ' "$out/gtest_fp8.log" | tr '\n' ' ' | cut -c1-70)"
+  [ $rc = 0 ] || { tail -5 "$out/gtest_build.log"; grep -E 'Failure|error|FAILED|Expected|Which is|out error' "$out/gtest_fp8.log" | head -30; }
+fi
 
 t=$SECONDS
 (cd /tmp && timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider "$OLDPWD/tests/python/test_fp8.py") >"$out/pytest_fp8.log" 2>&1
