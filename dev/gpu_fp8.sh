@@ -4,8 +4,10 @@
 #   1. the package built with CUDA for sm_90a and installed (its ptxas lines on the FP8
 #      kernels: spills, serialised wgmmas); beside it, unless FP8_GTEST=0, the C++ FP8 suite
 #      on CUDA (test_fp8_cuda, build-gpu/), run after it;
-#   2. tests/python/test_fp8.py (the Hopper kernel against its float64 emulation, varlen,
-#      paged) and, unless FP8_FULL_PYTEST=0, the whole tests/python GPU file's forward cases;
+#   2. dev/fp8_diagnose.py (GPU against the CPU path on inputs that isolate the key order,
+#      the sums and the descales), tests/python/test_fp8.py (the Hopper kernel against its
+#      float64 emulation, varlen, paged; FP8_PYTEST_ARGS, default -x --tb=short) and, unless
+#      FP8_FULL_PYTEST=0, the whole tests/python GPU file's forward cases;
 #   3. compute-sanitizer memcheck, racecheck and synccheck on a few FP8 calls
 #      (FP8_SANITIZE=0: not);
 #   4. bench/forward_fp8.py (FP8_BENCH_ARGS, default the head dims 128 and 256 at 512 .. 16k,
@@ -49,10 +51,15 @@ if [ "${FP8_GTEST:-1}" = 1 ]; then
 fi
 
 t=$SECONDS
-(cd /tmp && timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider "$OLDPWD/tests/python/test_fp8.py") >"$out/pytest_fp8.log" 2>&1
+timeout 90 "$py" dev/fp8_diagnose.py >"$out/diagnose.log" 2>&1
+row "dev/fp8_diagnose.py" "rc$?" $((SECONDS - t)) ""
+t=$SECONDS
+# shellcheck disable=SC2086
+(cd /tmp && timeout "${FP8_PYTEST_S:-200}" "$py" -m pytest -q -rs -p no:cacheprovider ${FP8_PYTEST_ARGS:--x --tb=short} \
+   "$OLDPWD/tests/python/test_fp8.py") >"$out/pytest_fp8.log" 2>&1
 rc=$?
 row "pytest test_fp8.py" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) "$(tail -1 "$out/pytest_fp8.log" | cut -c1-70)"
-[ $rc = 0 ] || grep -E "^(FAILED|E  )" "$out/pytest_fp8.log" | head -30
+[ $rc = 0 ] || grep -E "^(FAILED|E  |>|test_fp8.py:[0-9]+)" "$out/pytest_fp8.log" | cut -c1-200 | head -30
 fp8_ok=$rc
 
 if [ "${FP8_FULL_PYTEST:-1}" = 1 ] && [ "$(left)" -gt 300 ]; then
@@ -93,6 +100,7 @@ if [ "${FP8_BENCH:-1}" = 1 ] && [ "$fp8_ok" = 0 ] && [ "$(left)" -gt 90 ]; then
 fi
 
 echo
+cat "$out/diagnose.log"
 [ -f "$out/bench/forward_fp8.md" ] && sed -n '/^| shape/,$p' "$out/bench/forward_fp8.md" | cut -d'|' -f1-6,10-12 | head -40
 echo
 printf '%s\n' "${rows[@]}"

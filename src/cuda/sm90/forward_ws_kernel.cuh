@@ -99,7 +99,7 @@ struct WsForwardConfig {
   // the TMA warp want 32 (ptxas allocates the two roles together), and the consumers about
   // as many as the 16-bit ones (more live values for the descales: they spill at 224): 40 /
   // 232 at head dim 128, 32 / 240 at 256 (S 64 + O 128 + P 16 serialise the wgmmas at 232).
-  static constexpr int kProducerRegisters = kFp8 ? (kHeadDim <= 128 ? 40 : 32) : kConsumers == 3 ? 32 : 24;
+  static constexpr int kProducerRegisters = kFp8 ? (kHeadDim <= 128 ? 40 : 24) : kConsumers == 3 ? 32 : 24;
   static constexpr int kConsumerRegisters = kFp8 ? (kHeadDim <= 128 ? 232 : 240) : kConsumers == 2 ? 240 : 160;
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   static_assert(kHeadDim % kPanelCols == 0 && kHeadDim <= 256 && kBlockN % 32 == 0 && kBlockN <= 256, "shapes");
