@@ -102,6 +102,12 @@ struct WsForwardConfig {
   static constexpr int kProducerRegisters = kFp8 ? (kHeadDim <= 128 ? 40 : 24) : kConsumers == 3 ? 32 : 24;
   static constexpr int kConsumerRegisters = kFp8 ? (kHeadDim <= 128 ? 232 : 240) : kConsumers == 2 ? 240 : 160;
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+  // setmaxnreg shares out only the registers the CTA launched with (ptxas gives each thread
+  // 65,536 / kThreads rounded down to a multiple of 8): asking for more makes the consumers'
+  // setmaxnreg.inc wait forever.
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <=
+                    65536 / (128 * (1 + kConsumers)) / 8 * 8 * (128 * (1 + kConsumers)),
+                "the register split fits the CTA's launch registers");
   static_assert(kHeadDim % kPanelCols == 0 && kHeadDim <= 256 && kBlockN % 32 == 0 && kBlockN <= 256, "shapes");
   static_assert(sizeof(Element) == 2 || sizeof(Element) == 1, "16-bit or FP8 elements");
   // FP8: a Vt row is one block's keys, one 128-byte panel; a tile's rows share a q descale.
