@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "api/params.hpp"
+#include "common/knobs.hpp"
 #include "cuda/devices.hpp"
 #include "cuda/head_dim_padding.hpp"
 
@@ -397,7 +398,14 @@ Backend resolve_backend(const Execution& execution, const TensorView& q) {
       fail("q", "a tensor in GPU memory for the cuda backend", "a tensor on " +
                                                                  device_string(q.device));
     // FP8 (the forward only: the other calls refuse it with their dtypes) runs on the Hopper
-    // kernel, which takes head dims up to 256; the GPU's kind is checked where it runs.
+    // kernel, which takes head dims up to 256; the GPU's kind is checked where it runs. Until
+    // that kernel has passed its tests on a GPU it runs only on request (knobs.hpp).
+    if (q.dtype == DType::Float8E4M3 && !knobs::cuda_fp8_enabled())
+      unsupported("q",
+                  "dtype fp16 or bf16 for the cuda backend (its fp8_e4m3 kernel has not yet "
+                  "passed its GPU tests: FLASHATTN_CUDA_FP8=1 runs it; the cpu backend runs "
+                  "fp8_e4m3 inputs)",
+                  "dtype fp8_e4m3");
     if (q.dtype != DType::Float16 && q.dtype != DType::BFloat16 && q.dtype != DType::Float8E4M3)
       unsupported("q", "dtype fp16, bf16 or (forward) fp8_e4m3 for the cuda backend",
                   std::string("dtype ") + dtype_name(q.dtype));

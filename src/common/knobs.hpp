@@ -24,6 +24,7 @@ inline constexpr char kSm90ForwardShape[] = "FLASHATTN_SM90_FORWARD_SHAPE";
 inline constexpr char kSm90BackwardLoads[] = "FLASHATTN_SM90_BACKWARD_LOADS";
 inline constexpr char kCudaDqAtomics[] = "FLASHATTN_CUDA_DQ_ATOMICS";
 inline constexpr char kCpuAmx[] = "FLASHATTN_CPU_AMX";
+inline constexpr char kCudaFp8[] = "FLASHATTN_CUDA_FP8";
 // Read only in tuning builds (-DFLASHATTN_SM80_TUNING=ON).
 inline constexpr char kCudaGrid[] = "FLASHATTN_CUDA_GRID";
 inline constexpr char kKvCacheConfig[] = "FLASHATTN_KVCACHE_CONFIG";
@@ -113,6 +114,16 @@ inline int64_t shared_bytes_limit(int64_t device_limit) {
 inline bool dq_atomics_forced() {
   const char* forced = value(kCudaDqAtomics);
   return forced != nullptr && std::strcmp(forced, "1") == 0;
+}
+
+// FLASHATTN_CUDA_FP8=1 lets fp8_e4m3 calls reach the Hopper FP8 kernel, which CUDA refuses
+// otherwise until its first GPU run passes its tests (issue 31: the first one, 2026-12-07,
+// failed at head dim 128 and hung at 256; the hang is fixed, the failure not yet found).
+inline bool cuda_fp8_enabled() {
+  const char* set = value(kCudaFp8);
+  if (set == nullptr || *set == '\0' || std::strcmp(set, "0") == 0) return false;
+  if (std::strcmp(set, "1") == 0) return true;
+  throw Error(ErrorCode::InvalidArgument, kCudaFp8, "0, 1 or unset", std::string(set));
 }
 
 // FLASHATTN_CPU_AMX=0 keeps the CPU engine's bf16 matrix products in fp32 on processors with
