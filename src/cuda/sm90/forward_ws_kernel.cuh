@@ -96,9 +96,10 @@ struct WsForwardConfig {
   static constexpr int kSharedBytes = kBaseBytes + (kSeparateO ? 1024 + kQBytes : kBarrierBytes);
   // Registers per thread: 128 x 24 + 256 x 240 = 64,512 of the 65,536 of the SM with two
   // consumers, 128 x 32 + 384 x 160 = 65,536 with three. FP8: the transposing warps beside
-  // the TMA warp want 32 (ptxas allocates the two roles together), and the consumers about
-  // as many as the 16-bit ones (more live values for the descales: they spill at 224): 40 /
-  // 232 at head dim 128, 32 / 240 at 256 (S 64 + O 128 + P 16 serialise the wgmmas at 232).
+  // the TMA warp want 32 or more (ptxas allocates the two roles together), and the consumers
+  // about as many as the 16-bit ones (more live values for the descales: they spill at 224):
+  // 40 / 232 at head dim 128. At 256 the consumers need 240 (S 64 + O 128 + P 16 serialise
+  // the wgmmas at 232), which leaves the producer 24, where it spills 84 bytes (issue 31).
   static constexpr int kProducerRegisters = kFp8 ? (kHeadDim <= 128 ? 40 : 24) : kConsumers == 3 ? 32 : 24;
   static constexpr int kConsumerRegisters = kFp8 ? (kHeadDim <= 128 ? 232 : 240) : kConsumers == 2 ? 240 : 160;
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
