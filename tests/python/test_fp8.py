@@ -296,18 +296,39 @@ def quantized(b, s, h, d, generator, block_scaling, num_heads_k=None):
     return flashattn.quantize_fp8(x, num_heads_k=num_heads_k, block_scaling=block_scaling)
 
 
+# The FP8 tensor cores keep about 13-14 bits of each product sum (not fp32's 24), so a score
+# of the kernel may be off by 2^-10 of its row's absolute dot products |q| . |k| (scaled),
+# over the 4-8 wgmmas of a head dim; that error reaches lse directly and P's exponentials.
+FP8_SUM_ERROR = 2.0 ** -10
+
+
 def expect_kernel_result(out, q8, k8, v8, qd, kd, vd, **options):
-    """out (bf16, on the GPU) against kernel_emulation: RMSE within bf16's rounding and the
-    fp32 arithmetic, the largest error within a few e4m3 roundings of one probability (a
-    probability at a rounding boundary may round the other way in fp32); a wrong key order
-    or factor gives errors of the order of V's spread."""
+    """out (bf16, on the GPU) against kernel_emulation: the RMS error within 1% of the RMS
+    output (bf16's rounding, the tensor cores' sums, and the few probabilities that round the
+    other way at an e4m3 boundary), the largest within 1/8 of the largest output. Without P's
+    rounding (the CPU path) the RMS error is a few per cent; a wrong key order, block or
+    factor gives errors of the order of the outputs themselves."""
     emulated = kernel_emulation(q8, k8, v8, qd, kd, vd, **options)
     got = out.double().cpu()
     assert got.shape == emulated.shape and torch.isfinite(got).all()
     rms = emulated.pow(2).mean().sqrt().item()
     error = (got - emulated).abs()
-    assert error.pow(2).mean().sqrt().item() <= 4e-3 * rms, (error.pow(2).mean().sqrt().item(), rms)
-    assert error.max().item() <= 2.0 ** -5 * emulated.abs().max().item(), error.max().item()
+    assert error.pow(2).mean().sqrt().item() <= 1e-2 * rms, (error.pow(2).mean().sqrt().item(), rms)
+    assert error.max().item() <= 2.0 ** -3 * emulated.abs().max().item(), error.max().item()
+
+
+def expect_lse(lse, q8, k8, v8, qd, kd, vd, causal, window, softcap):
+    """lse does not see P's rounding: against float64 of the dequantised inputs, within the
+    tensor cores' sums (FP8_SUM_ERROR of each row's largest scaled |q| . |k|)."""
+    qf, kf, vf = (dequantize_fp8(x, f).double() for x, f in ((q8, qd), (k8, kd), (v8, vd)))
+    _, lse64 = reference(qf.numpy(), kf.numpy(), vf.numpy(), causal=causal, window=window, softcap=softcap)
+    group = q8.shape[2] // k8.shape[2]
+    absolute = torch.einsum("bqhd,bkhd->bhqk", qf.abs(), kf.abs().repeat_interleave(group, dim=2))
+    bound = FP8_SUM_ERROR * absolute.amax(dim=-1).numpy() / math.sqrt(q8.shape[-1]) + 1e-5 * np.abs(lse64)
+    lse = lse.double().cpu().numpy()
+    finite = np.isfinite(lse64)
+    assert (np.isfinite(lse) == finite).all()
+    assert (np.abs(lse - lse64)[finite] <= bound[finite]).all(), np.abs(lse - lse64)[finite].max()
 
 
 @hopper
@@ -325,13 +346,7 @@ def test_cuda_forward_matches_the_kernel_emulation(fp8_kernel, d, block_scaling,
     out, lse, _ = flashattn.flash_attn_func(*cuda[:3], q_descale=cuda[3], k_descale=cuda[4],
                                             v_descale=cuda[5], return_attn_probs=True, **options)
     expect_kernel_result(out, q8, k8, v8, qd, kd, vd, causal=causal, window=window, softcap=softcap)
-    # lse does not see the rounding of P: against float64 of the dequantised inputs.
-    _, lse64 = reference(dequantize_fp8(q8, qd).double().numpy(), dequantize_fp8(k8, kd).double().numpy(),
-                         dequantize_fp8(v8, vd).double().numpy(), causal=causal, window=window, softcap=softcap)
-    lse = lse.double().cpu().numpy()
-    finite = np.isfinite(lse64)
-    assert (np.isfinite(lse) == finite).all()
-    assert np.abs(lse[finite] - lse64[finite]).max() <= 1e-3
+    expect_lse(lse, q8, k8, v8, qd, kd, vd, causal, window, softcap)
 
 
 @hopper
