@@ -1,5 +1,5 @@
 """The benchmarks in bench/ run through the installed package: forward.py, backward.py,
-decode.py, overhead.py, forward_features.py and grid.py with --device cpu --quick (the CPU
+decode.py, overhead.py, forward_features.py, forward_fp8.py and grid.py with --device cpu --quick (the CPU
 backend, tiny shapes; the peers and CUDA graphs are recorded as not available), each writing
 its JSON with the check of ours passed; forward_features.py with a row of each feature and
 its FLOP counts (the window's visible pairs, the sum over the ragged sequences); grid.py's
@@ -28,7 +28,7 @@ def run(script, out, *extra):
 
 
 @pytest.mark.parametrize("script", ["forward.py", "backward.py", "decode.py", "overhead.py",
-                                    "forward_features.py"])
+                                    "forward_features.py", "forward_fp8.py"])
 def test_a_benchmark_runs_ours_and_checks_it(script, tmp_path):
     run(script, tmp_path)
     name = script[:-3]
