@@ -33,13 +33,15 @@ struct TunedWsForward {
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
   using Config = WsForwardConfig<E, kHeadDim, kBlockN, 2, kHeadDim <= 128>;
 };
-// FP8 (e4m3), head dims 128 and 256 (128-column buckets): 128 x 128 tiles (a transposed V row
-// is one 128-key block, and a tile's rows one q descale block), two stages of K, V and its
-// transposed copy (112 and 224 KiB), the consumers' wgmmas taking turns at 128 as above. Not
-// yet tuned by measurement.
+// FP8 (e4m3), head dims 128 and 256 (128-column buckets): 128-row tiles (a tile's rows one q
+// descale block); 128-key blocks at 128 and 64 at 256, where S 64 + O 128 + P 16 registers
+// would leave the producer warpgroup 24, too few beside the transposing warps (the
+// registers' comment in forward_ws_kernel.cuh); two stages of K, V and its transposed copy
+// (112 and 160 KiB), the consumers' wgmmas taking turns at 128 as above. Not yet tuned by
+// measurement.
 template <int kHeadDim>
 struct TunedWsForward<__nv_fp8_e4m3, kHeadDim> {
-  using Config = WsForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, 2, kHeadDim <= 128>;
+  using Config = WsForwardConfig<__nv_fp8_e4m3, kHeadDim, kHeadDim <= 128 ? 128 : 64, 2, kHeadDim <= 128>;
 };
 // At 64 plain calls (the general variant spills at 160 registers) take a second shape with
 // three consumer warpgroups: 192 query rows x 128 keys, registers 32 / 160 (S 64 + P 32 + O 32),

@@ -80,6 +80,9 @@ struct WsForwardConfig {
   static constexpr int kPanels = kHeadDim / kPanelCols;
   static constexpr int kQBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
   static constexpr int kTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
+  // FP8's transposed V tile: a 128-byte row per head-dim column, its first kBlockN bytes the
+  // block's keys (the swizzle's row; 64-key blocks leave half of each row unused).
+  static constexpr int kVtBytes = kFp8 ? kHeadDim * 128 : 0;
   // The rings: K and V, and with FP8 V's transposed copies (Vt), a full and an empty barrier
   // per buffer; the producer's other three warps transpose.
   static constexpr int kRings = kFp8 ? 3 : 2;
@@ -89,7 +92,7 @@ struct WsForwardConfig {
   // (as large as Q) where the 227 KiB of an H100/H200 CTA hold it; else O is staged in Q's
   // rows. The barriers' area is padded to a whole atom when O's buffer follows it. FP8 stores
   // O (bf16, twice Q's bytes) from registers.
-  static constexpr int kBaseBytes = 1024 + kQBytes + kRings * kStages * kTileBytes;
+  static constexpr int kBaseBytes = 1024 + kQBytes + kStages * (2 * kTileBytes + kVtBytes);
   static constexpr bool kSeparateO = !kFp8 && kBaseBytes + 1024 + kQBytes <= 227 * 1024;
   static constexpr bool kOInQ = !kFp8 && !kSeparateO;
   static_assert(kBarrierBytes <= 1024, "the barriers fit one atom");
@@ -98,10 +101,10 @@ struct WsForwardConfig {
   // consumers, 128 x 32 + 384 x 160 = 65,536 with three. FP8: the transposing warps beside
   // the TMA warp want 32 or more (ptxas allocates the two roles together), and the consumers
   // about as many as the 16-bit ones (more live values for the descales: they spill at 224):
-  // 40 / 232 at head dim 128. At 256 the consumers need 240 (S 64 + O 128 + P 16 serialise
-  // the wgmmas at 232), which leaves the producer 24, where it spills 84 bytes (issue 31).
-  static constexpr int kProducerRegisters = kFp8 ? (kHeadDim <= 128 ? 40 : 24) : kConsumers == 3 ? 32 : 24;
-  static constexpr int kConsumerRegisters = kFp8 ? (kHeadDim <= 128 ? 232 : 240) : kConsumers == 2 ? 240 : 160;
+  // 40 / 232 (at head dim 256 with 128-key blocks the consumers needed 240 for S 64 + O 128 +
+  // P 16, which left the producer 24, where it spilled 84 bytes: 256 takes 64-key blocks).
+  static constexpr int kProducerRegisters = kFp8 ? 40 : kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegisters = kFp8 ? 232 : kConsumers == 2 ? 240 : 160;
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   // setmaxnreg shares out only the registers the CTA launched with (ptxas gives each thread
   // 65,536 / kThreads rounded down to a multiple of 8): asking for more makes the consumers'
@@ -111,8 +114,10 @@ struct WsForwardConfig {
                 "the register split fits the CTA's launch registers");
   static_assert(kHeadDim % kPanelCols == 0 && kHeadDim <= 256 && kBlockN % 32 == 0 && kBlockN <= 256, "shapes");
   static_assert(sizeof(Element) == 2 || sizeof(Element) == 1, "16-bit or FP8 elements");
-  // FP8: a Vt row is one block's keys, one 128-byte panel; a tile's rows share a q descale.
-  static_assert(!kFp8 || (kBlockN == 128 && kConsumers == 2 && kBlockM == kFp8ScaleBlockRows), "FP8 shapes");
+  // FP8: a Vt row holds one block's keys within one 128-byte panel, a key block lies in one
+  // descale block, and a tile's rows share a q descale.
+  static_assert(!kFp8 || ((kBlockN == 64 || kBlockN == 128) && kConsumers == 2 && kBlockM == kFp8ScaleBlockRows),
+                "FP8 shapes");
 };
 
 // The kernel's parameters: the four tensor maps (64-byte aligned, read by the TMA unit from
@@ -146,7 +151,7 @@ struct WsShared {
     k = q + Cfg::kQBytes;
     v = k + Cfg::kStages * Cfg::kTileBytes;
     vt = v + Cfg::kStages * Cfg::kTileBytes;
-    barriers = reinterpret_cast<uint64_t*>(aligned + Cfg::kQBytes + Cfg::kRings * Cfg::kStages * Cfg::kTileBytes);
+    barriers = reinterpret_cast<uint64_t*>(aligned + Cfg::kQBytes + Cfg::kStages * (2 * Cfg::kTileBytes + Cfg::kVtBytes));
     o = Cfg::kSeparateO ? ptx::shared_address(barriers) + 1024 : q;  // the atom after the barriers
   }
   __device__ Mbarrier q_full() const { return {barriers}; }
@@ -354,57 +359,56 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
 
 // FP8: the wgmma of O += P V takes its B operand K-major only (FP8 wgmmas have no
 // transpose), so the producer's warps 1-3 copy each V block (kBlockN keys x head dim, as TMA
-// loaded it) into the transposed ring: row d of a Vt buffer holds column d of V, its 128 key
-// slots one 128-byte swizzled row. Within every 32 keys the slots are permuted to match P's
-// A fragments, which the consumers pack straight from the S accumulators (s_to_p): slot
-// 4 q + i (q < 4, i < 4) of each 16 holds key 2 q + (i & 1) + 8 (i >> 1). A unit of work is
-// a 16-column chunk of V, in four rounds: lane l takes slot group l (four keys) and one word
-// (4 columns) of the chunk, turned with the round, loads it from its four key rows, gathers
-// each column's four bytes (a 4 x 4 byte transpose) and stores the column's 32-bit word of
-// slots. The lanes' loads fall on 16 distinct banks, their stores on 32.
-// The warps take the V blocks in the ring's order until the producer marks the end
-// (values_end): they need not walk the tiles, whose 64-bit index arithmetic would not fit
-// their 32 registers.
+// loaded it) into the transposed ring: row d of a Vt buffer holds column d of V, its key
+// slots the first kBlockN bytes of one 128-byte swizzled row. Within every 32 keys the slots
+// are permuted to match P's A fragments, which the consumers pack straight from the S
+// accumulators (s_to_p): slot 4 q + i (q < 4, i < 4) of each 16 holds key
+// 2 q + (i & 1) + 8 (i >> 1). A unit of work is a 16-column chunk of V, in four rounds: lane l
+// takes slot group l (four keys; lanes past the block's keys idle) and one word (4 columns)
+// of the chunk, turned with the round, loads it from its four key rows, gathers each
+// column's four bytes (a 4 x 4 byte transpose) and stores the column's 32-bit word of slots.
+// The lanes' loads fall on 16 distinct banks, their stores on 32. The warps take the V
+// blocks in the ring's order until the producer marks the end (values_end): they need not
+// walk the tiles, whose 64-bit index arithmetic would not fit the producer's registers.
 template <typename Cfg>
 __device__ __forceinline__ void transpose_values(const WsShared<Cfg>& sh, int transposer) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
+  const bool has_slots = 4 * lane < Cfg::kBlockN;
   // The block-relative key of the lane's slot 4 lane (the others: + 1, + 8, + 9).
   const int key0 = 32 * (lane / 8) + 16 * (lane / 4 % 2) + 2 * (lane % 4);
   const int slot_chunk = lane / 4, slot_word = lane % 4;  // the 16-byte chunk and word of Vt rows
   constexpr int kUnits = Cfg::kPanels * 8 * 4;            // (panel, 16-byte chunk, round)
   for (int iteration = 0;; ++iteration) {
-    {
-      const RingSlot slot = ring_slot<Cfg::kStages>(iteration);
-      sh.full(kValuesRing, slot.stage).wait(slot.parity);
-      if (*sh.values_end() != 0) return;
-      sh.empty(kTransposedRing, slot.stage).wait(slot.parity ^ 1);
-      const uint32_t from = sh.v + slot.stage * Cfg::kTileBytes, to = sh.vt + slot.stage * Cfg::kTileBytes;
+    const RingSlot slot = ring_slot<Cfg::kStages>(iteration);
+    sh.full(kValuesRing, slot.stage).wait(slot.parity);
+    if (*sh.values_end() != 0) return;
+    sh.empty(kTransposedRing, slot.stage).wait(slot.parity ^ 1);
+    const uint32_t from = sh.v + slot.stage * Cfg::kTileBytes, to = sh.vt + slot.stage * Cfg::kVtBytes;
 #pragma unroll 1
-      for (int unit = transposer; unit < kUnits; unit += Cfg::kTransposeWarps) {
-        const int panel = unit / 32, chunk = unit / 4 % 8, word = (slot_chunk + unit) % 4;
-        uint32_t x[4];
+    for (int unit = transposer; has_slots && unit < kUnits; unit += Cfg::kTransposeWarps) {
+      const int panel = unit / 32, chunk = unit / 4 % 8, word = (slot_chunk + unit) % 4;
+      uint32_t x[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = key0 + (i & 1) + 8 * (i >> 1);
-          x[i] = ptx::ld_shared_32(from + (panel * Cfg::kBlockN + key) * 128 + ((chunk ^ (key % 8)) << 4) + word * 4);
-        }
-        // Byte j of the four words is column 4 word + j of the four keys: gather each column.
-        const uint32_t ab01 = __byte_perm(x[0], x[1], 0x5140), cd01 = __byte_perm(x[2], x[3], 0x5140);
-        const uint32_t ab23 = __byte_perm(x[0], x[1], 0x7362), cd23 = __byte_perm(x[2], x[3], 0x7362);
-        const uint32_t columns[4] = {__byte_perm(ab01, cd01, 0x5410), __byte_perm(ab01, cd01, 0x7632),
-                                     __byte_perm(ab23, cd23, 0x5410), __byte_perm(ab23, cd23, 0x7632)};
+      for (int i = 0; i < 4; ++i) {
+        const int key = key0 + (i & 1) + 8 * (i >> 1);
+        x[i] = ptx::ld_shared_32(from + (panel * Cfg::kBlockN + key) * 128 + ((chunk ^ (key % 8)) << 4) + word * 4);
+      }
+      // Byte j of the four words is column 4 word + j of the four keys: gather each column.
+      const uint32_t ab01 = __byte_perm(x[0], x[1], 0x5140), cd01 = __byte_perm(x[2], x[3], 0x5140);
+      const uint32_t ab23 = __byte_perm(x[0], x[1], 0x7362), cd23 = __byte_perm(x[2], x[3], 0x7362);
+      const uint32_t columns[4] = {__byte_perm(ab01, cd01, 0x5410), __byte_perm(ab01, cd01, 0x7632),
+                                   __byte_perm(ab23, cd23, 0x5410), __byte_perm(ab23, cd23, 0x7632)};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int row = panel * 128 + chunk * 16 + word * 4 + j;
-          ptx::st_shared_32(to + row * 128 + ((slot_chunk ^ (row % 8)) << 4) + slot_word * 4, columns[j]);
-        }
+      for (int j = 0; j < 4; ++j) {
+        const int row = panel * 128 + chunk * 16 + word * 4 + j;
+        ptx::st_shared_32(to + row * 128 + ((slot_chunk ^ (row % 8)) << 4) + slot_word * 4, columns[j]);
       }
-      ptx::fence_proxy_async_shared();  // the copies, visible to the wgmmas that read them
-      __syncwarp();
-      if (lane == 0) {
-        sh.full(kTransposedRing, slot.stage).arrive();
-        sh.empty(kValuesRing, slot.stage).arrive();
-      }
+    }
+    ptx::fence_proxy_async_shared();  // the copies, visible to the wgmmas that read them
+    __syncwarp();
+    if (lane == 0) {
+      sh.full(kTransposedRing, slot.stage).arrive();
+      sh.empty(kValuesRing, slot.stage).arrive();
     }
   }
 }
@@ -459,7 +463,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       named_barrier_arrive(kTurnBarrier + (consumer == 2 ? 0 : consumer + 1), kTurnThreads);
   };
   const auto issue_pv = [&](float (&o)[kOTiles * 4], const uint32_t (&pf)[kPSteps][4], int stage) {
-    const uint64_t v_stage = v_desc + ((stage * Cfg::kTileBytes) >> 4);
+    const uint64_t v_stage = v_desc + ((stage * (kFp8 ? Cfg::kVtBytes : Cfg::kTileBytes)) >> 4);
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) OMma::rs(o, pf[kk], v_stage + ((kFp8 ? kk * 32 : kk * 16 * 128) >> 4));
   };
