@@ -407,7 +407,7 @@ Backend resolve_backend(const Execution& execution, const TensorView& q) {
                   "fp8_e4m3 inputs)",
                   "dtype fp8_e4m3");
     if (q.dtype != DType::Float16 && q.dtype != DType::BFloat16 && q.dtype != DType::Float8E4M3)
-      unsupported("q", "dtype fp16, bf16 or (forward) fp8_e4m3 for the cuda backend",
+      unsupported("q", "dtype fp16 or bf16 (a forward: fp8_e4m3 too) for the cuda backend",
                   std::string("dtype ") + dtype_name(q.dtype));
   }
   return backend;
