@@ -362,7 +362,8 @@ def test_cuda_varlen_and_paged_match_the_dense_calls(fp8_kernel):
     k8, _ = quantized(1, sum(lengths_k), hk, d, g, False)
     v8, _ = quantized(1, sum(lengths_k), hk, d, g, False)
     q8, k8, v8 = q8[0], k8[0], v8[0]
-    qd, kd, vd = (torch.exp2(torch.empty(4, hk, 5).uniform_(-3, -1, generator=g)) for _ in range(3))
+    # Per-block factors: ceil(max_seqlen / 128) blocks (3 for q, 4 for k and v).
+    qd, kd, vd = (torch.exp2(torch.empty(4, hk, n).uniform_(-3, -1, generator=g)) for n in (3, 4, 4))
     cuda = dict(q_descale=qd.cuda(), k_descale=kd.cuda(), v_descale=vd.cuda())
     out = flashattn.flash_attn_varlen_func(q8.cuda(), k8.cuda(), v8.cuda(), cu_q.cuda(), cu_k.cuda(),
                                            max(lengths_q), max(lengths_k), causal=True, **cuda).cpu()
