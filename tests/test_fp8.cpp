@@ -351,8 +351,9 @@ TEST(Fp8Forward, TheKernelRuleIsTight) {
                                exact.out, plain.out);
   EXPECT_TRUE(rule.passed());
   EXPECT_LT(rule.tolerance, 0.05 * largest) << rule.tolerance << " vs largest " << largest;
-  if (kTestBackend == Backend::CPU)  // the CPU engine does not round P; the kernel does
+  if (kTestBackend == Backend::CPU) {  // the CPU engine does not round P; the kernel does
     EXPECT_LT(rule.max_abs_error, 0.5 * rule.tolerance) << rule.max_abs_error << " vs " << rule.tolerance;
+  }
 }
 
 // ---- Errors: each names the argument, what was expected and what was given.

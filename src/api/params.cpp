@@ -36,6 +36,7 @@ Descale descale_of(const std::optional<TensorView>& factors) {
   d.batch_stride = factors->strides[0];
   d.head_stride = factors->strides[1];
   d.block_stride = factors->ndim == 3 ? factors->strides[2] : 0;
+  d.blocks = factors->ndim == 3 ? factors->sizes[2] : 1;
   return d;
 }
 

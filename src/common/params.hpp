@@ -13,15 +13,18 @@ namespace flashattn::detail {
 // The descale factors of one FP8 input (Options::q_descale and the like): row `row` (its
 // position within sequence b) of key/value head hk stands for its stored value times
 // data[b * batch_stride + hk * head_stride + (row / kFp8ScaleBlockRows) * block_stride].
-// Per-(batch, head) factors have block_stride 0; null data means a factor of 1.
+// Per-(batch, head) factors have block_stride 0; null data means a factor of 1. A row past
+// the factors' `blocks` (a varlen sequence in device memory longer than the max_seqlen the
+// factors were sized by, which nothing checked) takes NaN: its outputs come out NaN rather
+// than a factor read from outside the tensor.
 struct Descale {
   const float* data = nullptr;
-  int64_t batch_stride = 0, head_stride = 0, block_stride = 0;
+  int64_t batch_stride = 0, head_stride = 0, block_stride = 0, blocks = 1;
 
   FA_HOST_DEVICE float at(int32_t b, int32_t hk, int64_t row) const {
-    return data == nullptr ? 1.0f
-                           : data[b * batch_stride + hk * head_stride +
-                                  (row / kFp8ScaleBlockRows) * block_stride];
+    if (data == nullptr) return 1.0f;
+    const int64_t block = block_stride == 0 ? 0 : row / kFp8ScaleBlockRows;
+    return block < blocks ? data[b * batch_stride + hk * head_stride + block * block_stride] : __builtin_nanf("");
   }
 };
 

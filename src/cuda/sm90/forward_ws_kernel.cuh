@@ -501,7 +501,8 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     // before it is rounded to e4m3 (at most 1, so P stays in range), out by v_unit at the end.
     float tile_exp_scale = exp_scale, v_unit = 1.0f, q_factor = 1.0f;
     bool fold_factors = true;
-    if constexpr (kFp8) {
+    // (A tile without key blocks reads no k or v factor: a sequence without keys may have none.)
+    if (kFp8 && tile.n_blocks > 0) {
       const int hk = tile.h / p.group_size();
       q_factor = p.q_descale.at(tile.b, hk, m0);
       const float qk = q_factor * p.k_descale.at(tile.b, hk, tile.keys.begin);
