@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/numeric.hpp"
+#include "common/params.hpp"
 #include "flashattn/flashattn.h"
 #include "reference/reference.hpp"
 #include "support.hpp"
@@ -354,6 +355,27 @@ TEST(Fp8Forward, TheKernelRuleIsTight) {
   if (kTestBackend == Backend::CPU) {  // the CPU engine does not round P; the kernel does
     EXPECT_LT(rule.max_abs_error, 0.5 * rule.tolerance) << rule.max_abs_error << " vs " << rule.tolerance;
   }
+}
+
+// The kernels' view of a descale (common/params.hpp): per block of 128 rows, per (batch,
+// head), absent; a row past the factors' blocks (a varlen sequence on the GPU longer than the
+// max_seqlen they were sized by: nothing on the host saw it) reads nothing and gives NaN.
+TEST(Fp8Descale, RowsPastTheBlocksTakeNaNInsteadOfAReadOutside) {
+  const float factors[2 * 3] = {1, 2, 3, 4, 5, 6};  // (B = 1, Hk = 2, blocks = 3)
+  detail::Descale blocked;
+  blocked.data = factors;
+  blocked.batch_stride = 6;
+  blocked.head_stride = 3;
+  blocked.block_stride = 1;
+  blocked.blocks = 3;
+  EXPECT_EQ(blocked.at(0, 1, 0), 4.0f);
+  EXPECT_EQ(blocked.at(0, 1, 2 * kFp8ScaleBlockRows + 127), 6.0f);
+  EXPECT_TRUE(std::isnan(blocked.at(0, 1, 3 * kFp8ScaleBlockRows)));
+  detail::Descale per_head = blocked;
+  per_head.block_stride = 0;
+  per_head.blocks = 1;
+  EXPECT_EQ(per_head.at(0, 1, 1000000), 4.0f);
+  EXPECT_EQ(detail::Descale{}.at(0, 1, 5), 1.0f);
 }
 
 // ---- Errors: each names the argument, what was expected and what was given.
