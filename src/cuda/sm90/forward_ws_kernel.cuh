@@ -717,45 +717,43 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
         p.lse[tile.b * p.lse_batch_stride + tile.h * p.lse_head_stride + seq.q_row0 + i] =
             l == 0.0f ? -INFINITY : (row_max[r] * tile_exp_scale + log2f(l)) * 0.6931471805599453f;
     }
-    if constexpr (kFp8) {
-      ++tile_count;
-      continue;
-    }
-    // The rows' generic-proxy writes, made visible to the TMA unit, then one thread's store.
-    // A varlen tensor holds the next sequence's rows after this one's: a warp whose rows
-    // cross the end writes the rows inside from the staging buffer itself.
-    ptx::fence_proxy_async_shared();
-    __syncwarp();
-    // (The warp's first row behind an opaque copy, for the reason above.)
-    int64_t warp_m0 = m0 + warp_row0;
-    asm volatile("" : "+l"(warp_m0));
-    const int64_t rows_left = seq.seqlen_q - warp_m0;
-    if (!Cfg::kTakesVarlen || !p.is_varlen() || rows_left >= kOutBoxRows) {
-      if (lane == 0) {
+    if constexpr (!kFp8) {  // FP8 stored its rows above
+      // The rows' generic-proxy writes, made visible to the TMA unit, then one thread's store.
+      // A varlen tensor holds the next sequence's rows after this one's: a warp whose rows
+      // cross the end writes the rows inside from the staging buffer itself.
+      ptx::fence_proxy_async_shared();
+      __syncwarp();
+      // (The warp's first row behind an opaque copy, for the reason above.)
+      int64_t warp_m0 = m0 + warp_row0;
+      asm volatile("" : "+l"(warp_m0));
+      const int64_t rows_left = seq.seqlen_q - warp_m0;
+      if (!Cfg::kTakesVarlen || !p.is_varlen() || rows_left >= kOutBoxRows) {
+        if (lane == 0) {
 #pragma unroll
-        for (int panel = 0; panel < Cfg::kPanels; ++panel)
-          tma_store(&args.out, sh.o + panel * kBlockM * 128 + warp_row0 * 128, panel * 64,
-                    static_cast<int32_t>(seq.q_row0 + warp_m0), tile.h, p.is_varlen() ? 0 : tile.b);
+          for (int panel = 0; panel < Cfg::kPanels; ++panel)
+            tma_store(&args.out, sh.o + panel * kBlockM * 128 + warp_row0 * 128, panel * 64,
+                      static_cast<int32_t>(seq.q_row0 + warp_m0), tile.h, p.is_varlen() ? 0 : tile.b);
+        }
+      } else if (rows_left > 0) {
+        Element* out_rows = static_cast<Element*>(p.out) + (seq.q_row0 + warp_m0) * p.out_row_stride +
+                            int64_t{tile.h} * p.out_head_stride;
+        // 16-byte chunks: 8 per panel row, row-major over (row, panel, chunk).
+        for (int c = epilogue_lane; c < static_cast<int>(rows_left) * Cfg::kPanels * 8; c += 32) {
+          const int row = c / (Cfg::kPanels * 8), panel = c / 8 % Cfg::kPanels, chunk = c % 8;
+          const int col = panel * 64 + chunk * 8;
+          const int buffer_row = warp_row0 + row;
+          if (col < p.head_dim_v)
+            ptx::st_global_128(out_rows + row * p.out_row_stride + col,
+                               ptx::ld_shared_128(sh.o + panel * kBlockM * 128 + buffer_row * 128 +
+                                                  ((chunk ^ (buffer_row % 8)) << 4)));
+        }
+        __syncwarp();  // every lane's reads of the rows, before lane 0 releases them below
       }
-    } else if (rows_left > 0) {
-      Element* out_rows = static_cast<Element*>(p.out) + (seq.q_row0 + warp_m0) * p.out_row_stride +
-                          int64_t{tile.h} * p.out_head_stride;
-      // 16-byte chunks: 8 per panel row, row-major over (row, panel, chunk).
-      for (int c = epilogue_lane; c < static_cast<int>(rows_left) * Cfg::kPanels * 8; c += 32) {
-        const int row = c / (Cfg::kPanels * 8), panel = c / 8 % Cfg::kPanels, chunk = c % 8;
-        const int col = panel * 64 + chunk * 8;
-        const int buffer_row = warp_row0 + row;
-        if (col < p.head_dim_v)
-          ptx::st_global_128(out_rows + row * p.out_row_stride + col,
-                             ptx::ld_shared_128(sh.o + panel * kBlockM * 128 + buffer_row * 128 +
-                                                ((chunk ^ (buffer_row % 8)) << 4)));
-      }
-      __syncwarp();  // every lane's reads of the rows, before lane 0 releases them below
-    }
-    if constexpr (Cfg::kOInQ) {  // the next tile's Q may overwrite the rows once read
-      if (lane == 0) {
-        ptx::bulk_wait_read();
-        sh.q_empty().arrive();
+      if constexpr (Cfg::kOInQ) {  // the next tile's Q may overwrite the rows once read
+        if (lane == 0) {
+          ptx::bulk_wait_read();
+          sh.q_empty().arrive();
+        }
       }
     }
     ++tile_count;
