@@ -27,7 +27,7 @@ struct KvCall {
       sin_buf{DType::Float32, kBufferElements}, out_buf{DType::Float32, kBufferElements},
       lse_buf{DType::Float32, kBufferElements}, alibi_buf{DType::Float32, kBufferElements},
       seqlens_buf{DType::Int32, 16}, leftpad_buf{DType::Int32, 16}, idx_buf{DType::Int32, 16},
-      table_buf{DType::Int32, 16};
+      table_buf{DType::Int32, 16}, descale_buf{DType::Float32, 16};
   TensorView q, out;
   std::optional<TensorView> lse;
   KvCache cache;
@@ -70,13 +70,21 @@ struct KvCall {
 
   RunInfo run() const { return forward_kvcache(q, cache, out, lse, options, execution); }
 
+  // fp8 e4m3 caches (over the same bytes) with k_descale (B, Hk) and v_descale (Hk, B)
+  // laid side by side in descale_buf; q stays fp32.
+  void use_fp8_caches() {
+    cache.k_cache.dtype = cache.v_cache.dtype = DType::Float8E4M3;
+    options.k_descale = descale_buf.view({B, Hk});
+    options.v_descale = descale_buf.view({B, Hk}, {Hk, 1}, B * Hk);
+  }
+
   std::vector<NamedBuffer> buffers() {
     return {{"q", &q_buf},          {"k_cache", &kc_buf},     {"v_cache", &vc_buf},
             {"k_new", &kn_buf},     {"v_new", &vn_buf},       {"rotary_cos", &cos_buf},
             {"rotary_sin", &sin_buf}, {"out", &out_buf},      {"lse", &lse_buf},
             {"alibi_slopes", &alibi_buf}, {"cache_seqlens", &seqlens_buf},
             {"cache_leftpad", &leftpad_buf}, {"cache_batch_idx", &idx_buf},
-            {"block_table", &table_buf}};
+            {"block_table", &table_buf}, {"descales", &descale_buf}};
   }
 
   void all_on(Device device) {
@@ -328,6 +336,46 @@ std::vector<KvErrorCase> kvcache_cases() {
       {"alibi_H_5", [](Kv& c) { c.options.alibi_slopes = c.alibi_buf.view({5}); }, kInvalid,
        "alibi_slopes", {"(6)", "(H)"}, {"(5)"}},
 
+      // ---- FP8 caches and their descales.
+      {"k_descale_with_fp32_caches",
+       [](Kv& c) { c.options.k_descale = c.descale_buf.view({KvCall::B, KvCall::Hk}); }, kInvalid,
+       "k_descale", {"none", "fp8_e4m3 caches"}, {"caches of dtype fp32"}},
+      {"q_descale_in_kvcache",
+       [](Kv& c) {
+         c.use_fp8_caches();
+         c.options.q_descale = c.descale_buf.view({KvCall::B, KvCall::Hk});
+       },
+       kInvalid, "q_descale", {"none", "only its caches"}, {}},
+      {"fp8_k_cache_fp32_v_cache", [](Kv& c) { c.cache.k_cache.dtype = DType::Float8E4M3; },
+       kInvalid, "v_cache", {"dtype fp8_e4m3"}, {}, "dtype fp32"},
+      {"fp16_caches_for_fp32_q",
+       [](Kv& c) { c.cache.k_cache.dtype = c.cache.v_cache.dtype = DType::Float16; }, kInvalid,
+       "k_cache", {"fp32", "fp8_e4m3"}, {}, "dtype fp16"},
+      {"fp8_cache_per_block_descale",
+       [](Kv& c) {
+         c.use_fp8_caches();
+         c.options.v_descale = c.descale_buf.view({KvCall::B, KvCall::Hk, 1});
+       },
+       kInvalid, "v_descale", {"(B, Hk) = (2, 2)", "no per-block"}, {"3 dimensions"}},
+      {"fp8_cache_descale_B_H",
+       [](Kv& c) {
+         c.use_fp8_caches();
+         c.options.k_descale = c.descale_buf.view({KvCall::B, 3});
+       },
+       kInvalid, "k_descale", {"(2, 2)", "(B, Hk)"}, {"(2, 3)"}},
+      {"fp8_cache_descale_fp16",
+       [](Kv& c) {
+         c.use_fp8_caches();
+         c.options.k_descale->dtype = DType::Float16;
+       },
+       kInvalid, "k_descale", {"dtype fp32"}, {"dtype fp16"}},
+      {"fp8_cache_descale_transposed",
+       [](Kv& c) {
+         c.use_fp8_caches();
+         c.options.k_descale = c.descale_buf.view({KvCall::B, KvCall::Hk}, {1, KvCall::B});
+       },
+       kInvalid, "k_descale", {"contiguous"}, {}},
+
       // ---- What is written must not overlap what is read.
       {"out_overlaps_itself",
        [=](Kv& c) { c.out = restrided(c.out, {KB, KSq, KH, KD}, {KSq * KH * KD, 0, KD, 1}); },
@@ -445,6 +493,14 @@ TEST(KvCacheValidCalls, BaseCallAndVariantsAreAccepted) {
       {"base", [](KvCall&) {}},
       {"paged", [](KvCall& c) { c.make_paged(); }},
       {"cache_batch_idx", [](KvCall& c) { c.use_batch_idx(); }},
+      {"fp8 caches", [](KvCall& c) { c.use_fp8_caches(); }},
+      {"fp8 paged caches without descales",
+       [](KvCall& c) {
+         c.make_paged();
+         c.use_fp8_caches();
+         c.options.k_descale.reset();
+         c.options.v_descale.reset();
+       }},
       // Pages past what a sequence uses are never read: any value.
       {"garbage in unused block-table slots",
        [](KvCall& c) {

@@ -48,6 +48,10 @@ struct KvCase {
   bool with_lse = true;
   bool empty_new = false;  // seqlen_new = 0 passed as empty k_new/v_new instead of none
   int32_t num_threads = 0;
+  // fp8 e4m3 caches (q and k_new/v_new keep dtype) with random k_descale/v_descale (B, Hk).
+  bool fp8_cache = false;
+
+  DType cache_dtype() const { return fp8_cache ? DType::Float8E4M3 : dtype; }
 
   std::string describe() const {
     std::string s = name + ": B=" + std::to_string(seqlens.size()) + " seqlens=(";
@@ -69,6 +73,7 @@ struct KvCase {
          (alibi == Case::Alibi::PerHead ? " alibi(H)" : "") +
          (alibi == Case::Alibi::PerBatchHead ? " alibi(B,H)" : "") +
          " num_splits=" + std::to_string(num_splits) + (with_lse ? "" : " no-lse") +
+         (fp8_cache ? " fp8-cache" : "") +
          " seed=" + std::to_string(test_seed());
     return s;
   }
@@ -87,7 +92,7 @@ struct KvProblem {
   int64_t cache_rows = 0, cache_dim1 = 0, capacity = 0, max_pages = 0;
   std::vector<int32_t> leftpad, batch_idx, table;
   Buffer q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens_buf, leftpad_buf, batch_idx_buf,
-      table_buf, slopes, out, lse;
+      table_buf, slopes, out, lse, k_descale, v_descale;
   Options options;
   KvCache cache;
   TensorView q_view, out_view, lse_view;
@@ -124,11 +129,13 @@ struct KvProblem {
 
     // The cache: NaN everywhere but the positions the sequences own before the call.
     const int64_t row = Hk * D;
-    k_cache = Buffer(c.dtype, cache_rows * cache_dim1 * row);
-    v_cache = Buffer(c.dtype, cache_rows * cache_dim1 * row);
+    k_cache = Buffer(c.cache_dtype(), cache_rows * cache_dim1 * row);
+    v_cache = Buffer(c.cache_dtype(), cache_rows * cache_dim1 * row);
     k_cache.poison();
     v_cache.poison();
-    std::normal_distribution<float> normal(0.0f, 1.0f);
+    // An fp8 cache holds values scaled by 1/descale: N(0, 64^2) spreads them over e4m3's
+    // exponents (a few saturate at 448: what the format does).
+    std::normal_distribution<float> normal(0.0f, c.fp8_cache ? 64.0f : 1.0f);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t pos = leftpad[size_t(b)]; pos < c.seqlens[size_t(b)]; ++pos)
         for (int64_t e = 0; e < row; ++e) {
@@ -188,6 +195,17 @@ struct KvProblem {
     shape.softcap = c.softcap;
     shape.alibi = c.alibi;
     options = options_of(shape, slopes);
+    if (c.fp8_cache) {
+      std::uniform_real_distribution<float> factor(1.0f / 128, 1.0f / 16);
+      k_descale = Buffer(DType::Float32, B * Hk);
+      v_descale = Buffer(DType::Float32, B * Hk);
+      for (int64_t i = 0; i < B * Hk; ++i) {
+        k_descale.set(i, factor(rng()));
+        v_descale.set(i, factor(rng()));
+      }
+      options.k_descale = k_descale.view({B, Hk});
+      options.v_descale = v_descale.view({B, Hk});
+    }
 
     out = Buffer(c.dtype, B * Sq * H * D);
     lse = Buffer(DType::Float32, B * H * Sq);
@@ -239,6 +257,9 @@ RunInfo run_on_backend(KvProblem& p, Execution execution = {}) {
   mirror(mtable, h.block_table, d.block_table);
   Options options = p.options;
   mirror(mslopes, p.options.alibi_slopes, options.alibi_slopes);
+  std::optional<DeviceMirror> mkd, mvd;
+  mirror(mkd, p.options.k_descale, options.k_descale);
+  mirror(mvd, p.options.v_descale, options.v_descale);
   mout.poison();
   mlse.poison();
   std::optional<TensorView> lse;
@@ -275,10 +296,82 @@ std::vector<int64_t> every_sequence(const KvProblem& p) {
   return all;
 }
 
+// A float64 value rounded (through fp32) to a storage dtype and back.
+double round_to(DType dtype, double x) {
+  Buffer one(dtype, 1);
+  one.set(0, static_cast<float>(x));
+  return values_of(one)[0];
+}
+
+// An fp8 cache's expectation, from the caches after the call (expect_fp8_cache_appended
+// checks what the append stored): every key and value of a sequence is its stored e4m3 value
+// times the sequence's factor for its head, q is rotated in float64 and rounded to its dtype,
+// and the result must meet the CPU engine's rule for dequantised inputs (fp32 arithmetic,
+// out rounded once).
+void expect_fp8_attention_matches(KvProblem& p, const std::vector<int64_t>& sequences) {
+  const std::vector<double> q = values_of(p.q);
+  const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
+  const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
+  const std::vector<double> k_cache = values_of(p.k_cache), v_cache = values_of(p.v_cache);
+  const std::vector<double> k_factor = values_of(p.k_descale), v_factor = values_of(p.v_descale);
+  const int64_t D = p.D, row = p.Hk * D;
+  std::vector<double> exact_out, exact_lse, got_out, got_lse;
+  const std::vector<double> all_out = reference::gather(p.out_view);
+  const std::vector<double> all_lse = p.c.with_lse ? reference::gather(p.lse_view) : std::vector<double>{};
+  const int64_t out_rows = p.Sq * p.H * D, lse_rows = p.H * p.Sq;  // per sequence
+  for (const int64_t b : sequences) {
+    got_out.insert(got_out.end(), all_out.begin() + b * out_rows, all_out.begin() + (b + 1) * out_rows);
+    if (p.c.with_lse)
+      got_lse.insert(got_lse.end(), all_lse.begin() + b * lse_rows, all_lse.begin() + (b + 1) * lse_rows);
+    const int64_t filled = p.c.seqlens[size_t(b)], begin = p.leftpad[size_t(b)];
+    const int64_t Sk = filled + p.Sn - begin;
+    Buffer kb(DType::Float32, Sk * row), vb(DType::Float32, Sk * row),
+        qb(DType::Float32, p.Sq * p.H * D);
+    for (int64_t j = 0; j < Sk; ++j) {
+      const int64_t at = p.storage_row(b, begin + j) * row;
+      for (int64_t hk = 0; hk < p.Hk; ++hk)
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t e = size_t(at + hk * D + d);
+          kb.set((j * p.Hk + hk) * D + d, static_cast<float>(k_cache[e] * k_factor[size_t(b * p.Hk + hk)]));
+          vb.set((j * p.Hk + hk) * D + d, static_cast<float>(v_cache[e] * v_factor[size_t(b * p.Hk + hk)]));
+        }
+    }
+    for (int64_t t = 0; t < p.Sq; ++t)
+      for (int64_t h = 0; h < p.H; ++h) {
+        const size_t at = size_t(((b * p.Sq + t) * p.H + h) * D);
+        std::vector<double> x(q.begin() + at, q.begin() + at + D);
+        if (p.rd) x = rotate(x, p, cos, sin, filled + (p.rotary_per_row() ? t : 0));
+        for (int64_t d = 0; d < D; ++d)
+          qb.set((t * p.H + h) * D + d, static_cast<float>(round_to(p.c.dtype, x[size_t(d)])));
+      }
+    Options o = p.options;
+    o.k_descale.reset();  // applied above
+    o.v_descale.reset();
+    if (o.alibi_slopes) {  // this sequence's slopes, (H)
+      const int64_t offset = o.alibi_slopes->ndim == 2 ? b * p.H : 0;
+      o.alibi_slopes = TensorView::contiguous(static_cast<float*>(p.slopes.data()) + offset,
+                                              DType::Float32, {p.H});
+    }
+    const reference::Result exact = reference::forward(
+        qb.view({1, p.Sq, p.H, D}), kb.view({1, Sk, p.Hk, D}), vb.view({1, Sk, p.Hk, D}), o);
+    exact_out.insert(exact_out.end(), exact.out.begin(), exact.out.end());
+    exact_lse.insert(exact_lse.end(), exact.lse.begin(), exact.lse.end());
+  }
+  const reference::Check out_check = reference::check_forward_dequantised(got_out, exact_out);
+  EXPECT_TRUE(out_check.passed()) << "out: max abs error " << out_check.max_abs_error
+                                  << " > tolerance " << out_check.tolerance;
+  if (p.c.with_lse) {
+    const reference::Check lse_check = reference::check_forward_dequantised(got_lse, exact_lse);
+    EXPECT_TRUE(lse_check.passed()) << "lse: max abs error " << lse_check.max_abs_error
+                                    << " > tolerance " << lse_check.tolerance;
+  }
+}
+
 // The float64 expectation of a call, from the cache as it was before it, for the given
 // sequences' out and lse rows.
 void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before,
                               const std::vector<int64_t>& sequences) {
+  if (p.c.fp8_cache) return expect_fp8_attention_matches(p, sequences);
   const std::vector<double> q = values_of(p.q);
   const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
   const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
@@ -362,13 +455,58 @@ double unit_roundoff(DType d) {
   return d == DType::Float32 ? 0x1p-24 : d == DType::Float16 ? 0x1p-11 : 0x1p-8;
 }
 
+// An appended row of an fp8 cache (storage row r, from row src = b * Sn + t of k_new/v_new,
+// cache position pos): a v element, and a k element past rotary_dim, is e4m3(x / factor)
+// bitwise (the quotient in fp32, rounded once, saturating); a rotated k element is within
+// half an e4m3 step (2^-4 relative; 2^-10 among the subnormals) of the exact rotation over
+// the factor (saturated), allowing for the rotation's own rounding to q's dtype as above.
+void expect_fp8_row_appended(KvProblem& p, int64_t r, int64_t src, int64_t b, int64_t pos,
+                             int64_t& copies_wrong, int64_t& rotations_wrong, std::string& first) {
+  const int64_t D = p.D;
+  const std::vector<double> k_new = values_of(p.k_new), v_new = values_of(p.v_new);
+  const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
+  const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
+  const auto* k_stored = reinterpret_cast<const detail::float8_e4m3_t*>(p.k_cache.bytes.data());
+  const auto* v_stored = reinterpret_cast<const detail::float8_e4m3_t*>(p.v_cache.bytes.data());
+  const double u = unit_roundoff(p.c.dtype) + 4 * 0x1p-24;
+  for (int64_t hk = 0; hk < p.Hk; ++hk) {
+    const float kf = static_cast<float>(values_of(p.k_descale)[size_t(b * p.Hk + hk)]);
+    const float vf = static_cast<float>(values_of(p.v_descale)[size_t(b * p.Hk + hk)]);
+    const size_t in = size_t((src * p.Hk + hk) * D), at = size_t((r * p.Hk + hk) * D);
+    for (int64_t d = 0; d < D; ++d) {
+      const uint8_t v_want = detail::to_float8_e4m3(static_cast<float>(v_new[in + size_t(d)]) / vf).bits;
+      if (v_stored[at + size_t(d)].bits != v_want && !copies_wrong++)
+        first = "v element " + std::to_string(d) + " of sequence " + std::to_string(b) + " position " + std::to_string(pos);
+      if (d < p.rd) continue;
+      const uint8_t k_want = detail::to_float8_e4m3(static_cast<float>(k_new[in + size_t(d)]) / kf).bits;
+      if (k_stored[at + size_t(d)].bits != k_want && !copies_wrong++)
+        first = "unrotated k element " + std::to_string(d) + " of sequence " + std::to_string(b) + " position " + std::to_string(pos);
+    }
+    const std::vector<double> x(k_new.begin() + in, k_new.begin() + in + D);
+    const std::vector<double> y = rotate(x, p, cos, sin, pos);
+    const int64_t half = p.rd / 2;
+    for (int64_t d = 0; d < p.rd; ++d) {
+      const int64_t i = p.c.rotary == Rotary::Interleaved ? d / 2 : d % half;
+      const int64_t partner = p.c.rotary == Rotary::Interleaved ? (d % 2 ? d - 1 : d + 1) : (d < half ? d + half : d - half);
+      const double c = cos[size_t(pos * half + i)], s = sin[size_t(pos * half + i)];
+      const double rounding = u * (std::abs(x[size_t(d)] * c) + std::abs(x[size_t(partner)] * s)) / kf;
+      const double want = std::clamp(y[size_t(d)] / kf, -448.0, 448.0);
+      const double got = detail::to_float(k_stored[at + size_t(d)]);
+      if (!(std::abs(got - want) <= 0x1p-4 * std::abs(want) + 0x1p-10 + rounding) && !rotations_wrong++)
+        first = "rotated k element " + std::to_string(d) + " of sequence " + std::to_string(b) +
+                " position " + std::to_string(pos) + ": got " + std::to_string(got) +
+                ", expected " + std::to_string(want);
+    }
+  }
+}
+
 // The caches after the call: the given sequences' appended rows where they belong, every
 // other byte unchanged. A rotated element y = x0 c - x1 s (or x0 s + x1 c) must be the float64 value rounded to
 // the dtype, allowing for fp32 arithmetic before that single rounding (fused or not):
 //   |y - exact| <= (u_dtype + 4 u_fp32) (|x0 c| + |x1 s|)   (+ 2^-24 for fp16 subnormals).
 void expect_cache_appended(KvProblem& p, Buffer& k_before, Buffer& v_before,
                            const std::vector<int64_t>& sequences) {
-  const size_t elem = dtype_size(p.c.dtype);
+  const size_t elem = dtype_size(p.c.cache_dtype());
   const int64_t D = p.D, row = p.Hk * D;
   std::vector<int64_t> writer(size_t(p.cache_rows * p.cache_dim1), -1);  // b * Sn + t
   for (const int64_t b : sequences)
@@ -393,6 +531,10 @@ void expect_cache_appended(KvProblem& p, Buffer& k_before, Buffer& v_before,
     }
     const int64_t src = writer[size_t(r)];
     const int64_t b = src / p.Sn, pos = p.c.seqlens[size_t(b)] + src % p.Sn;
+    if (p.c.fp8_cache) {
+      expect_fp8_row_appended(p, r, src, b, pos, copies_wrong, rotations_wrong, first);
+      continue;
+    }
     if (std::memcmp(p.v_cache.bytes.data() + offset, p.v_new.bytes.data() + size_t(src * row) * elem,
                     row * elem)) {
       if (!copies_wrong++) first = "v row of sequence " + std::to_string(b) + " position " + std::to_string(pos);
@@ -560,6 +702,83 @@ TEST(KvCacheGridCoverage, EveryAxisValueOccurs) {
   EXPECT_GT(alibi, 10);
   EXPECT_GT(no_lse, 10);
 }
+
+// ---- FP8 caches ----------------------------------------------------------------------------
+// Every grid case again with fp8 e4m3 caches: the CPU engine against the float64 reference of
+// the dequantised caches, and the append's quantisation; CUDA refuses them (its kernel is not
+// written yet), before anything is written.
+
+constexpr int kFp8GridSize = 40;
+
+KvCase fp8_grid_case(int n) {
+  KvCase c = grid_case(n);
+  c.fp8_cache = true;
+  c.name += "_fp8cache";
+  return c;
+}
+
+class KvCacheFp8Grid : public ::testing::TestWithParam<int> {};
+
+#ifndef FLASHATTN_TEST_CUDA
+TEST_P(KvCacheFp8Grid, MatchesReferenceAndAppendsQuantised) { run_and_check(fp8_grid_case(GetParam())); }
+#else
+TEST_P(KvCacheFp8Grid, CudaRefusesFp8CachesBeforeWriting) {
+  const KvCase c = fp8_grid_case(GetParam());
+  SCOPED_TRACE(c.describe());
+  KvProblem p(c);
+  const Buffer k_before = p.k_cache, v_before = p.v_cache;
+  try {
+    run_on_backend(p);
+    ADD_FAILURE() << "fp8 caches ran on CUDA";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+    EXPECT_EQ(e.argument(), "k_cache") << e.what();
+  }
+  EXPECT_EQ(p.k_cache.bytes, k_before.bytes);
+  EXPECT_EQ(p.v_cache.bytes, v_before.bytes);
+}
+#endif
+
+INSTANTIATE_TEST_SUITE_P(Fp8, KvCacheFp8Grid, ::testing::Range(0, kFp8GridSize),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return fp8_grid_case(info.param).name;
+                         });
+
+#ifndef FLASHATTN_TEST_CUDA
+// Without descales every factor is 1: the stored values are the values.
+TEST(KvCacheFp8, AbsentDescalesAreOne) {
+  KvProblem p(KvCase{.name = "no descales", .seqlens = {20, 3}, .seqlen_q = 2, .seqlen_new = 4,
+                     .dtype = DType::BFloat16, .fp8_cache = true});
+  p.options.k_descale.reset();
+  p.options.v_descale.reset();
+  for (int64_t i = 0; i < p.B * p.Hk; ++i) {
+    p.k_descale.set(i, 1.0f);
+    p.v_descale.set(i, 1.0f);
+  }
+  Buffer k_before = p.k_cache, v_before = p.v_cache;
+  run_on_backend(p);
+  expect_attention_matches(p, k_before, v_before);
+  expect_cache_appended(p, k_before, v_before);
+}
+
+// Appended values beyond e4m3's range saturate at +-448 rather than turning into NaN, and a
+// NaN stays NaN (docs/SPEC.md, "Decoding with a KV cache").
+TEST(KvCacheFp8, AppendSaturatesAndKeepsNan) {
+  KvProblem p(KvCase{.name = "saturation", .seqlens = {5}, .seqlen_q = 1, .seqlen_new = 1,
+                     .heads = 1, .heads_k = 1, .head_dim = 64, .dtype = DType::Float32,
+                     .fp8_cache = true});
+  p.k_new.set(0, 1e6f);
+  p.k_new.set(1, -1e6f);
+  p.v_new.set(2, std::nanf(""));
+  run_on_backend(p);
+  const int64_t at = p.storage_row(0, 5) * p.D;
+  const auto* k = reinterpret_cast<const detail::float8_e4m3_t*>(p.k_cache.bytes.data()) + at;
+  const auto* v = reinterpret_cast<const detail::float8_e4m3_t*>(p.v_cache.bytes.data()) + at;
+  EXPECT_EQ(detail::to_float(k[0]), 448.0f);
+  EXPECT_EQ(detail::to_float(k[1]), -448.0f);
+  EXPECT_TRUE(std::isnan(detail::to_float(v[2])));
+}
+#endif
 
 // ---- Named cases -------------------------------------------------------------------------
 

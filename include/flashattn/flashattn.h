@@ -71,7 +71,8 @@ typedef struct fa_options {
   int64_t query_position;
   int64_t key_position;
   /* FP8 (e4m3) q, k, v: fp32 descales, NULL: 1. (B, Hk), or (B, Hk, ceil(S / 128)) per block
-   * of FA_FP8_SCALE_BLOCK_ROWS rows (docs/SPEC.md, "FP8 inputs"). */
+   * of FA_FP8_SCALE_BLOCK_ROWS rows (docs/SPEC.md, "FP8 inputs"). fa_forward_kvcache with fp8
+   * caches: k_descale and v_descale, (B, Hk). */
   const fa_tensor* q_descale;
   const fa_tensor* k_descale;
   const fa_tensor* v_descale;

@@ -123,6 +123,7 @@ struct Options {
   // (sequence, key/value head; a query head takes its group's), or (B, Hk, ceil(S /
   // kFp8ScaleBlockRows)), one per block of kFp8ScaleBlockRows rows of a sequence (S: Sq for
   // q, Sk for k and v; varlen: max_seqlen_q/k), contiguous, on q's device (docs/SPEC.md).
+  // forward_kvcache with fp8 e4m3 caches (q 16- or 32-bit): k_descale and v_descale, (B, Hk).
   std::optional<TensorView> q_descale, k_descale, v_descale;
 };
 
@@ -206,6 +207,9 @@ RunInfo forward_varlen(const TensorView& q, const TensorView& k, const TensorVie
 struct KvCache {
   // Dense: (B_cache, S_cache, Hk, D), sequence b in row cache_batch_idx[b] (default b).
   // Paged (block_table given): (num_pages, page_size, Hk, D), any page_size >= 1.
+  // q's dtype, or fp8 e4m3 (both caches): a stored value x then stands for x times
+  // Options::k_descale / v_descale [b][kv head], and k_new/v_new (q's dtype) are stored as
+  // e4m3(x / descale), saturating (CPU backend only, so far; docs/SPEC.md).
   TensorView k_cache, v_cache;
   TensorView cache_seqlens;  // int32 (B): positions already filled (cache_leftpad included)
   // (B, S_new, Hk, D), q's dtype: written into the cache in place at positions

@@ -200,7 +200,7 @@ struct Call {
     execution.trust_devices = trust_devices;
   }
 
-  // FP8 (e4m3) inputs' descales (the forward's only): fp32 tensors or None.
+  // FP8 (e4m3) inputs' or caches' descales: fp32 tensors or None.
   void set_descales(nb::handle q, nb::handle k, nb::handle v) {
     q_descale = optional_tensor(q, "q_descale");
     k_descale = optional_tensor(k, "k_descale");
@@ -441,9 +441,11 @@ NB_MODULE(_C, m) {
          int num_splits, std::optional<float> softmax_scale, bool causal, int window_left,
          int window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
          uint64_t seed, uint64_t offset, bool deterministic, nb::handle positions, int backend, uintptr_t stream,
-         int num_threads, bool trust_devices) {
+         int num_threads, bool trust_devices, nb::handle q_descale, nb::handle k_descale,
+         nb::handle v_descale) {
         Call c(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                dropout_p, seed, offset, deterministic, positions, backend, stream, num_threads, trust_devices);
+        c.set_descales(q_descale, k_descale, v_descale);
         Arg tq = tensor(q, "q"), tout = tensor(out, "out"), tkc = tensor(k_cache, "k_cache"),
             tvc = tensor(v_cache, "v_cache"), tsl = tensor(cache_seqlens, "cache_seqlens");
         std::optional<Arg> tlse = optional_tensor(lse, "lse"), tk = optional_tensor(k_new, "k"),
@@ -479,8 +481,9 @@ NB_MODULE(_C, m) {
       nb::arg("rotary_sin").none() = nb::none(), nb::arg("rotary_interleaved") = true,
       nb::arg("cache_batch_idx").none() = nb::none(),
       nb::arg("cache_leftpad").none() = nb::none(), nb::arg("block_table").none() = nb::none(),
-      nb::arg("num_splits") = 0, FA_COMMON_ARGS,
+      nb::arg("num_splits") = 0, FA_COMMON_ARGS, FA_DESCALE_ARGS,
       "fa_forward_kvcache: appends k/v (B, S_new, Hk, D) into k_cache/v_cache in place at "
       "cache_seqlens (int32 (B)), then writes out (B, Sq, H, D) and lse (B, H, Sq) fp32 (may be "
-      "None). Returns (the fa_backend code that ran, the number of key splits it merged).");
+      "None); fp8 e4m3 caches take k_descale/v_descale (B, Hk) fp32. Returns (the fa_backend "
+      "code that ran, the number of key splits it merged).");
 }

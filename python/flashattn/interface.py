@@ -379,7 +379,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+                            return_softmax_lse=False, *, k_descale=None, v_descale=None):
     left, right = _window(window_size)
     if _is_torch(q):
         from . import torch_ops
@@ -390,8 +390,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                              cache_batch_idx, cache_leftpad, block_table,
                                              softmax_scale, bool(causal), left, right,
                                              float(softcap), alibi_slopes, int(num_splits),
+                                             k_descale, v_descale,
                                              want_lse=bool(return_softmax_lse))
     else:
+        if k_descale is not None or v_descale is not None:
+            raise TypeError("k_descale: expected torch tensors for fp8 caches (the NumPy path "
+                            "takes no fp8), given a descale with a NumPy q")
         out, lse = _array.forward_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                           cache_seqlens, cache_batch_idx, cache_leftpad,
                                           block_table, softmax_scale, causal, (left, right),
@@ -456,6 +460,11 @@ flash_attn_with_kvcache.__doc__ = f"""Attention of new queries to a key/value ca
             keys into n chunks whose partial results are merged exactly. The result is the
             same up to rounding whatever the choice.
         return_softmax_lse: bool. Also return the log-sum-exp.
+        k_descale, v_descale: keyword only, for torch.float8_e4m3fn caches (q stays fp16,
+            bf16 or fp32, and so does out): (batch_size, nheads_k) fp32, contiguous, each
+            optional (None: 1); a stored value x stands for x * descale[b, h // (nheads //
+            nheads_k)]. Appended k and v are stored as e4m3(x / descale) (k after rotary,
+            rounded to q's dtype), saturating at +-448. The CPU backend only, so far.
 
     Tensors: PyTorch tensors (CPU or CUDA, the call on the current stream; also under
     torch.no_grad, torch.inference_mode, CUDA-graph capture and torch.compile, where it is one

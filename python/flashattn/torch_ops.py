@@ -588,7 +588,7 @@ def _(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rng_state, d
 def _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin,
                       rotary_interleaved, cache_batch_idx, cache_leftpad, block_table,
                       softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                      num_splits, want_lse=True):
+                      num_splits, k_descale=None, v_descale=None, want_lse=True):
     _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     _check_dim(v_cache, "v_cache", 4, "(batch_cache, seqlen_cache, nheads_k, headdim_v) or "
                "(num_blocks, page_block_size, nheads_k, headdim_v)")
@@ -600,7 +600,8 @@ def _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rota
     given = {name: _desc(_contiguous_last(t), name)
              for name, t in (("k", k), ("v", v), ("rotary_cos", rotary_cos),
                              ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
-                             ("cache_leftpad", cache_leftpad), ("block_table", block_table))
+                             ("cache_leftpad", cache_leftpad), ("block_table", block_table),
+                             ("k_descale", k_descale), ("v_descale", v_descale))
              if t is not None}
     batch, seqlen_q, nheads, _ = q.shape
     out = _new_out(q, v_cache.shape[-1])
@@ -622,18 +623,19 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tens
                 cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
                 block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool,
                 window_left: int, window_right: int, softcap: float,
-                alibi_slopes: Optional[Tensor], num_splits: int) -> Tuple[Tensor, Tensor]:
+                alibi_slopes: Optional[Tensor], num_splits: int, k_descale: Optional[Tensor],
+                v_descale: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """Appends k/v into k_cache/v_cache in place, then out (B, Sq, H, Dv), lse (B, H, Sq) fp32."""
     return _fwd_kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin,
                              rotary_interleaved, cache_batch_idx, cache_leftpad, block_table,
                              softmax_scale, causal, window_left, window_right, softcap,
-                             alibi_slopes, num_splits)
+                             alibi_slopes, num_splits, k_descale, v_descale)
 
 
 @fwd_kvcache.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin, rotary_interleaved,
       cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_left,
-      window_right, softcap, alibi_slopes, num_splits):
+      window_right, softcap, alibi_slopes, num_splits, k_descale, v_descale):
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v_cache.shape[-1]))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)

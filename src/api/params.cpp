@@ -184,6 +184,7 @@ KvCacheParams kvcache_params(const TensorView& q, const KvCache& cache, const Te
   KvCacheParams kp;
   kp.attn = attention_params(q, cache.k_cache, cache.v_cache, out, lse, false, options,
                              execution, call);
+  kp.cache_dtype = cache.k_cache.dtype;
   kp.cache_seqlens = int32_data(cache.cache_seqlens);
   kp.cache_batch_idx = int32_data(cache.cache_batch_idx);
   kp.cache_leftpad = int32_data(cache.cache_leftpad);

@@ -614,17 +614,22 @@ DType out_dtype_of(DType input) {
 }
 
 // q, k, v and out: rank (k and v: kv_rank), q's dtype (one of q_dtypes) and device, shared
-// by k and v, and out's dtype out_dtype_of(q's). Returns q, k, v and out with their extents.
+// by k and v (or, with fp8_kv, fp8 e4m3 k and v: a KV cache's), and out's dtype
+// out_dtype_of(q's). Returns q, k, v and out with their extents.
 std::vector<Argument> expect_attention_tensors(const TensorView& q, const char* k_name,
                                                const TensorView& k, const char* v_name,
                                                const TensorView& v, const TensorView& out,
                                                int rank, int kv_rank,
-                                               const std::vector<DType>& q_dtypes = kAttentionDTypes) {
-  const std::vector<DType> like_q{q.dtype};
+                                               const std::vector<DType>& q_dtypes = kAttentionDTypes,
+                                               bool fp8_kv = false) {
+  std::vector<DType> k_dtypes{q.dtype};
+  if (fp8_kv && q.dtype != DType::Float8E4M3) k_dtypes.push_back(DType::Float8E4M3);
+  // v's dtype is k's (checked after k's, so that k's is one of k_dtypes by then).
+  const std::vector<DType> like_k{k.dtype};
   return expect(q, {{.name = "q", .view = &q, .rank = rank, .dtypes = q_dtypes,
                      .on_q_device = false},
-                    {.name = k_name, .view = &k, .rank = kv_rank, .dtypes = like_q},
-                    {.name = v_name, .view = &v, .rank = kv_rank, .dtypes = like_q},
+                    {.name = k_name, .view = &k, .rank = kv_rank, .dtypes = k_dtypes},
+                    {.name = v_name, .view = &v, .rank = kv_rank, .dtypes = like_k},
                     {.name = "out", .view = &out, .rank = rank, .dtypes = {out_dtype_of(q.dtype)}}});
 }
 
@@ -769,6 +774,37 @@ std::vector<Argument> expect_descales(const Options& options, const TensorView& 
                                              : std::vector<int64_t>{call.batch, call.heads_k,
                                                                     blocks},
                                 .layout = d.per_block_layout,
+                                .contiguous = true}}));
+  }
+  return checked;
+}
+
+// An FP8 KV cache's descales (docs/SPEC.md, "Decoding with a KV cache"): k_descale and
+// v_descale only with fp8 e4m3 caches, each fp32, contiguous, on q's device, (B, Hk): one
+// factor per sequence and key/value head. q is never fp8 here, so never q_descale.
+std::vector<Argument> expect_cache_descales(const Options& options, const TensorView& q,
+                                            const TensorView& k_cache, const ValidatedCall& call) {
+  if (options.q_descale)
+    fail("q_descale", "none: forward_kvcache takes q in fp32, fp16 or bf16 (only its caches may "
+         "be fp8_e4m3)", "a q_descale");
+  const bool fp8 = k_cache.dtype == DType::Float8E4M3;
+  const std::pair<const char*, const std::optional<TensorView>*> descales[] = {
+      {"k_descale", &options.k_descale}, {"v_descale", &options.v_descale}};
+  std::vector<Argument> checked;
+  for (const auto& [name, factors] : descales) {
+    if (!*factors) continue;
+    if (!fp8)
+      fail(name, "none: descales go with fp8_e4m3 caches",
+           std::string("a descale for caches of dtype ") + dtype_name(k_cache.dtype));
+    if ((*factors)->ndim != 2)
+      fail(name, "shape (B, Hk) = (" + std::to_string(call.batch) + ", " +
+                     std::to_string(call.heads_k) +
+                     "): one factor per sequence and key/value head (caches take no "
+                     "per-block factors)",
+           dimensions_string((*factors)->ndim));
+    append(checked, expect(q, {{.name = name, .view = &**factors, .rank = 2, .dtypes = kFloat32,
+                                .shape = {call.batch, call.heads_k},
+                                .layout = "= (B, Hk): one factor per sequence and key/value head",
                                 .contiguous = true}}));
   }
   return checked;
@@ -942,7 +978,8 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
   const TensorView& kc = cache.k_cache;
   const TensorView& vc = cache.v_cache;
   std::vector<Argument> inputs =
-      expect_attention_tensors(q, "k_cache", kc, "v_cache", vc, out, 4, 4);
+      expect_attention_tensors(q, "k_cache", kc, "v_cache", vc, out, 4, 4, kAttentionDTypes,
+                               /*fp8_kv=*/true);
   const Argument out_checked = inputs.back();
   inputs.pop_back();
   const Argument kc_checked = inputs[1], vc_checked = inputs[2];
@@ -1016,6 +1053,13 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
   const Extent lse_extent =
       expect_lse(lse, q, {batch, call.heads, call.rows_q}, "= (B, H, Sq)");
   append(inputs, expect_alibi(options, q, batch, call.heads));
+  append(inputs, expect_cache_descales(options, q, kc, call));
+  if (kc.dtype == DType::Float8E4M3 && resolve_backend(execution, q) == Backend::CUDA)
+    unsupported("k_cache",
+                "dtype " + std::string(dtype_name(q.dtype)) +
+                    " like q for the cuda backend (fp8_e4m3 caches run on the cpu backend; "
+                    "their CUDA kernel is not written yet)",
+                "dtype fp8_e4m3");
 
   // What the call writes must not overlap what it reads: out and lse, and the caches when
   // k_new is appended (a packed (.., 2, Hk, D) cache, k and v interleaved, is fine: the two

@@ -31,6 +31,9 @@ FA_HOST_DEVICE bool kvcache_rotary_q_per_row(int32_t window_left, int32_t window
 
 struct KvCacheParams {
   ForwardParams attn;
+  // The caches' dtype: attn.dtype (q's), or fp8 e4m3, whose values stand for value times
+  // attn.k_descale / attn.v_descale (one factor per sequence and key/value head).
+  DType cache_dtype = DType::Float32;
 
   const int32_t* cache_seqlens = nullptr;    // (B)
   const int32_t* cache_batch_idx = nullptr;  // (B); null: sequence b uses cache row b

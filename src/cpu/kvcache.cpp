@@ -481,10 +481,158 @@ KvCacheRun forward_kvcache_typed(const KvCacheParams& params) {
   return run;
 }
 
+// ---- FP8 caches ---------------------------------------------------------------------------
+// fp8 e4m3 caches (docs/SPEC.md, "Decoding with a KV cache"): the semantics, not speed. The
+// appended rows are quantised into the caches in place; then each sequence's keys and values,
+// dequantised (value times its factor: exact up to the product's one rounding), and q
+// (rotated in its own dtype, as for any cache) are copied into fp32 tensors, and the fp32
+// path above attends over them as a dense cache that holds just those positions; its out is
+// rounded to q's dtype.
+
+// Step 1 for fp8 caches: k_new (rotated and rounded to q's dtype T, as a T cache would store
+// it) and v_new, each divided by its factor and rounded to e4m3 (saturating), in place.
+template <typename T>
+void append_quantised_rows(const KvCacheParams& p, int threads) {
+  if (p.k_new == nullptr || p.seqlen_new == 0) return;
+  const ForwardParams& a = p.attn;
+  const int D = a.head_dim;
+#pragma omp parallel for collapse(3) num_threads(threads)
+  for (int32_t b = 0; b < a.batch; ++b)
+    for (int64_t t = 0; t < p.seqlen_new; ++t)
+      for (int32_t hk = 0; hk < a.heads_k; ++hk) {
+        const KvSequence s = kv_sequence(p, b);
+        const int64_t pos = p.cache_seqlens[b] + t;
+        const T* k_new = static_cast<const T*>(p.k_new) + b * p.k_new_batch_stride +
+                         t * p.k_new_row_stride + hk * p.k_new_head_stride;
+        const T* v_new = static_cast<const T*>(p.v_new) + b * p.v_new_batch_stride +
+                         t * p.v_new_row_stride + hk * p.v_new_head_stride;
+        auto* k = static_cast<float8_e4m3_t*>(const_cast<void*>(a.k)) +
+                  kv_position_offset(p, b, s, pos, a.k_batch_stride, a.k_row_stride) +
+                  hk * a.k_head_stride;
+        auto* v = static_cast<float8_e4m3_t*>(const_cast<void*>(a.v)) +
+                  kv_position_offset(p, b, s, pos, a.v_batch_stride, a.v_row_stride) +
+                  hk * a.v_head_stride;
+        T rotated[256];  // head dims are at most 256
+        if (p.rotary_cos != nullptr) {
+          rotate_row(p, pos, k_new, rotated);
+          k_new = rotated;
+        }
+        const float k_factor = a.k_descale.at(b, hk, 0), v_factor = a.v_descale.at(b, hk, 0);
+        for (int d = 0; d < D; ++d) {
+          k[d] = to_float8_e4m3(to_float(k_new[d]) / k_factor);
+          v[d] = to_float8_e4m3(to_float(v_new[d]) / v_factor);
+        }
+      }
+}
+
+template <typename T>
+KvCacheRun forward_kvcache_fp8(const KvCacheParams& params) {
+  const int threads = params.attn.num_threads > 0 ? params.attn.num_threads : omp_get_max_threads();
+  append_quantised_rows<T>(params, threads);
+
+  const ForwardParams& a = params.attn;
+  const int32_t B = a.batch, H = a.heads, Hk = a.heads_k, D = a.head_dim;
+  const int64_t Sq = a.seqlen_q;
+  std::vector<int32_t> lengths(static_cast<size_t>(B));
+  int64_t longest = 0;
+  for (int32_t b = 0; b < B; ++b) {
+    // Validated: in range, and shorter than the cache's 2^31 positions.
+    lengths[size_t(b)] = static_cast<int32_t>(kv_sequence(params, b).seqlen_k());
+    longest = std::max<int64_t>(longest, lengths[size_t(b)]);
+  }
+  const int64_t kv_floats = int64_t{B} * longest * Hk * D;
+  std::vector<float> k(static_cast<size_t>(kv_floats)), v(static_cast<size_t>(kv_floats));
+#pragma omp parallel for collapse(2) num_threads(threads)
+  for (int32_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < longest; ++j) {
+      const KvSequence s = kv_sequence(params, b);
+      if (j >= s.seqlen_k()) continue;
+      const int64_t pos = s.begin + j;
+      const int64_t k_row = kv_position_offset(params, b, s, pos, a.k_batch_stride, a.k_row_stride);
+      const int64_t v_row = kv_position_offset(params, b, s, pos, a.v_batch_stride, a.v_row_stride);
+      for (int32_t hk = 0; hk < Hk; ++hk) {
+        const auto* k8 = static_cast<const float8_e4m3_t*>(a.k) + k_row + hk * a.k_head_stride;
+        const auto* v8 = static_cast<const float8_e4m3_t*>(a.v) + v_row + hk * a.v_head_stride;
+        const float k_factor = a.k_descale.at(b, hk, 0), v_factor = a.v_descale.at(b, hk, 0);
+        float* k_to = k.data() + ((b * longest + j) * Hk + hk) * D;
+        float* v_to = v.data() + ((b * longest + j) * Hk + hk) * D;
+        for (int32_t d = 0; d < D; ++d) {
+          k_to[d] = to_float(k8[d]) * k_factor;
+          v_to[d] = to_float(v8[d]) * v_factor;
+        }
+      }
+    }
+
+  // q after rotary, in T, then exactly in fp32.
+  std::vector<T> rotated;
+  if (params.rotary_cos != nullptr && B > 0 && Sq > 0) rotated = rotated_queries<T>(params, threads);
+  const int64_t q_floats = int64_t{B} * Sq * H * D;
+  std::vector<float> q(static_cast<size_t>(q_floats)), out(static_cast<size_t>(q_floats));
+#pragma omp parallel for collapse(3) num_threads(threads)
+  for (int32_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Sq; ++t)
+      for (int32_t h = 0; h < H; ++h) {
+        const T* from = rotated.empty()
+                            ? static_cast<const T*>(a.q) + b * a.q_batch_stride + t * a.q_row_stride +
+                                  h * a.q_head_stride
+                            : rotated.data() + ((b * Sq + t) * H + h) * D;
+        float* to = q.data() + ((b * Sq + t) * H + h) * D;
+        for (int32_t d = 0; d < D; ++d) to[d] = to_float(from[d]);
+      }
+
+  KvCacheParams f;
+  f.attn = a;
+  ForwardParams& fa = f.attn;
+  fa.dtype = DType::Float32;
+  f.cache_dtype = DType::Float32;
+  fa.q = q.data();
+  fa.k = k.data();
+  fa.v = v.data();
+  fa.out = out.data();  // lse: the caller's, as it is
+  fa.seqlen_k = longest;
+  fa.q_row_stride = fa.out_row_stride = int64_t{H} * D;
+  fa.q_batch_stride = fa.out_batch_stride = Sq * fa.q_row_stride;
+  fa.q_head_stride = fa.out_head_stride = D;
+  fa.k_row_stride = fa.v_row_stride = int64_t{Hk} * D;
+  fa.k_batch_stride = fa.v_batch_stride = longest * fa.k_row_stride;
+  fa.k_head_stride = fa.v_head_stride = D;
+  fa.q_descale = fa.k_descale = fa.v_descale = Descale{};
+  f.cache_seqlens = lengths.data();
+  f.cache_rows = B;
+  f.num_splits = params.num_splits;
+  KvCacheRun run = forward_kvcache_typed<float>(f);
+
+#pragma omp parallel for collapse(3) num_threads(threads)
+  for (int32_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Sq; ++t)
+      for (int32_t h = 0; h < H; ++h) {
+        const float* from = out.data() + ((b * Sq + t) * H + h) * D;
+        T* to = static_cast<T*>(a.out) + b * a.out_batch_stride + t * a.out_row_stride +
+                h * a.out_head_stride;
+        for (int32_t d = 0; d < D; ++d) to[d] = from_float<T>(from[d]);
+      }
+  run.workspace_bytes += (k.size() + v.size() + q.size() + out.size()) * sizeof(float) +
+                         rotated.size() * sizeof(T);
+  return run;
+}
+
 }  // namespace
 
 KvCacheRun forward_kvcache(const KvCacheParams& params) {
   amx::check_setting();
+  if (params.cache_dtype == DType::Float8E4M3) {
+    switch (params.attn.dtype) {
+      case DType::Float32:
+        return forward_kvcache_fp8<float>(params);
+      case DType::Float16:
+        return forward_kvcache_fp8<half_t>(params);
+      case DType::BFloat16:
+        return forward_kvcache_fp8<bfloat16_t>(params);
+      case DType::Int32:
+      case DType::Float8E4M3:  // q is never fp8 here: refused by validation
+        break;
+    }
+  }
   switch (params.attn.dtype) {
     case DType::Float32:
       return forward_kvcache_typed<float>(params);

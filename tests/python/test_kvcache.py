@@ -443,6 +443,73 @@ def test_torch_low_precision_accuracy_rule(rng, dtype):
     check_caches(args, expected, ulp=2.0 ** -10 if dtype == "float16" else 2.0 ** -7)
 
 
+def fp8_cache_case(rng, dtype, **kw):
+    """An fp8 e4m3 dense cache (values N(0, 64^2), some saturating) with k/v descales
+    (B, Hk) drawn per sequence and head, and a bf16/fp16 q, k, v (make_case's other
+    arguments)."""
+    c = make_case(rng, **kw)
+    a = as_framework(c, "torch", dtype=dtype)
+    for name in ("k_cache", "v_cache"):
+        a[name] = (a[name].float() * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    b, hk = c["q"].shape[0], c["k_cache"].shape[2]
+    a["k_descale"] = torch.from_numpy(rng.uniform(1 / 128, 1 / 16, (b, hk)).astype(np.float32))
+    a["v_descale"] = torch.from_numpy(rng.uniform(1 / 128, 1 / 16, (b, hk)).astype(np.float32))
+    return a
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] if torch else [], ids=str)
+@pytest.mark.parametrize("feature", ["plain", "causal", "alibi-h", "mqa"])
+def test_fp8_cache_vs_reference(rng, dtype, feature):
+    """fp8 e4m3 caches under a 16-bit q (docs/SPEC.md, "Decoding with a KV cache"): the
+    append stores e4m3(x / descale) bitwise (torch's own fp32 division and saturating
+    conversion), and out is the float64 attention over the caches as stored times their
+    (sequence, head) factors, within one rounding of out to q's dtype and fp32 arithmetic."""
+    a = fp8_cache_case(rng, dtype, sq=3, snew=2, **FEATURES[feature])
+    before = {n: a[n].clone() for n in ("k_cache", "v_cache")}
+    out, lse = call(a, return_softmax_lse=True)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    seqlens = torch.as_tensor(a["cache_seqlens"]).long()
+    b_, snew = a["k"].shape[:2]
+    for name, new, factor in (("k_cache", a["k"], a["k_descale"]), ("v_cache", a["v"], a["v_descale"])):
+        want = before[name].clone()
+        for b in range(b_):
+            rows = slice(int(seqlens[b]), int(seqlens[b]) + snew)
+            want[b, rows] = (new[b].float() / factor[b][None, :, None]).clamp(-448, 448).to(
+                torch.float8_e4m3fn)
+        assert torch.equal(a[name].view(torch.uint8), want.view(torch.uint8)), f"{name} after the append"
+    deq = {n: (a[n].double() * a[f].double()[:, None, :, None]).numpy()
+           for n, f in (("k_cache", "k_descale"), ("v_cache", "v_descale"))}
+    ref = dict(q=a["q"].double().numpy(), cache_seqlens=(seqlens + snew).numpy(), **deq,
+               **{k: v for k, v in a.items() if k in ("causal", "window_size", "softcap",
+                                                      "softmax_scale", "alibi_slopes")})
+    if "alibi_slopes" in ref:
+        ref["alibi_slopes"] = np.asarray(ref["alibi_slopes"])
+    expected = kvcache_reference(ref)
+    largest = np.abs(expected.out).max()
+    err = np.abs(to64(out) - expected.out).max()
+    assert err <= (2.0 ** -8 + 1e-5) * largest, f"out off by {err:.3g} (largest {largest:.3g})"
+    assert np.abs(to64(lse) - expected.lse).max() <= 1e-4 * max(1.0, np.abs(expected.lse).max())
+
+
+@needs_torch
+def test_fp8_cache_refusals(rng):
+    """Descales without fp8 caches, fp8 caches of mismatched dtypes, per-block factors and a
+    NumPy q with descales are errors naming the argument, with the caches untouched."""
+    a = fp8_cache_case(rng, torch.bfloat16, sq=1, snew=1)
+    before = a["k_cache"].clone()
+    with pytest.raises(ValueError, match="v_descale: expected shape .*\\(B, Hk\\).*no per-block"):
+        call({**a, "v_descale": a["v_descale"][:, :, None]})
+    with pytest.raises(TypeError, match="v_cache: expected dtype fp8_e4m3, given dtype bf16"):
+        call({**a, "v_cache": a["v_cache"].to(torch.bfloat16)})
+    with pytest.raises(ValueError, match="k_descale: expected none: descales go with fp8_e4m3 caches"):
+        call({**a, "k_cache": a["k_cache"].to(torch.bfloat16), "v_cache": a["v_cache"].to(torch.bfloat16)})
+    with pytest.raises(TypeError, match="k_descale: expected torch tensors"):
+        call({**{n: (t.float().numpy() if isinstance(t, torch.Tensor) and n in ("q", "k", "v") else t)
+                 for n, t in a.items()}})
+    assert torch.equal(a["k_cache"].view(torch.uint8), before.view(torch.uint8))
+
+
 @needs_torch
 def test_torch_no_grad_inference_mode_and_autograd(rng):
     c = make_case(rng, b=2, sq=1, cache_len=12, causal=True, seqlens=[3, 5])
@@ -499,7 +566,8 @@ def test_opcheck():
     a = as_framework(c, "torch")
     torch.library.opcheck(torch.ops.flashattn.fwd_kvcache.default, (
         a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["k"], a["v"], a["rotary_cos"],
-        a["rotary_sin"], False, None, None, a["block_table"], None, True, -1, -1, 0.0, None, 0))
+        a["rotary_sin"], False, None, None, a["block_table"], None, True, -1, -1, 0.0, None, 0,
+        None, None))
 
 
 @needs_torch
@@ -542,7 +610,10 @@ def test_upstream_module_path():
     import inspect
 
     params = inspect.signature(flash_attn_with_kvcache).parameters
-    assert list(params) == [
+    # Upstream's arguments, positional as there; the fp8 caches' descales keyword only.
+    keyword_only = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert keyword_only == ["k_descale", "v_descale"]
+    assert [n for n in params if n not in keyword_only] == [
         "q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
         "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal",
         "window_size", "softcap", "rotary_interleaved", "alibi_slopes", "num_splits",
