@@ -18,6 +18,11 @@ read + write bytes over the time of a graph-replayed copy). Peers: SDPA forced t
 FlashAttention-2 and cuDNN, q (B, H, 1, D) against (B, Hk, S, D) views of the dense cache with
 enable_gqa=True (no copies); SDPA takes no paged cache, so the paged rows have ours alone.
 
+--fp8 adds "ours-fp8": ours over fp8 e4m3 copies of the same caches (one factor per tensor, as
+k_descale/v_descale (B, Hk)), its TB/s counting the same 16-bit bytes, so that its rate over
+ours's is the tokens/s gained (fp8_speedup per row in the JSON; FLASHATTN_CUDA_FP8=1 must be
+set while that kernel is on request).
+
 Correctness before timing: ours's out and lse (on poisoned memory) against a float64
 reference on two (batch, head) slices (through block_table for the paged cache) and against
 the first peer on the dense cache. Writes decode.json, decode.md, decode.png in --out; prints
@@ -98,6 +103,25 @@ def call_ours(x: dict):
         block_table=x["block_table"], **extra)
 
 
+def fp8_copy(x: dict) -> dict:
+    """x with its caches in e4m3, each over one factor (its largest magnitude / 448)."""
+    import torch
+    y = dict(x)
+    b, hk = x["q"].shape[0], x["k_cache"].shape[2]
+    for name, factor in (("k_cache", "k_descale"), ("v_cache", "v_descale")):
+        scale = x[name].abs().amax().float().clamp_min(1e-30) / 448
+        y[name] = (x[name].float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        y[factor] = scale.expand(b, hk).contiguous()
+    return y
+
+
+def call_ours_fp8(x: dict):
+    from flashattn import flash_attn_with_kvcache
+    return lambda: flash_attn_with_kvcache(
+        x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"],
+        block_table=x["block_table"], k_descale=x["k_descale"], v_descale=x["v_descale"])
+
+
 def call_peer(x: dict):
     return lambda: h.sdpa_call(x["q"], x["k_cache"], x["v_cache"], False, enable_gqa=True)
 
@@ -126,13 +150,21 @@ def measure(shape: DecodeShape, args, page_size: int) -> dict:
     row = shape.fields() | {"page_size": page_size if shape.paged else None,
                             "check": check(shape, sets, args)}
     systems = [h.System("ours", [call_ours(x) for x in sets])]
+    if args.fp8:
+        systems.append(h.System("ours-fp8", [call_ours_fp8(fp8_copy(x)) for x in sets]))
     if shape.paged:
         systems += [h.System(p, [], error=PAGED_PEERS) for p in args.peer_list]
     else:
         systems += h.peer_systems(args, lambda name: [call_peer(x) for x in sets])
     nbytes = h.kv_bytes(shape.batch, shape.seqlen, shape.kv_heads, shape.hdim,
                         h.torch_dtype(args.dtype).itemsize)
-    return h.time_row(row, systems, args, args.target_s, nbytes=nbytes)
+    row = h.time_row(row, systems, args, args.target_s, nbytes=nbytes)
+    if args.fp8:
+        ours, fp8 = row["results"].get("ours"), row["results"].get("ours-fp8")
+        row["fp8_speedup"] = {m: (h.rate(fp8, m, "tbps") / h.rate(ours, m, "tbps")
+                                  if h.rate(fp8, m, "tbps") and h.rate(ours, m, "tbps") else None)
+                              for m in h.METHODS}
+    return row
 
 
 def copy_bandwidth(args) -> dict:
@@ -163,6 +195,8 @@ def main() -> int:
     p.add_argument("--copy-mib", type=int, default=1024,
                    help="MiB copied for the device copy bandwidth")
     p.add_argument("--dense-only", action="store_true", help="no paged rows")
+    p.add_argument("--fp8", action="store_true",
+                   help="also ours over fp8 e4m3 copies of the caches (ours-fp8)")
     args = h.finish_args(p.parse_args())
     cpu = args.device == "cpu"
     if cpu:
@@ -193,6 +227,11 @@ def main() -> int:
         (f"{name} {method}", [r["label"] for r in rows],
          [h.rate(r["results"].get(name), method, "tbps") for r in rows])
         for name in (rows[0]["results"] if rows else []) for method in h.METHODS]}
+    if args.fp8:
+        for r in rows:
+            speed = r.get("fp8_speedup") or {}
+            print(f"{r['label']}: fp8 caches {' / '.join(h.fmt(speed.get(m), 2) for m in h.METHODS)}x "
+                  f"the tokens/s of 16-bit caches ({' / '.join(h.METHODS)})")
     print(f"device copy bandwidth: {h.fmt(copy['tbps'], 2)} TB/s ({copy['method']} time of "
           f"a {args.copy_mib} MiB copy, read + write); ours's share of it per row in the JSON "
           "(eager_share_of_copy, kernel_share_of_copy)\n")

@@ -11,7 +11,10 @@
 #   3. compute-sanitizer memcheck, racecheck and synccheck on a few FP8 calls
 #      (FP8_SANITIZE=0: not);
 #   4. bench/forward_fp8.py (FP8_BENCH_ARGS, default the head dims 128 and 256 at 512 .. 16k,
-#      causal or not, with cuDNN; FP8_BENCH=0: not).
+#      causal or not, with cuDNN; FP8_BENCH=0: not);
+#   5. FP8 KV caches (FP8_CACHE=0: not): test_kvcache_cuda's Fp8 cases, the GPU fp8-cache
+#      tests of tests/python/test_kvcache.py, and bench/decode.py --fp8 (FP8_DECODE_ARGS,
+#      default the dense shapes; FP8_DECODE_BENCH=0: not).
 # Results in $OUT; a table printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -33,7 +36,7 @@ export FLASHATTN_CUDA_FP8=1  # the FP8 kernel, on request until it passes its GP
 t=$SECONDS
 if [ "${FP8_GTEST:-1}" = 1 ]; then
   (cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=sm_90a &&
-     cmake --build build-gpu --target test_fp8_cuda) >"$out/gtest_build.log" 2>&1 &
+     cmake --build build-gpu --target test_fp8_cuda test_kvcache_cuda) >"$out/gtest_build.log" 2>&1 &
   gtest_build=$!
 fi
 "$py" -m pip install --no-build-isolation --no-deps --no-index -v -C build-dir=build-py/gpu \
@@ -91,6 +94,31 @@ PY
   done
 fi
 
+if [ "${FP8_CACHE:-1}" = 1 ] && [ "$(left)" -gt 120 ]; then
+  t=$SECONDS
+  if [ "${FP8_GTEST:-1}" = 1 ]; then
+    timeout 150 build-gpu/tests/test_kvcache_cuda --gtest_filter='*Fp8*' >"$out/gtest_kvcache_fp8.log" 2>&1
+    rc=$?
+    row "test_kvcache_cuda *Fp8*" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
+      "$(grep -E '^\[  (PASSED|FAILED) ' "$out/gtest_kvcache_fp8.log" | tr '\n' ' ' | cut -c1-70)"
+    [ $rc = 0 ] || grep -E 'Failure|FAILED|Expected|Which is|max abs|off by' "$out/gtest_kvcache_fp8.log" | head -20
+  fi
+  t=$SECONDS
+  (cd /tmp && timeout 150 "$py" -m pytest -q -x --tb=short -p no:cacheprovider "$OLDPWD/tests/python/test_kvcache.py" -k gpu_fp8_cache) \
+    >"$out/pytest_kvcache_fp8.log" 2>&1
+  rc=$?
+  row "pytest test_kvcache.py -k gpu_fp8_cache" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) "$(tail -1 "$out/pytest_kvcache_fp8.log" | cut -c1-70)"
+  [ $rc = 0 ] || grep -E "^(FAILED|E  )" "$out/pytest_kvcache_fp8.log" | cut -c1-200 | head -20
+  if [ "${FP8_DECODE_BENCH:-1}" = 1 ] && [ "$(left)" -gt 80 ]; then
+    t=$SECONDS
+    # shellcheck disable=SC2086
+    timeout $(($(left) - 20)) "$py" bench/decode.py --out "$out/decode" --fp8 ${FP8_DECODE_ARGS:---dense-only --peers cudnn --target-s 0.3} \
+      >"$out/decode.log" 2>&1
+    rc=$?
+    row "bench/decode.py --fp8" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) "${FP8_DECODE_ARGS:-}"
+  fi
+fi
+
 if [ "${FP8_BENCH:-1}" = 1 ] && [ "$fp8_ok" = 0 ] && [ "$(left)" -gt 90 ]; then
   t=$SECONDS
   # shellcheck disable=SC2086
@@ -103,5 +131,6 @@ fi
 echo
 cat "$out/diagnose.log"
 [ -f "$out/bench/forward_fp8.md" ] && sed -n '/^| shape/,$p' "$out/bench/forward_fp8.md" | cut -d'|' -f1-6,10-12 | head -40
+grep -E "fp8 caches|copy bandwidth" "$out/decode.log" 2>/dev/null
 echo
 printf '%s\n' "${rows[@]}"

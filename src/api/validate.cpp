@@ -820,15 +820,18 @@ void check_outputs_disjoint(const std::vector<Argument>& inputs, const Argument&
   if (lse) check_disjoint("lse", *lse, lse_extent, "out", *out.view, out.extent);
 }
 
-// The backend, then the memory it needs: the rows the CUDA backend copies (check_rows_aligned),
+// The backend, then the memory it needs: the rows the CUDA backend copies (check_rows_aligned;
+// rows_dtype: the call's dtype there, fp8 e4m3 where anything is, which is never padded),
 // and every pointer element-aligned and where its view says (check_pointer).
 Backend check_backend_memory(const Execution& execution, const TensorView& q, int64_t head_dim,
                              const std::vector<Argument>& copied_by_rows,
                              const std::vector<Argument>& inputs, const Argument& out,
-                             const std::optional<TensorView>& lse) {
+                             const std::optional<TensorView>& lse,
+                             std::optional<DType> rows_dtype = std::nullopt) {
   const Backend backend = resolve_backend(execution, q);
   if (backend == Backend::CUDA)
-    for (const Argument& t : copied_by_rows) check_rows_aligned(t.name, *t.view, head_dim, q.dtype);
+    for (const Argument& t : copied_by_rows)
+      check_rows_aligned(t.name, *t.view, head_dim, rows_dtype.value_or(q.dtype));
   for (const Argument& in : inputs) check_pointer(execution, in.name, *in.view);
   check_pointer(execution, "out", *out.view);
   if (lse) check_pointer(execution, "lse", *lse);
@@ -1054,12 +1057,23 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
       expect_lse(lse, q, {batch, call.heads, call.rows_q}, "= (B, H, Sq)");
   append(inputs, expect_alibi(options, q, batch, call.heads));
   append(inputs, expect_cache_descales(options, q, kc, call));
-  if (kc.dtype == DType::Float8E4M3 && resolve_backend(execution, q) == Backend::CUDA)
-    unsupported("k_cache",
-                "dtype " + std::string(dtype_name(q.dtype)) +
-                    " like q for the cuda backend (fp8_e4m3 caches run on the cpu backend; "
-                    "their CUDA kernel is not written yet)",
-                "dtype fp8_e4m3");
+  // fp8 caches on CUDA: the decode kernel reads 16-byte rows of e4m3 (never padded), and runs
+  // only on request until it has passed its GPU tests (knobs.hpp).
+  const bool fp8_caches = kc.dtype == DType::Float8E4M3;
+  if (fp8_caches && resolve_backend(execution, q) == Backend::CUDA) {
+    if (!knobs::cuda_fp8_enabled())
+      unsupported("k_cache",
+                  "dtype " + std::string(dtype_name(q.dtype)) +
+                      " like q for the cuda backend (its fp8_e4m3 cache kernel has not yet "
+                      "passed its GPU tests: FLASHATTN_CUDA_FP8=1 runs it; the cpu backend "
+                      "runs fp8_e4m3 caches)",
+                  "dtype fp8_e4m3");
+    if (call.head_dim % 16 != 0)
+      unsupported("k_cache",
+                  "a head dim D that is a multiple of 16 for fp8_e4m3 caches on the cuda backend "
+                  "(rows of whole 16-byte chunks)",
+                  "D = " + std::to_string(call.head_dim));
+  }
 
   // What the call writes must not overlap what it reads: out and lse, and the caches when
   // k_new is appended (a packed (.., 2, Hk, D) cache, k and v interleaved, is fine: the two
@@ -1075,7 +1089,8 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
     }
   }
   call.backend = check_backend_memory(execution, q, call.head_dim, copied_by_rows, inputs,
-                                      out_checked, lse);
+                                      out_checked, lse,
+                                      fp8_caches ? std::optional(DType::Float8E4M3) : std::nullopt);
 
   // Last, so that a call with a bad value fails after every structural check, and only now
   // that every pointer is known to be readable (KvCacheValues: which values can be read).

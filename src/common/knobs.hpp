@@ -116,8 +116,8 @@ inline bool dq_atomics_forced() {
   return forced != nullptr && std::strcmp(forced, "1") == 0;
 }
 
-// FLASHATTN_CUDA_FP8=1 lets fp8_e4m3 calls reach the Hopper FP8 kernel, which CUDA refuses
-// otherwise until its first GPU run passes its tests (issue 31: the first one, 2026-12-07,
+// FLASHATTN_CUDA_FP8=1 lets fp8_e4m3 calls reach the Hopper FP8 kernel, and fp8_e4m3 KV caches
+// the decode kernel, which CUDA refuses otherwise until their first GPU run passes its tests (issue 31: the first one, 2026-12-07,
 // failed at head dim 128 and hung at 256; the hang is fixed, the failure not yet found).
 inline bool cuda_fp8_enabled() {
   const char* set = value(kCudaFp8);

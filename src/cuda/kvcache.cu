@@ -71,6 +71,16 @@ KvCacheRun run_dtype(const KvCacheParams& kv) {
   return result;
 }
 
+// fp8 e4m3 caches: head dims that are multiples of 16 (validated), so never padded, in
+// buckets 64, 128 and 256 (sm80_kvcache_fp8).
+template <typename Element>
+KvCacheRun run_fp8_caches(const KvCacheParams& kv) {
+  const int d = kv.attn.head_dim;
+  if (d <= 64) return sm80::run_kvcache_fp8<Element, 64>(kv);
+  if (d <= 128) return sm80::run_kvcache_fp8<Element, 128>(kv);
+  return sm80::run_kvcache_fp8<Element, 256>(kv);
+}
+
 }  // namespace
 
 KvCacheRun forward_kvcache(const KvCacheParams& kv) {
@@ -78,6 +88,8 @@ KvCacheRun forward_kvcache(const KvCacheParams& kv) {
   check_grid_extent(p.batch, "a batch of at most 65535", "B = " + std::to_string(p.batch));
   if (p.batch == 0) return {};
   const CurrentDevice on_the_tensors_gpu(p.device);
+  if (kv.cache_dtype == DType::Float8E4M3)
+    return p.dtype == DType::Float16 ? run_fp8_caches<__half>(kv) : run_fp8_caches<__nv_bfloat16>(kv);
   return run_with_padded_head_dim(kv, [](const KvCacheParams& padded) {
     return padded.attn.dtype == DType::Float16 ? run_dtype<__half>(padded)
                                                : run_dtype<__nv_bfloat16>(padded);

@@ -457,39 +457,62 @@ def fp8_cache_case(rng, dtype, **kw):
     return a
 
 
-@needs_torch
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] if torch else [], ids=str)
-@pytest.mark.parametrize("feature", ["plain", "causal", "alibi-h", "mqa"])
-def test_fp8_cache_vs_reference(rng, dtype, feature):
-    """fp8 e4m3 caches under a 16-bit q (docs/SPEC.md, "Decoding with a KV cache"): the
-    append stores e4m3(x / descale) bitwise (torch's own fp32 division and saturating
-    conversion), and out is the float64 attention over the caches as stored times their
-    (sequence, head) factors, within one rounding of out to q's dtype and fp32 arithmetic."""
-    a = fp8_cache_case(rng, dtype, sq=3, snew=2, **FEATURES[feature])
+def check_fp8_cache_call(a: dict):
+    """One call with fp8 caches (fp8_cache_case's arguments, on any device): the append stores
+    e4m3(x / descale) bitwise (torch's own fp32 division and saturating conversion), and out
+    is the float64 attention over the caches as stored times their (sequence, head) factors,
+    within one rounding of out to q's dtype and fp32 arithmetic."""
     before = {n: a[n].clone() for n in ("k_cache", "v_cache")}
     out, lse = call(a, return_softmax_lse=True)
-    assert out.dtype == dtype and lse.dtype == torch.float32
-    seqlens = torch.as_tensor(a["cache_seqlens"]).long()
+    assert out.dtype == a["q"].dtype and lse.dtype == torch.float32 and out.device == a["q"].device
+    seqlens = torch.as_tensor(a["cache_seqlens"]).long().cpu()
+    table = a.get("block_table")
+    table = None if table is None else torch.as_tensor(table).long().cpu()
+    page = a["k_cache"].shape[1]
     b_, snew = a["k"].shape[:2]
+
+    def slot(b, pos):  # (row, position within it) of sequence b's cache position pos
+        return (int(table[b, pos // page]), pos % page) if table is not None else (b, pos)
+
     for name, new, factor in (("k_cache", a["k"], a["k_descale"]), ("v_cache", a["v"], a["v_descale"])):
         want = before[name].clone()
         for b in range(b_):
-            rows = slice(int(seqlens[b]), int(seqlens[b]) + snew)
-            want[b, rows] = (new[b].float() / factor[b][None, :, None]).clamp(-448, 448).to(
-                torch.float8_e4m3fn)
+            for t in range(snew):
+                want[slot(b, int(seqlens[b]) + t)] = (new[b, t].float() / factor[b][:, None]).clamp(
+                    -448, 448).to(torch.float8_e4m3fn)
         assert torch.equal(a[name].view(torch.uint8), want.view(torch.uint8)), f"{name} after the append"
-    deq = {n: (a[n].double() * a[f].double()[:, None, :, None]).numpy()
-           for n, f in (("k_cache", "k_descale"), ("v_cache", "v_descale"))}
-    ref = dict(q=a["q"].double().numpy(), cache_seqlens=(seqlens + snew).numpy(), **deq,
+    # Each sequence's keys and values as stored times its factors, as a dense float64 cache.
+    length = int(seqlens.max()) + snew
+    deq = {}
+    for n, f in (("k_cache", "k_descale"), ("v_cache", "v_descale")):
+        cache, factor = a[n].double().cpu(), a[f].double().cpu()
+        dense = torch.zeros((b_, length) + tuple(cache.shape[2:]), dtype=torch.float64)
+        for b in range(b_):
+            for pos in range(int(seqlens[b]) + snew):
+                dense[b, pos] = cache[slot(b, pos)] * factor[b][:, None]
+        deq[n] = dense.numpy()
+    ref = dict(q=a["q"].double().cpu().numpy(), cache_seqlens=(seqlens + snew).numpy(), **deq,
                **{k: v for k, v in a.items() if k in ("causal", "window_size", "softcap",
-                                                      "softmax_scale", "alibi_slopes")})
-    if "alibi_slopes" in ref:
-        ref["alibi_slopes"] = np.asarray(ref["alibi_slopes"])
+                                                      "softmax_scale")})
+    if a.get("alibi_slopes") is not None:
+        ref["alibi_slopes"] = np.asarray(torch.as_tensor(a["alibi_slopes"]).cpu())
     expected = kvcache_reference(ref)
     largest = np.abs(expected.out).max()
     err = np.abs(to64(out) - expected.out).max()
     assert err <= (2.0 ** -8 + 1e-5) * largest, f"out off by {err:.3g} (largest {largest:.3g})"
     assert np.abs(to64(lse) - expected.lse).max() <= 1e-4 * max(1.0, np.abs(expected.lse).max())
+
+
+FP8_CACHE_FEATURES = ["plain", "causal", "alibi-h", "mqa"]
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16] if torch else [], ids=str)
+@pytest.mark.parametrize("feature", FP8_CACHE_FEATURES)
+def test_fp8_cache_vs_reference(rng, dtype, feature):
+    """fp8 e4m3 caches under a 16-bit q on the CPU (docs/SPEC.md, "Decoding with a KV
+    cache"): check_fp8_cache_call."""
+    check_fp8_cache_call(fp8_cache_case(rng, dtype, sq=3, snew=2, **FEATURES[feature]))
 
 
 @needs_torch
@@ -999,3 +1022,28 @@ def test_cuda_torch_compile():
             want = step(q, k, v, ref_k, ref_v, seqlens)
             torch.testing.assert_close(got, want, rtol=0, atol=0)
             assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("feature", FP8_CACHE_FEATURES)
+@pytest.mark.parametrize("d,paged", [(128, False), (64, False), (256, False), (128, True)],
+                         ids=["d128", "d64", "d256", "d128-paged"])
+def test_gpu_fp8_cache(rng, monkeypatch, dtype, feature, d, paged):
+    """fp8 e4m3 caches on CUDA (FLASHATTN_CUDA_FP8=1 until these pass on a GPU): the decode
+    kernel against float64 (check_fp8_cache_call), a long cache that the heuristic splits."""
+    monkeypatch.setenv("FLASHATTN_CUDA_FP8", "1")
+    kw = dict(FEATURES[feature], d=d, sq=1, snew=1, cache_len=700)
+    if paged:
+        kw["page_size"] = 64
+    a = fp8_cache_case(rng, getattr(torch, dtype), **kw)
+    check_fp8_cache_call({n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in a.items()})
+
+
+@cuda
+def test_gpu_fp8_cache_refused_without_the_knob(rng, monkeypatch):
+    monkeypatch.delenv("FLASHATTN_CUDA_FP8", raising=False)
+    a = fp8_cache_case(rng, torch.bfloat16, sq=1, snew=1)
+    a = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in a.items()}
+    with pytest.raises(NotImplementedError, match="k_cache: .*FLASHATTN_CUDA_FP8=1"):
+        call(a)

@@ -43,6 +43,19 @@ struct TunedKvCache {
   using PagedConfigs = ConfigsFrom<(kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2)>;
 };
 
+// fp8 e4m3 caches (head dims that are multiples of 16, in buckets 64, 128 and 256): twice the
+// 16-bit shape's stages, the same bytes in flight (a tile is half the size). Not yet timed.
+template <typename E, int kHeadDim>
+struct TunedFp8KvCache {
+  static constexpr TileLayout kLayout = kReleaseKvLayout<kHeadDim, __nv_fp8_e4m3>;
+  template <int kWarps, int kStages>
+  using Config = KvCacheConfig<E, kHeadDim, kWarps, kStages, 0, kLayout, __nv_fp8_e4m3>;
+  template <int kStages>
+  using ConfigsFrom = Candidates<Config<4, kStages>, Config<4, 2>, Config<2, 2>>;
+  using DenseConfigs = ConfigsFrom<(kHeadDim <= 64 ? 8 : 4)>;
+  using PagedConfigs = ConfigsFrom<(kHeadDim <= 64 ? 8 : kHeadDim <= 128 ? 6 : 4)>;
+};
+
 // Splits for num_splits = 0: as many as fit in one wave of CTAs over the SMs (rounded down:
 // a second, partial wave would double the time of the last CTAs), each split keeping at
 // least four key blocks of the largest sequence the cache can hold (fewer blocks per split
@@ -148,5 +161,9 @@ KvCacheRun launch_kvcache(const KvCacheParams& kv) {
 // shapes that fits the device, launched.
 template <typename Element, int kHeadDim>
 KvCacheRun run_kvcache(const KvCacheParams& params);
+
+// The same for fp8 e4m3 caches under a q of dtype Element (TunedFp8KvCache).
+template <typename Element, int kHeadDim>
+KvCacheRun run_kvcache_fp8(const KvCacheParams& params);
 
 }  // namespace flashattn::detail::cuda::sm80

@@ -33,10 +33,12 @@
 //   per block-table lookup). Every other index is derived from those values and the grid.
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/kvcache.hpp"
 #include "common/mask.hpp"
@@ -54,10 +56,19 @@ template <int kHeadDim, typename Element>
 inline constexpr TileLayout kReleaseKvLayout =
     kHeadDim * sizeof(Element) % 128 == 0 ? TileLayout::Swizzle : TileLayout::Pad32;
 
+// CacheElement: the caches' dtype, Element's (q's) or fp8 e4m3 (docs/SPEC.md, "Decoding with
+// a KV cache"; the kernel's "FP8 caches" comment says what changes).
 template <typename Element_, int kHeadDim_, int kWarps_, int kStages_, int kL2Prefetch_,
-          TileLayout kLayout_ = kReleaseKvLayout<kHeadDim_, Element_>>
+          TileLayout kLayout_ = kReleaseKvLayout<kHeadDim_, Element_>,
+          typename CacheElement_ = Element_>
 struct KvCacheConfig {
   using Element = Element_;
+  using CacheElement = CacheElement_;
+  static constexpr bool kFp8Cache = !std::is_same_v<CacheElement, Element>;
+  static_assert(!kFp8Cache || std::is_same_v<CacheElement, __nv_fp8_e4m3>, "fp8 caches are e4m3");
+  // The type of the tensor-core products: q's, or fp16 with fp8 caches (e4m3 -> fp16 is exact
+  // and one instruction; q is brought into fp16's range by a power of two per row).
+  using MmaElement = std::conditional_t<kFp8Cache, __half, Element>;
   static constexpr int kHeadDim = kHeadDim_;  // the bucket: a multiple of 32
   static constexpr int kWarps = kWarps_;
   static constexpr int kStages = kStages_;    // shared-memory stages of K and V
@@ -67,22 +78,30 @@ struct KvCacheConfig {
   static constexpr int kBlockM = 16;          // packed query rows per CTA
   static constexpr int kWarpKeys = 16;        // keys per warp per block
   static constexpr int kBlockN = kWarpKeys * kWarps;
-  static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
-  using KvTile = SharedTile<kLayout, kHeadDim, kElementBytes>;
+  static constexpr int kElementBytes = static_cast<int>(sizeof(Element));  // q's, Q's tile's
+  static constexpr int kCacheBytes = static_cast<int>(sizeof(CacheElement));
+  using KvTile = SharedTile<kLayout, kHeadDim, kCacheBytes>;
   // Shared-memory rows, in elements: K/V after kLayout, Q always padded by 16 bytes (it is
   // stored by st.shared, not copied).
   static constexpr int kRowStride = KvTile::kRowStride;
   static constexpr int kQRowStride = kHeadDim + 8;
-  static constexpr int kChunksPerRow = kHeadDim / 8;
-  static constexpr int kTileBytes = kBlockN * kRowStride * kElementBytes;
+  static constexpr int kChunkElements = 16 / kCacheBytes;  // cache elements per 16-byte copy
+  static constexpr int kChunksPerRow = kHeadDim / kChunkElements;
+  static constexpr int kQChunksPerRow = kHeadDim / 8;
+  static constexpr int kTileBytes = kBlockN * kRowStride * kCacheBytes;
   static constexpr int kQBytes = kBlockM * kQRowStride * kElementBytes;
-  static constexpr int kSharedBytes = kQBytes + 2 * kStages * kTileBytes;
-  static constexpr int kMaxSharedBytes = kSharedBytes;
+  // fp8 caches: the power of two each Q row was scaled by (a float per row).
+  static constexpr int kQScaleBytes = kFp8Cache ? kBlockM * 4 : 0;
+  static constexpr int kStageBytes = 2 * kStages * kTileBytes;
   // The warps' partial results (O, max, sum per row; fp32) reuse the K/V stages at the end.
   static constexpr int kPartialStride = kHeadDim + 4;  // floats per row of a warp's O
   static constexpr int kPartialBytes = kWarps * kBlockM * (kPartialStride + 2) * 4;
-  static_assert(kPartialBytes <= 2 * kStages * kTileBytes, "partials fit in the stages");
+  static constexpr int kSharedBytes =
+      kQBytes + kQScaleBytes + (kPartialBytes > kStageBytes ? kPartialBytes : kStageBytes);
+  static constexpr int kMaxSharedBytes = kSharedBytes;
   static_assert(kHeadDim % 32 == 0 && kStages >= 2, "shapes");
+  static_assert(!kFp8Cache || kHeadDim == 64 || kHeadDim % 128 == 0,
+                "fp8 caches: the fragment layout below covers buckets 64, 128 and 256");
 };
 
 // Eight fp16 or bf16 NaNs (all-ones bits) in global memory: what the general kernel's K tile
@@ -192,6 +211,82 @@ __device__ __forceinline__ CacheOffsets cache_offsets(const KvCacheParams& kv, i
           page * p.v_batch_stride + in_page * p.v_row_stride, kv_page_in_range(kv, page)};
 }
 
+// ---- FP8 caches --------------------------------------------------------------------------
+// With e4m3 caches (Cfg::kFp8Cache) the K/V tiles hold the caches' bytes as they are, and each
+// warp turns its own fragments into fp16 on their way to the tensor cores (mma.sync takes no
+// e4m3 under a 16-bit q):
+// - S = Q K^T: lane (g = lane / 4, c = lane % 4) reads its two key rows in 16-byte pieces, one
+//   4-byte word per k-step; the step's k-slots 2c, 2c+1, 2c+8, 2c+9 then stand for head dims
+//   fp8_key_dim(c, 4 kk) + 0..3, and Q's fragments are read with the same permutation (the dot
+//   product does not see an order of the dims).
+// - O += P V: lane (g, c) reads its four keys' rows (2c, 2c+1, 2c+8, 2c+9) in 4-byte words at
+//   bytes 32 j + 4 g; a byte permute pairs two keys' bytes into a B register, so n-tile 4 j + i
+//   holds dims fp8_value_dim(4 j + i, n); O's columns follow, restored where the warps'
+//   partials are written.
+// - q (bf16 or fp16) enters as fp16 times a power of two per row that puts the row's largest
+//   magnitude in [2^14, 2^15) (exact, unless an element lies more than 2^31 below it), the
+//   inverse folded into the row's score scale with k_descale; v_descale multiplies 1/l at the
+//   end. P is rounded to fp16 for the P V product.
+// - The append stores e4m3(x / factor) (quantise_e4m3), into the tile and the cache alike.
+// The row layouts (swizzle at 128 and 256, padding at 64) keep both read patterns free of
+// bank conflicts at 128 and 256.
+
+// The head dim held by byte b (0 <= b < D / 4) of lane c's share of a key row: 16-byte
+// pieces; at 64 one piece per lane, above that 32-byte runs 128 bytes apart (which keeps the
+// quarter-warps' reads on distinct banks under the swizzle).
+template <int kHeadDim>
+__device__ __forceinline__ int fp8_key_dim(int c, int b) {
+  if constexpr (kHeadDim == 64)
+    return 16 * c + b;
+  else
+    return 128 * (b / 32) + 32 * c + b % 32;
+}
+
+// The head dim held by column n (0..7) of n-tile t of O with fp8 caches.
+__device__ __forceinline__ int fp8_value_dim(int t, int n) { return 4 * (8 * (t / 4) + n) + t % 4; }
+
+// Two e4m3 values (bits 0-7 and 8-15 of `pair`) as an fp16 pair, the first in the low half;
+// exact (every e4m3 value, NaN included, is an fp16 one). sm_89 and newer convert in one
+// instruction; older GPUs place e4m3's bits in fp16's fields (its exponent 8 below fp16's bias)
+// and multiply by 2^8, NaN set apart.
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t pair) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h;
+  asm("{\n.reg .b16 p;\ncvt.u16.u32 p, %1;\ncvt.rn.f16x2.e4m3x2 %0, p;\n}\n" : "=r"(h) : "r"(pair));
+  return h;
+#else
+  const uint32_t spread = (pair & 0xffu) | ((pair & 0xff00u) << 8);
+  const uint32_t magnitude = spread & 0x007f007fu;
+  uint32_t bits = (magnitude << 7) | ((spread & 0x00800080u) << 8);
+  bits |= __vcmpeq2(magnitude, 0x007f007fu) & 0x7e007e00u;  // NaN: fp16's all-ones exponent
+  const __half2 value = __hmul2(*reinterpret_cast<const __half2*>(&bits), __floats2half2_rn(256.0f, 256.0f));
+  return *reinterpret_cast<const uint32_t*>(&value);
+#endif
+}
+
+// What an fp8 cache stores for an appended value x: e4m3 of x / factor (IEEE division),
+// rounded to nearest even, saturating at +-448, NaN staying NaN.
+__device__ __forceinline__ __nv_fp8_storage_t quantise_e4m3(float x, float factor) {
+  return __nv_cvt_float_to_fp8(__fdiv_rn(x, factor), __NV_SATFINITE, __NV_E4M3);
+}
+
+// Two 32-bit words from shared memory (8-byte aligned).
+__device__ __forceinline__ void ld_shared_64(uint32_t address, uint32_t& lo, uint32_t& hi) {
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(lo), "=r"(hi) : "r"(address));
+}
+__device__ __forceinline__ uint4 ld_shared_128(uint32_t address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_shared_32(uint32_t address) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(address));
+  return v;
+}
+
 // kGeneral: an append (k_new/v_new), rotary, ALiBi or softcap may occur. Without them (a
 // plain decoding step) the kernel is compiled without that code: a CTA runs its few key
 // blocks through the body only a handful of times, so the body's size is paid in
@@ -200,6 +295,10 @@ template <typename Cfg, bool kGeneral>
 __global__ void __launch_bounds__(Cfg::kThreads)
     kvcache_kernel(const __grid_constant__ KvCacheKernelParams kp) {
   using Element = typename Cfg::Element;
+  using CacheElement = typename Cfg::CacheElement;
+  using MmaElement = typename Cfg::MmaElement;
+  constexpr bool kFp8 = Cfg::kFp8Cache;
+  constexpr int kChunkElements = Cfg::kChunkElements;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
   constexpr int kRowStride = Cfg::kRowStride, kStages = Cfg::kStages;
   constexpr int kThreads = Cfg::kThreads, kWarps = Cfg::kWarps;
@@ -212,7 +311,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
   extern __shared__ __align__(16) unsigned char shared_raw[];
   const uint32_t sQ = ptx::shared_address(shared_raw);
-  const uint32_t sK = sQ + Cfg::kQBytes;                     // kStages tiles
+  float* q_row_scale = reinterpret_cast<float*>(shared_raw + Cfg::kQBytes);  // fp8 caches
+  const uint32_t sK = sQ + Cfg::kQBytes + Cfg::kQScaleBytes;  // kStages tiles
   const uint32_t sV = sK + kStages * Cfg::kTileBytes;        // kStages tiles
 
   // The combine kernel (launched as a programmatic dependent on sm_90) may be scheduled now;
@@ -234,6 +334,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int64_t seqlen_k = seq_ok ? seq.seqlen_k() : 0;
   const int64_t cached_end = seq.filled;  // positions below come from the cache
   const int64_t seqlen_q = p.seqlen_q;
+  // fp8 caches: this (sequence, kv head)'s factors.
+  const float k_factor = kFp8 ? p.k_descale.at(b, hk, 0) : 1.0f;
+  const float v_factor = kFp8 ? p.v_descale.at(b, hk, 0) : 1.0f;
 
   // This split's keys (indices relative to seq.begin): equal runs of whole key blocks.
   // Fewer than 2^26 key blocks (positions are below 2^32): a 32-bit division.
@@ -290,8 +393,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
   static_assert(kThreads % kThreadsPerRow == 0 && kBlockN % kRowsPerPass == 0, "loader");
   const int load_row = threadIdx.x / kThreadsPerRow, load_chunk = threadIdx.x % kThreadsPerRow;
-  const Element* k_cache = static_cast<const Element*>(p.k) + hk * p.k_head_stride;
-  const Element* v_cache = static_cast<const Element*>(p.v) + hk * p.v_head_stride;
+  const CacheElement* k_cache = static_cast<const CacheElement*>(p.k) + hk * p.k_head_stride;
+  const CacheElement* v_cache = static_cast<const CacheElement*>(p.v) + hk * p.v_head_stride;
   // In a dense cache this thread's rows are a fixed stride apart: their offsets advance by
   // additions (no per-row 64-bit multiplications); a paged cache looks each row's page up.
   const bool paged = kv.is_paged();
@@ -307,8 +410,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // column passes lie inside head_dim; full blocks then cost a pointer add per pass and one
   // cp.async per chunk, with no per-row offsets or range tests.
   const bool dense_cursor = !kGeneral && !paged;
-  const Element* k_next = k_cache + dense_row0.k + first_block * kBlockN * p.k_row_stride + load_chunk * 8;
-  const Element* v_next = v_cache + dense_row0.v + first_block * kBlockN * p.v_row_stride + load_chunk * 8;
+  const CacheElement* k_next = k_cache + dense_row0.k + first_block * kBlockN * p.k_row_stride + load_chunk * kChunkElements;
+  const CacheElement* v_next = v_cache + dense_row0.v + first_block * kBlockN * p.v_row_stride + load_chunk * kChunkElements;
   // Bit c: this thread's chunk of column pass c lies inside head_dim. all_columns: every
   // chunk it has lies inside (the same for every thread when the head dim fills its bucket,
   // so that whole blocks take one path per warp).
@@ -317,7 +420,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   for (int c = 0; c < kColumnPasses; ++c) {
     const int chunk = load_chunk + c * kThreadsPerRow;
     if (chunk < Cfg::kChunksPerRow) column_exists |= 1u << c;
-    if (chunk * 8 < p.head_dim) column_valid |= 1u << c;
+    if (chunk * kChunkElements < p.head_dim) column_valid |= 1u << c;
   }
   const bool all_columns = column_valid == column_exists;
   const auto load_block = [&](int n, int stage) {
@@ -329,8 +432,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const bool whole = j0 + kBlockN <= hi && all_columns;
       const auto copy_rows = [&](auto whole_tag) {
         constexpr bool kWhole = decltype(whole_tag)::value;
-        const Element* k_row = k_next;
-        const Element* v_row = v_next;
+        const CacheElement* k_row = k_next;
+        const CacheElement* v_row = v_next;
 #pragma unroll
         for (int pass = 0; pass < Cfg::kBlockN / kRowsPerPass; ++pass) {
           const int row = load_row + pass * kRowsPerPass;
@@ -340,9 +443,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
             const int chunk = load_chunk + c * kThreadsPerRow;
             if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
             const bool valid = kWhole || (in_range && ((column_valid >> c) & 1u));
-            const uint32_t offset = Cfg::KvTile::offset(row, chunk * 8);
-            ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_row + c * kThreadsPerRow * 8 : k_cache, valid);
-            ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_row + c * kThreadsPerRow * 8 : v_cache, valid);
+            const uint32_t offset = Cfg::KvTile::offset(row, chunk * kChunkElements);
+            ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_row + c * kThreadsPerRow * kChunkElements : k_cache, valid);
+            ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_row + c * kThreadsPerRow * kChunkElements : v_cache, valid);
           }
           k_row += k_pass_stride;
           v_row += v_pass_stride;
@@ -409,16 +512,16 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       for (int c = 0; c < kColumnPasses; ++c) {
         const int chunk = load_chunk + c * kThreadsPerRow;
         if (Cfg::kChunksPerRow % kThreadsPerRow != 0 && chunk >= Cfg::kChunksPerRow) continue;
-        const bool inside = in_range && chunk * 8 < p.head_dim;
+        const bool inside = in_range && chunk * kChunkElements < p.head_dim;
         const bool valid = inside && at.valid;
-        const uint32_t offset = Cfg::KvTile::offset(row, chunk * 8);
+        const uint32_t offset = Cfg::KvTile::offset(row, chunk * kChunkElements);
         if constexpr (kGeneral) {
-          const void* k_src = valid ? k_cache + at.k + chunk * 8 : inside ? kp.nan_keys : k_cache;
+          const void* k_src = valid ? k_cache + at.k + chunk * kChunkElements : inside ? kp.nan_keys : k_cache;
           ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, k_src, inside);
         } else if (valid || !inside) {
-          ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_cache + at.k + chunk * 8 : k_cache, valid);
+          ptx::cp_async_16<Cfg::kL2Prefetch>(k_tile + offset, valid ? k_cache + at.k + chunk * kChunkElements : k_cache, valid);
         }
-        ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_cache + at.v + chunk * 8 : v_cache, valid);
+        ptx::cp_async_16<Cfg::kL2Prefetch>(v_tile + offset, valid ? v_cache + at.v + chunk * kChunkElements : v_cache, valid);
       }
     }
     if (!kGeneral && holes != 0) {
@@ -428,8 +531,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
         for (int c = 0; c < kColumnPasses; ++c) {
           const int chunk = load_chunk + c * kThreadsPerRow;
-          if (chunk < Cfg::kChunksPerRow && chunk * 8 < p.head_dim)
-            ptx::st_shared_128(k_tile + Cfg::KvTile::offset(load_row + pass * kRowsPerPass, chunk * 8),
+          if (chunk < Cfg::kChunksPerRow && chunk * kChunkElements < p.head_dim)
+            ptx::st_shared_128(k_tile + Cfg::KvTile::offset(load_row + pass * kRowsPerPass, chunk * kChunkElements),
                                make_uint4(~0u, ~0u, ~0u, ~0u));
         }
       }
@@ -451,10 +554,18 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                                                           hk * kv.v_new_head_stride + e];
         }
         const uint32_t offset = Cfg::KvTile::offset(static_cast<int>(j - j0), e);
-        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(k_tile + offset),
-                     "h"(*reinterpret_cast<const unsigned short*>(&k_value)));
-        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(v_tile + offset),
-                     "h"(*reinterpret_cast<const unsigned short*>(&v_value)));
+        if constexpr (kFp8) {
+          // What the append stores, so that this call reads what the next one will.
+          const unsigned short k_byte = e < p.head_dim ? quantise_e4m3(static_cast<float>(k_value), k_factor) : 0;
+          const unsigned short v_byte = e < p.head_dim ? quantise_e4m3(static_cast<float>(v_value), v_factor) : 0;
+          asm volatile("st.shared.b8 [%0], %1;\n" ::"r"(k_tile + offset), "h"(k_byte));
+          asm volatile("st.shared.b8 [%0], %1;\n" ::"r"(v_tile + offset), "h"(v_byte));
+        } else {
+          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(k_tile + offset),
+                       "h"(*reinterpret_cast<const unsigned short*>(&k_value)));
+          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(v_tile + offset),
+                       "h"(*reinterpret_cast<const unsigned short*>(&v_value)));
+        }
       }
     }
   };
@@ -472,13 +583,13 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // that round trip overlaps the first blocks' (a short split has only a few key blocks to
   // hide latency behind). The loop's first barrier publishes the stores.
   {
-    constexpr int kQChunks = kBlockM * Cfg::kChunksPerRow;
+    constexpr int kQChunks = kBlockM * Cfg::kQChunksPerRow;
     constexpr int kQIters = (kQChunks + kThreads - 1) / kThreads;
     uint4 chunk_value[kQIters];
 #pragma unroll
     for (int i = 0; i < kQIters; ++i) {
       const int idx = threadIdx.x + i * kThreads;
-      const int r = idx / Cfg::kChunksPerRow, e0 = (idx % Cfg::kChunksPerRow) * 8;
+      const int r = idx / Cfg::kQChunksPerRow, e0 = (idx % Cfg::kQChunksPerRow) * 8;
       chunk_value[i] = make_uint4(0u, 0u, 0u, 0u);
       if (idx < kQChunks && r < rows_here && e0 < p.head_dim && seq_ok) {
         const uint32_t row = r0 + r, t = row / ugroup;
@@ -489,12 +600,43 @@ __global__ void __launch_bounds__(Cfg::kThreads)
                                   : *reinterpret_cast<const uint4*>(q + e0);
       }
     }
+    if constexpr (kFp8) {
+      // fp16 times 2^e per row, e putting the row's largest magnitude in [2^14, 2^15) (a row
+      // without a finite nonzero largest keeps e = 0); 2^-e goes to q_row_scale. A row's
+      // chunks lie in kQChunksPerRow consecutive lanes (at most 32), which reduce the row's
+      // largest magnitude among themselves.
+      static_assert(Cfg::kQChunksPerRow <= 32 && kThreads % 32 == 0, "a Q row within a warp");
+#pragma unroll
+      for (int i = 0; i < kQIters; ++i) {
+        const int idx = threadIdx.x + i * kThreads;
+        const Element* x = reinterpret_cast<const Element*>(&chunk_value[i]);
+        float largest = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) largest = fmaxf(largest, fabsf(static_cast<float>(x[k])));
+#pragma unroll
+        for (int offset = Cfg::kQChunksPerRow / 2; offset > 0; offset /= 2)
+          largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+        int e = 0;
+        if (largest > 0.0f && largest <= 3.4028235e38f) {
+          const int exponent = static_cast<int>((__float_as_uint(largest) >> 23) & 0xffu) - 127;
+          e = 14 - exponent < 126 ? 14 - exponent : 126;  // 2^-e stays a normal float
+        }
+        const float scale = __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+        __align__(16) __half2 h[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          h[k] = __floats2half2_rn(static_cast<float>(x[2 * k]) * scale, static_cast<float>(x[2 * k + 1]) * scale);
+        chunk_value[i] = *reinterpret_cast<const uint4*>(h);
+        if (idx < kQChunks && idx % Cfg::kQChunksPerRow == 0)
+          q_row_scale[idx / Cfg::kQChunksPerRow] = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kQIters; ++i) {
       const int idx = threadIdx.x + i * kThreads;
       if (idx < kQChunks)
-        ptx::st_shared_128(sQ + ((idx / Cfg::kChunksPerRow) * Cfg::kQRowStride +
-                                 (idx % Cfg::kChunksPerRow) * 8) * kElementBytes,
+        ptx::st_shared_128(sQ + ((idx / Cfg::kQChunksPerRow) * Cfg::kQRowStride +
+                                 (idx % Cfg::kQChunksPerRow) * 8) * kElementBytes,
                            chunk_value[i]);
     }
   }
@@ -562,6 +704,15 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // shared memory every block (the registers are needed elsewhere there).
   constexpr bool kQInRegisters = kHeadDim <= 128;
   uint32_t q_frag[kQInRegisters ? kKSteps : 1][4];
+  // fp8 caches: Q's fragment of k-step kk, its dims permuted as the keys' (fp8_key_dim).
+  const auto fp8_q_fragment = [&](int kk, uint32_t(&qf)[4]) {
+    const int dim = fp8_key_dim<kHeadDim>(lane % 4, 4 * kk);
+    ld_shared_64(sQ + (quad_row * Cfg::kQRowStride + dim) * kElementBytes, qf[0], qf[2]);
+    ld_shared_64(sQ + ((quad_row + 8) * Cfg::kQRowStride + dim) * kElementBytes, qf[1], qf[3]);
+  };
+  // The scale of this lane's two rows' scores (fp8 caches: times k_descale and the inverse of
+  // the row's power of two, set once Q has landed).
+  float row_score_scale[2] = {score_scale, score_scale};
 
   for (int n = 0; n < n_blocks; ++n) {
     const int stage = n % kStages;
@@ -571,14 +722,39 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     ptx::cp_async_commit();
     if (kQInRegisters && n == 0) {
 #pragma unroll
-      for (int kk = 0; kk < (kQInRegisters ? kKSteps : 1); ++kk)
-        ptx::ldmatrix_x4(q_frag[kk], q_base + kk * 16 * kElementBytes);
+      for (int kk = 0; kk < (kQInRegisters ? kKSteps : 1); ++kk) {
+        if constexpr (kFp8)
+          fp8_q_fragment(kk, q_frag[kk]);
+        else
+          ptx::ldmatrix_x4(q_frag[kk], q_base + kk * 16 * kElementBytes);
+      }
+    }
+    if (kFp8 && n == 0) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+        row_score_scale[rr] = score_scale * k_factor * q_row_scale[quad_row + 8 * rr];
     }
 
     // S = Q K^T over this warp's 16 keys of the block.
     const int64_t j0 = (first_block + n) * kBlockN + warp * 16;
     float s[2][4] = {};
     const uint32_t k_base = sK + stage * Cfg::kTileBytes + k_lane_row;
+    // fp8 caches: this lane's bytes of its two key rows, a 4-byte word per k-step.
+    uint32_t k_words[kFp8 ? 2 : 1][kFp8 ? kKSteps : 1];
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int piece = 0; piece < kHeadDim / 64; ++piece) {
+          const uint4 w = ld_shared_128(sK + stage * Cfg::kTileBytes +
+                                        Cfg::KvTile::offset(warp * 16 + nt * 8 + quad_row,
+                                                            fp8_key_dim<kHeadDim>(lane % 4, 16 * piece)));
+          k_words[nt][4 * piece] = w.x;
+          k_words[nt][4 * piece + 1] = w.y;
+          k_words[nt][4 * piece + 2] = w.z;
+          k_words[nt][4 * piece + 3] = w.w;
+        }
+    }
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       uint32_t qf[4], kf[4];
@@ -587,12 +763,21 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         qf[1] = q_frag[kk][1];
         qf[2] = q_frag[kk][2];
         qf[3] = q_frag[kk][3];
+      } else if constexpr (kFp8) {
+        fp8_q_fragment(kk, qf);
       } else {
         ptx::ldmatrix_x4(qf, q_base + kk * 16 * kElementBytes);
       }
-      ptx::ldmatrix_x4(kf, k_base + ((kk * 16 * kElementBytes + k_lane_col) ^ lane_swizzle));
-      ptx::mma_16816<Element>(s[0], qf, kf[0], kf[1]);
-      ptx::mma_16816<Element>(s[1], qf, kf[2], kf[3]);
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+          ptx::mma_16816<__half>(s[nt], qf, e4m3x2_to_half2(k_words[nt][kk] & 0xffffu),
+                                 e4m3x2_to_half2(k_words[nt][kk] >> 16));
+      } else {
+        ptx::ldmatrix_x4(kf, k_base + ((kk * 16 * kElementBytes + k_lane_col) ^ lane_swizzle));
+        ptx::mma_16816<Element>(s[0], qf, kf[0], kf[1]);
+        ptx::mma_16816<Element>(s[1], qf, kf[2], kf[3]);
+      }
     }
 
     // Scores in base-2 units, softcap and ALiBi, the mask (only where one of this lane's rows
@@ -606,7 +791,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       for (int t = 0; t < 2; ++t)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float x = s[t][2 * rr + e] * score_scale;
+          float x = s[t][2 * rr + e] * row_score_scale[rr];
           if (softcap) x = p.softcap * ptx::tanh_for_softcap(x) * kLog2e;
           s[t][2 * rr + e] = x;
         }
@@ -652,10 +837,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
     // O += P V over the same 16 keys.
     uint32_t pf[4];
-    pf[0] = ptx::pack2<Element>(s[0][0], s[0][1]);
-    pf[1] = ptx::pack2<Element>(s[0][2], s[0][3]);
-    pf[2] = ptx::pack2<Element>(s[1][0], s[1][1]);
-    pf[3] = ptx::pack2<Element>(s[1][2], s[1][3]);
+    pf[0] = ptx::pack2<MmaElement>(s[0][0], s[0][1]);
+    pf[1] = ptx::pack2<MmaElement>(s[0][2], s[0][3]);
+    pf[2] = ptx::pack2<MmaElement>(s[1][0], s[1][1]);
+    pf[3] = ptx::pack2<MmaElement>(s[1][2], s[1][3]);
     const uint32_t v_base = sV + stage * Cfg::kTileBytes + v_lane_row;
     // Rescale O only when some row's running max moved (after the first blocks it rarely
     // does): one warp vote instead of 4 kOTiles multiplications per block.
@@ -668,28 +853,58 @@ __global__ void __launch_bounds__(Cfg::kThreads)
         o[t][3] *= scale_o[1];
       }
     }
+    if constexpr (kFp8) {
+      // Keys 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1) of this warp's 16: their words at byte
+      // 32 j + 4 g hold n-tiles 4 j .. 4 j + 3 (fp8_value_dim), paired key by key.
+      const uint32_t tile = sV + stage * Cfg::kTileBytes;
+      const int key = warp * 16 + 2 * (lane % 4);
 #pragma unroll
-    for (int t = 0; t < kOTiles; t += 2) {
-      uint32_t vf[4];
-      ptx::ldmatrix_x4_trans(vf, v_base + ((t * 8 * kElementBytes + v_lane_col) ^ lane_swizzle));
-      ptx::mma_16816<Element>(o[t], pf, vf[0], vf[1]);
-      ptx::mma_16816<Element>(o[t + 1], pf, vf[2], vf[3]);
+      for (int j = 0; j < kHeadDim / 32; ++j) {
+        const int byte = 32 * j + 4 * quad_row;
+        const uint32_t w0 = ld_shared_32(tile + Cfg::KvTile::offset(key, byte));
+        const uint32_t w1 = ld_shared_32(tile + Cfg::KvTile::offset(key + 1, byte));
+        const uint32_t w8 = ld_shared_32(tile + Cfg::KvTile::offset(key + 8, byte));
+        const uint32_t w9 = ld_shared_32(tile + Cfg::KvTile::offset(key + 9, byte));
+        const uint32_t low01 = __byte_perm(w0, w1, 0x5140), low23 = __byte_perm(w0, w1, 0x7362);
+        const uint32_t high01 = __byte_perm(w8, w9, 0x5140), high23 = __byte_perm(w8, w9, 0x7362);
+        ptx::mma_16816<__half>(o[4 * j], pf, e4m3x2_to_half2(low01 & 0xffffu), e4m3x2_to_half2(high01 & 0xffffu));
+        ptx::mma_16816<__half>(o[4 * j + 1], pf, e4m3x2_to_half2(low01 >> 16), e4m3x2_to_half2(high01 >> 16));
+        ptx::mma_16816<__half>(o[4 * j + 2], pf, e4m3x2_to_half2(low23 & 0xffffu), e4m3x2_to_half2(high23 & 0xffffu));
+        ptx::mma_16816<__half>(o[4 * j + 3], pf, e4m3x2_to_half2(low23 >> 16), e4m3x2_to_half2(high23 >> 16));
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < kOTiles; t += 2) {
+        uint32_t vf[4];
+        ptx::ldmatrix_x4_trans(vf, v_base + ((t * 8 * kElementBytes + v_lane_col) ^ lane_swizzle));
+        ptx::mma_16816<Element>(o[t], pf, vf[0], vf[1]);
+        ptx::mma_16816<Element>(o[t + 1], pf, vf[2], vf[3]);
+      }
     }
   }
 
   // Merge the warps: each writes its O, max and sum per row into the (now idle) stages.
   ptx::cp_async_wait<0>();
   __syncthreads();
-  float* partial_o = reinterpret_cast<float*>(shared_raw + Cfg::kQBytes);
+  float* partial_o = reinterpret_cast<float*>(shared_raw + Cfg::kQBytes + Cfg::kQScaleBytes);
   float* partial_max = partial_o + kWarps * kBlockM * Cfg::kPartialStride;
   float* partial_sum = partial_max + kWarps * kBlockM;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = quad_row + 8 * rr;
     float* row = partial_o + (warp * kBlockM + r) * Cfg::kPartialStride;
+    if constexpr (kFp8) {  // O's columns back in order: 4 consecutive dims per (4 n-tiles, column)
 #pragma unroll
-    for (int t = 0; t < kOTiles; ++t)
-      *reinterpret_cast<float2*>(row + t * 8 + quad_col) = make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
+      for (int t = 0; t < kOTiles; t += 4)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          *reinterpret_cast<float4*>(row + fp8_value_dim(t, quad_col + e)) =
+              make_float4(o[t][2 * rr + e], o[t + 1][2 * rr + e], o[t + 2][2 * rr + e], o[t + 3][2 * rr + e]);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kOTiles; ++t)
+        *reinterpret_cast<float2*>(row + t * 8 + quad_col) = make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
+    }
     float l = row_sum[rr];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -724,7 +939,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
     // A sequence out of range: NaN rows (its l is 0: no keys), through the combine too.
     const float nan = __int_as_float(0x7fffffff);
-    const float inv_l = !sequence_in_range ? nan : l == 0.0f ? 0.0f : 1.0f / l;
+    // (v_factor: fp8 caches' v_descale; 1 otherwise.)
+    const float inv_l = !sequence_in_range ? nan : l == 0.0f ? 0.0f : v_factor / l;
     const float lse = !sequence_in_range ? nan : l == 0.0f ? -INFINITY : (base + log2f(l)) * 0.6931471805599453f;
     const uint32_t row = r0 + merge_row, t = row / ugroup;
     const int h = hk * group + static_cast<int>(row - t * ugroup);
@@ -779,10 +995,17 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       const int64_t t = pos - cached_end;  // row of k_new / v_new
       const CacheOffsets at = cache_offsets(kv, b, seq, pos);
       if (!at.valid) continue;  // never: sequence_in_range covers these pages (a guard at the store)
-      static_cast<Element*>(const_cast<void*>(p.k))[at.k + hk * p.k_head_stride + e] =
-          Element(rotated(k_new + t * kv.k_new_row_stride, e, kv, pos));
-      static_cast<Element*>(const_cast<void*>(p.v))[at.v + hk * p.v_head_stride + e] =
-          v_new[t * kv.v_new_row_stride + e];
+      const Element k_value = Element(rotated(k_new + t * kv.k_new_row_stride, e, kv, pos));
+      const Element v_value = v_new[t * kv.v_new_row_stride + e];
+      if constexpr (kFp8) {
+        static_cast<__nv_fp8_storage_t*>(const_cast<void*>(p.k))[at.k + hk * p.k_head_stride + e] =
+            quantise_e4m3(static_cast<float>(k_value), k_factor);
+        static_cast<__nv_fp8_storage_t*>(const_cast<void*>(p.v))[at.v + hk * p.v_head_stride + e] =
+            quantise_e4m3(static_cast<float>(v_value), v_factor);
+      } else {
+        static_cast<Element*>(const_cast<void*>(p.k))[at.k + hk * p.k_head_stride + e] = k_value;
+        static_cast<Element*>(const_cast<void*>(p.v))[at.v + hk * p.v_head_stride + e] = v_value;
+      }
     }
   }
 }
