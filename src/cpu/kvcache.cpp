@@ -73,12 +73,16 @@ void rotate_row(const KvCacheParams& p, int64_t pos, const T* x, T* y) {
   std::memcpy(y + p.rotary_dim, x + p.rotary_dim, sizeof(T) * static_cast<size_t>(D - p.rotary_dim));
 }
 
-// Step 1: k_new (rotated when there is rotary) and v_new into the cache, in place.
-template <typename T>
+// Step 1: k_new (rotated when there is rotary) and v_new into the cache, in place: copies into
+// a cache of their dtype T; into an fp8 cache (Cache = float8_e4m3_t), k (rotated and rounded
+// to T, as a T cache would store it) and v each divided by its factor and rounded to e4m3,
+// saturating (docs/SPEC.md, "Decoding with a KV cache").
+template <typename T, typename Cache = T>
 void append_new_rows(const KvCacheParams& p, int threads) {
   if (p.k_new == nullptr || p.seqlen_new == 0) return;
   const ForwardParams& a = p.attn;
-  const size_t row_bytes = sizeof(T) * static_cast<size_t>(a.head_dim);
+  const int D = a.head_dim;
+  const size_t row_bytes = sizeof(T) * static_cast<size_t>(D);
 #pragma omp parallel for collapse(3) num_threads(threads)
   for (int32_t b = 0; b < a.batch; ++b)
     for (int64_t t = 0; t < p.seqlen_new; ++t)
@@ -89,17 +93,30 @@ void append_new_rows(const KvCacheParams& p, int threads) {
                          t * p.k_new_row_stride + hk * p.k_new_head_stride;
         const T* v_new = static_cast<const T*>(p.v_new) + b * p.v_new_batch_stride +
                          t * p.v_new_row_stride + hk * p.v_new_head_stride;
-        T* k = static_cast<T*>(const_cast<void*>(a.k)) +
-               kv_position_offset(p, b, s, pos, a.k_batch_stride, a.k_row_stride) +
-               hk * a.k_head_stride;
-        T* v = static_cast<T*>(const_cast<void*>(a.v)) +
-               kv_position_offset(p, b, s, pos, a.v_batch_stride, a.v_row_stride) +
-               hk * a.v_head_stride;
-        if (p.rotary_cos != nullptr)
-          rotate_row(p, pos, k_new, k);
-        else
-          std::memcpy(k, k_new, row_bytes);
-        std::memcpy(v, v_new, row_bytes);
+        Cache* k = static_cast<Cache*>(const_cast<void*>(a.k)) +
+                   kv_position_offset(p, b, s, pos, a.k_batch_stride, a.k_row_stride) +
+                   hk * a.k_head_stride;
+        Cache* v = static_cast<Cache*>(const_cast<void*>(a.v)) +
+                   kv_position_offset(p, b, s, pos, a.v_batch_stride, a.v_row_stride) +
+                   hk * a.v_head_stride;
+        if constexpr (std::is_same_v<Cache, T>) {
+          if (p.rotary_cos != nullptr)
+            rotate_row(p, pos, k_new, k);
+          else
+            std::memcpy(k, k_new, row_bytes);
+          std::memcpy(v, v_new, row_bytes);
+        } else {
+          T rotated[256];  // head dims are at most 256
+          if (p.rotary_cos != nullptr) {
+            rotate_row(p, pos, k_new, rotated);
+            k_new = rotated;
+          }
+          const float k_factor = a.k_descale.at(b, hk, 0), v_factor = a.v_descale.at(b, hk, 0);
+          for (int d = 0; d < D; ++d) {
+            k[d] = to_float8_e4m3(to_float(k_new[d]) / k_factor);
+            v[d] = to_float8_e4m3(to_float(v_new[d]) / v_factor);
+          }
+        }
       }
 }
 
@@ -489,46 +506,10 @@ KvCacheRun forward_kvcache_typed(const KvCacheParams& params) {
 // path above attends over them as a dense cache that holds just those positions; its out is
 // rounded to q's dtype.
 
-// Step 1 for fp8 caches: k_new (rotated and rounded to q's dtype T, as a T cache would store
-// it) and v_new, each divided by its factor and rounded to e4m3 (saturating), in place.
-template <typename T>
-void append_quantised_rows(const KvCacheParams& p, int threads) {
-  if (p.k_new == nullptr || p.seqlen_new == 0) return;
-  const ForwardParams& a = p.attn;
-  const int D = a.head_dim;
-#pragma omp parallel for collapse(3) num_threads(threads)
-  for (int32_t b = 0; b < a.batch; ++b)
-    for (int64_t t = 0; t < p.seqlen_new; ++t)
-      for (int32_t hk = 0; hk < a.heads_k; ++hk) {
-        const KvSequence s = kv_sequence(p, b);
-        const int64_t pos = p.cache_seqlens[b] + t;
-        const T* k_new = static_cast<const T*>(p.k_new) + b * p.k_new_batch_stride +
-                         t * p.k_new_row_stride + hk * p.k_new_head_stride;
-        const T* v_new = static_cast<const T*>(p.v_new) + b * p.v_new_batch_stride +
-                         t * p.v_new_row_stride + hk * p.v_new_head_stride;
-        auto* k = static_cast<float8_e4m3_t*>(const_cast<void*>(a.k)) +
-                  kv_position_offset(p, b, s, pos, a.k_batch_stride, a.k_row_stride) +
-                  hk * a.k_head_stride;
-        auto* v = static_cast<float8_e4m3_t*>(const_cast<void*>(a.v)) +
-                  kv_position_offset(p, b, s, pos, a.v_batch_stride, a.v_row_stride) +
-                  hk * a.v_head_stride;
-        T rotated[256];  // head dims are at most 256
-        if (p.rotary_cos != nullptr) {
-          rotate_row(p, pos, k_new, rotated);
-          k_new = rotated;
-        }
-        const float k_factor = a.k_descale.at(b, hk, 0), v_factor = a.v_descale.at(b, hk, 0);
-        for (int d = 0; d < D; ++d) {
-          k[d] = to_float8_e4m3(to_float(k_new[d]) / k_factor);
-          v[d] = to_float8_e4m3(to_float(v_new[d]) / v_factor);
-        }
-      }
-}
-
 template <typename T>
 KvCacheRun forward_kvcache_fp8(const KvCacheParams& params) {
   const int threads = params.attn.num_threads > 0 ? params.attn.num_threads : omp_get_max_threads();
-  append_quantised_rows<T>(params, threads);
+  append_new_rows<T, float8_e4m3_t>(params, threads);
 
   const ForwardParams& a = params.attn;
   const int32_t B = a.batch, H = a.heads, Hk = a.heads_k, D = a.head_dim;

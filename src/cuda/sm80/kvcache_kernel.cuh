@@ -270,23 +270,6 @@ __device__ __forceinline__ __nv_fp8_storage_t quantise_e4m3(float x, float facto
   return __nv_cvt_float_to_fp8(__fdiv_rn(x, factor), __NV_SATFINITE, __NV_E4M3);
 }
 
-// Two 32-bit words from shared memory (8-byte aligned).
-__device__ __forceinline__ void ld_shared_64(uint32_t address, uint32_t& lo, uint32_t& hi) {
-  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(lo), "=r"(hi) : "r"(address));
-}
-__device__ __forceinline__ uint4 ld_shared_128(uint32_t address) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(address));
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_shared_32(uint32_t address) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(address));
-  return v;
-}
-
 // kGeneral: an append (k_new/v_new), rotary, ALiBi or softcap may occur. Without them (a
 // plain decoding step) the kernel is compiled without that code: a CTA runs its few key
 // blocks through the body only a handful of times, so the body's size is paid in
@@ -707,8 +690,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // fp8 caches: Q's fragment of k-step kk, its dims permuted as the keys' (fp8_key_dim).
   const auto fp8_q_fragment = [&](int kk, uint32_t(&qf)[4]) {
     const int dim = fp8_key_dim<kHeadDim>(lane % 4, 4 * kk);
-    ld_shared_64(sQ + (quad_row * Cfg::kQRowStride + dim) * kElementBytes, qf[0], qf[2]);
-    ld_shared_64(sQ + ((quad_row + 8) * Cfg::kQRowStride + dim) * kElementBytes, qf[1], qf[3]);
+    const uint2 row_g = ptx::ld_shared_64(sQ + (quad_row * Cfg::kQRowStride + dim) * kElementBytes);
+    const uint2 row_g8 = ptx::ld_shared_64(sQ + ((quad_row + 8) * Cfg::kQRowStride + dim) * kElementBytes);
+    qf[0] = row_g.x;
+    qf[1] = row_g8.x;
+    qf[2] = row_g.y;
+    qf[3] = row_g8.y;
   };
   // The scale of this lane's two rows' scores (fp8 caches: times k_descale and the inverse of
   // the row's power of two, set once Q has landed).
@@ -746,7 +733,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int piece = 0; piece < kHeadDim / 64; ++piece) {
-          const uint4 w = ld_shared_128(sK + stage * Cfg::kTileBytes +
+          const uint4 w = ptx::ld_shared_128(sK + stage * Cfg::kTileBytes +
                                         Cfg::KvTile::offset(warp * 16 + nt * 8 + quad_row,
                                                             fp8_key_dim<kHeadDim>(lane % 4, 16 * piece)));
           k_words[nt][4 * piece] = w.x;
@@ -861,10 +848,10 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 #pragma unroll
       for (int j = 0; j < kHeadDim / 32; ++j) {
         const int byte = 32 * j + 4 * quad_row;
-        const uint32_t w0 = ld_shared_32(tile + Cfg::KvTile::offset(key, byte));
-        const uint32_t w1 = ld_shared_32(tile + Cfg::KvTile::offset(key + 1, byte));
-        const uint32_t w8 = ld_shared_32(tile + Cfg::KvTile::offset(key + 8, byte));
-        const uint32_t w9 = ld_shared_32(tile + Cfg::KvTile::offset(key + 9, byte));
+        const uint32_t w0 = ptx::ld_shared_32(tile + Cfg::KvTile::offset(key, byte));
+        const uint32_t w1 = ptx::ld_shared_32(tile + Cfg::KvTile::offset(key + 1, byte));
+        const uint32_t w8 = ptx::ld_shared_32(tile + Cfg::KvTile::offset(key + 8, byte));
+        const uint32_t w9 = ptx::ld_shared_32(tile + Cfg::KvTile::offset(key + 9, byte));
         const uint32_t low01 = __byte_perm(w0, w1, 0x5140), low23 = __byte_perm(w0, w1, 0x7362);
         const uint32_t high01 = __byte_perm(w8, w9, 0x5140), high23 = __byte_perm(w8, w9, 0x7362);
         ptx::mma_16816<__half>(o[4 * j], pf, e4m3x2_to_half2(low01 & 0xffffu), e4m3x2_to_half2(high01 & 0xffffu));
