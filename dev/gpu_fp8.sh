@@ -2,8 +2,8 @@
 # Scratch: one GPU call for the FP8 forward (issue 31), each stage started while the call's
 # budget (FP8_LIMIT_S, default 560 s) leaves room for it:
 #   1. the package built with CUDA for sm_90a and installed (its ptxas lines on the FP8
-#      kernels: spills, serialised wgmmas); beside it, unless FP8_GTEST=0, the C++ FP8 suite
-#      on CUDA (test_fp8_cuda, build-gpu/), run after it;
+#      kernels: spills, serialised wgmmas); unless FP8_GTEST=0, the C++ FP8 suites on CUDA
+#      (test_fp8_cuda, test_kvcache_cuda) built in the package's build tree and run;
 #   2. dev/fp8_diagnose.py (GPU against the CPU path on inputs that isolate the key order,
 #      the sums and the descales), tests/python/test_fp8.py (the Hopper kernel against its
 #      float64 emulation, varlen, paged; FP8_PYTEST_ARGS, default -x --tb=short) and, unless
@@ -34,20 +34,20 @@ export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_
 export FLASHATTN_CUDA_FP8=1  # the FP8 kernel, on request until it passes its GPU tests
 
 t=$SECONDS
-if [ "${FP8_GTEST:-1}" = 1 ]; then
-  (cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_ARCHS=sm_90a &&
-     cmake --build build-gpu --target test_fp8_cuda test_kvcache_cuda) >"$out/gtest_build.log" 2>&1 &
-  gtest_build=$!
-fi
+# With FP8_GTEST the package's build also configures the C++ tests, which then link the
+# library it compiled (one build of the kernels, not two).
+tests_on=$([ "${FP8_GTEST:-1}" = 1 ] && echo ON || echo OFF)
 "$py" -m pip install --no-build-isolation --no-deps --no-index -v -C build-dir=build-py/gpu \
-  -C cmake.define.FLASHATTN_CUDA=ON -C cmake.define.FLASHATTN_CUDA_ARCHS=sm_90a . >"$out/pip.log" 2>&1
+  -C cmake.define.FLASHATTN_CUDA=ON -C cmake.define.FLASHATTN_CUDA_ARCHS=sm_90a \
+  -C cmake.define.FLASHATTN_BUILD_TESTS=$tests_on . >"$out/pip.log" 2>&1
 rc=$?
 row "package (sm_90a)" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
   "$(grep -c 'fp8.*serializ\|serializ.*fp8' "$out/pip.log") fp8 serialisation lines"
 grep -E "nv_fp8.*(spill|serializ)|(spill|serializ).*nv_fp8" "$out/pip.log" | sed 's/_ZN9flashattn6detail4cuda4sm90//' | cut -c1-160 | head
 [ $rc = 0 ] || { tail -30 "$out/pip.log"; exit 1; }
 if [ "${FP8_GTEST:-1}" = 1 ]; then
-  wait "$gtest_build" && t=$SECONDS && timeout 200 build-gpu/tests/test_fp8_cuda >"$out/gtest_fp8.log" 2>&1
+  cmake --build build-py/gpu --target test_fp8_cuda test_kvcache_cuda >"$out/gtest_build.log" 2>&1 &&
+    t=$SECONDS && timeout 200 build-py/gpu/tests/test_fp8_cuda >"$out/gtest_fp8.log" 2>&1
   rc=$?
   row "test_fp8_cuda" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
     "$(grep -E '^\[  (PASSED|FAILED) ' "$out/gtest_fp8.log" | tr '\n' ' ' | cut -c1-70)"
@@ -97,7 +97,7 @@ fi
 if [ "${FP8_CACHE:-1}" = 1 ] && [ "$(left)" -gt 120 ]; then
   t=$SECONDS
   if [ "${FP8_GTEST:-1}" = 1 ]; then
-    timeout 150 build-gpu/tests/test_kvcache_cuda --gtest_filter='*Fp8*' >"$out/gtest_kvcache_fp8.log" 2>&1
+    timeout 150 build-py/gpu/tests/test_kvcache_cuda --gtest_filter='*Fp8*' >"$out/gtest_kvcache_fp8.log" 2>&1
     rc=$?
     row "test_kvcache_cuda *Fp8*" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
       "$(grep -E '^\[  (PASSED|FAILED) ' "$out/gtest_kvcache_fp8.log" | tr '\n' ' ' | cut -c1-70)"
