@@ -303,16 +303,18 @@ double round_to(DType dtype, double x) {
   return values_of(one)[0];
 }
 
-// An fp8 cache's expectation, from the caches after the call (expect_fp8_cache_appended
-// checks what the append stored): every key and value of a sequence is its stored e4m3 value
-// times the sequence's factor for its head, q is rotated in float64 and rounded to its dtype,
-// and the result must meet the CPU engine's rule for dequantised inputs (fp32 arithmetic,
-// out rounded once).
-void expect_fp8_attention_matches(KvProblem& p, const std::vector<int64_t>& sequences) {
+// An fp8 cache's expectation: the old rows from the caches as they were before the call, the
+// appended ones as the call stored them (expect_fp8_row_appended checks those); every key and
+// value of a sequence is its stored e4m3 value times the sequence's factor for its head, q is
+// rotated in float64 and rounded to its dtype, and the result must meet the CPU engine's rule
+// for dequantised inputs (fp32 arithmetic, out rounded once).
+void expect_fp8_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before,
+                                  const std::vector<int64_t>& sequences) {
   const std::vector<double> q = values_of(p.q);
   const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
   const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
-  const std::vector<double> k_cache = values_of(p.k_cache), v_cache = values_of(p.v_cache);
+  const std::vector<double> k_old = values_of(k_before), v_old = values_of(v_before);
+  const std::vector<double> k_after = values_of(p.k_cache), v_after = values_of(p.v_cache);
   const std::vector<double> k_factor = values_of(p.k_descale), v_factor = values_of(p.v_descale);
   const int64_t D = p.D, row = p.Hk * D;
   std::vector<double> exact_out, exact_lse, got_out, got_lse;
@@ -329,6 +331,9 @@ void expect_fp8_attention_matches(KvProblem& p, const std::vector<int64_t>& sequ
         qb(DType::Float32, p.Sq * p.H * D);
     for (int64_t j = 0; j < Sk; ++j) {
       const int64_t at = p.storage_row(b, begin + j) * row;
+      const bool appended = begin + j >= filled;
+      const std::vector<double>& k_cache = appended ? k_after : k_old;
+      const std::vector<double>& v_cache = appended ? v_after : v_old;
       for (int64_t hk = 0; hk < p.Hk; ++hk)
         for (int64_t d = 0; d < D; ++d) {
           const size_t e = size_t(at + hk * D + d);
@@ -371,7 +376,7 @@ void expect_fp8_attention_matches(KvProblem& p, const std::vector<int64_t>& sequ
 // sequences' out and lse rows.
 void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before,
                               const std::vector<int64_t>& sequences) {
-  if (p.c.fp8_cache) return expect_fp8_attention_matches(p, sequences);
+  if (p.c.fp8_cache) return expect_fp8_attention_matches(p, k_before, v_before, sequences);
   const std::vector<double> q = values_of(p.q);
   const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
   const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
@@ -1201,6 +1206,9 @@ GuardedRun run_guarded(KvProblem& p, const IndexValues& values, bool graph) {
   mirror(msin, h.rotary_sin, d.rotary_sin);
   Options options = p.options;
   mirror(mslopes, p.options.alibi_slopes, options.alibi_slopes);
+  std::optional<DeviceMirror> mkd, mvd;
+  mirror(mkd, p.options.k_descale, options.k_descale);
+  mirror(mvd, p.options.v_descale, options.v_descale);
   Buffer leftpad = int32_buffer(values.leftpad), batch_idx = int32_buffer(values.batch_idx),
          table = int32_buffer(values.table);
   if (h.cache_leftpad) d.cache_leftpad = mpad.emplace(leftpad.view({p.B})).view();
@@ -1461,6 +1469,22 @@ TEST(KvCacheGuard, BlockTable) {
     e.what = set_to("block_table[1]", p.max_pages - 1, value);
     return e;
   });
+}
+
+// The same guards with fp8 caches (FLASHATTN_CUDA_FP8=1): a page out of range reads NaN keys
+// (e4m3's all-ones bytes), a bad length or page for the append leaves sequence 0 NaN.
+TEST(KvCacheGuard, Fp8Caches) {
+  ScopedEnv knob("FLASHATTN_CUDA_FP8", "1");
+  const auto fp8 = [](GuardBase base) -> MakeCase {
+    return [base](int64_t sn, int32_t splits) {
+      KvCase c = guard_case(base, sn, splits);
+      c.fp8_cache = true;
+      return c;
+    };
+  };
+  check_guard(fp8(GuardBase::Paged64), 4, corrupt_first_page_read);
+  check_guard(fp8(GuardBase::Paged16), 2, corrupt_page_appended_to, {2});
+  check_guard(fp8(GuardBase::Dense), 2, corrupt_cache_seqlens);
 }
 
 // Rotary tables one row short of sequence 0's positions (cache_seqlens + S_new for k_new,
