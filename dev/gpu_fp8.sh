@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Scratch: one GPU call for the FP8 forward (issue 31), each stage started while the call's
 # budget (FP8_LIMIT_S, default 560 s) leaves room for it:
+#   (FP8_GTEST_S: the limit of each C++ suite, FP8_PYTEST_S of each pytest run, in seconds.)
 #   1. the package built with CUDA for sm_90a and installed (its ptxas lines on the FP8
 #      kernels: spills, serialised wgmmas); unless FP8_GTEST=0, the C++ FP8 suites on CUDA
 #      (test_fp8_cuda, test_kvcache_cuda) built in the package's build tree and run;
@@ -47,7 +48,7 @@ grep -E "nv_fp8.*(spill|serializ)|(spill|serializ).*nv_fp8" "$out/pip.log" | sed
 [ $rc = 0 ] || { tail -30 "$out/pip.log"; exit 1; }
 if [ "${FP8_GTEST:-1}" = 1 ]; then
   cmake --build build-py/gpu --target test_fp8_cuda test_kvcache_cuda >"$out/gtest_build.log" 2>&1 &&
-    t=$SECONDS && timeout 200 build-py/gpu/tests/test_fp8_cuda >"$out/gtest_fp8.log" 2>&1
+    t=$SECONDS && timeout "${FP8_GTEST_S:-200}" build-py/gpu/tests/test_fp8_cuda >"$out/gtest_fp8.log" 2>&1
   rc=$?
   row "test_fp8_cuda" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
     "$(grep -E '^\[  (PASSED|FAILED) ' "$out/gtest_fp8.log" | tr '\n' ' ' | cut -c1-70)"
@@ -97,7 +98,7 @@ fi
 if [ "${FP8_CACHE:-1}" = 1 ] && [ "$(left)" -gt 120 ]; then
   t=$SECONDS
   if [ "${FP8_GTEST:-1}" = 1 ]; then
-    timeout 150 build-py/gpu/tests/test_kvcache_cuda --gtest_filter='*Fp8*' >"$out/gtest_kvcache_fp8.log" 2>&1
+    timeout "${FP8_GTEST_S:-150}" build-py/gpu/tests/test_kvcache_cuda --gtest_filter='*Fp8*' >"$out/gtest_kvcache_fp8.log" 2>&1
     rc=$?
     row "test_kvcache_cuda *Fp8*" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) \
       "$(grep -E '^\[  (PASSED|FAILED) ' "$out/gtest_kvcache_fp8.log" | tr '\n' ' ' | cut -c1-70)"
