@@ -162,7 +162,8 @@ struct WsShared {
   // Where a varlen tile's last V block lands before the producer zeroes its rows past the
   // sequence and completes the stage's full barrier itself.
   __device__ Mbarrier tail_landed() const { return {barriers + 2 + 2 * Cfg::kRings * Cfg::kStages}; }
-  // FP8: set by the producer when no V block follows (transpose_values).
+  // FP8: 0 until the producer has issued every V block of the CTA, then their number plus one
+  // (transpose_values).
   __device__ volatile uint32_t* values_end() const {
     return reinterpret_cast<volatile uint32_t*>(barriers + 3 + 2 * Cfg::kRings * Cfg::kStages);
   }
@@ -351,8 +352,8 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     const RingSlot slot = ring_slot<Cfg::kStages>(blocks_before);
     sh.empty(kValuesRing, slot.stage).wait(slot.parity ^ 1);
     if (issues) {
-      *sh.values_end() = 1;
-      sh.full(kValuesRing, slot.stage).arrive();  // releases the flag's write to the waiters
+      *sh.values_end() = static_cast<uint32_t>(blocks_before) + 1;  // the V blocks, plus one
+      sh.full(kValuesRing, slot.stage).arrive();  // releases the write to the waiters
     }
   }
 }
@@ -368,7 +369,7 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
 // of the chunk, turned with the round, loads it from its four key rows, gathers each
 // column's four bytes (a 4 x 4 byte transpose) and stores the column's 32-bit word of slots.
 // The lanes' loads fall on 16 distinct banks, their stores on 32. The warps take the V
-// blocks in the ring's order until the producer marks the end (values_end): they need not
+// blocks in the ring's order up to the producer's count (values_end): they need not
 // walk the tiles, whose 64-bit index arithmetic would not fit the producer's registers.
 template <typename Cfg>
 __device__ __forceinline__ void transpose_values(const WsShared<Cfg>& sh, int transposer) {
@@ -381,7 +382,12 @@ __device__ __forceinline__ void transpose_values(const WsShared<Cfg>& sh, int tr
   for (int iteration = 0;; ++iteration) {
     const RingSlot slot = ring_slot<Cfg::kStages>(iteration);
     sh.full(kValuesRing, slot.stage).wait(slot.parity);
-    if (*sh.values_end() != 0) return;
+    // The producer writes the end once every warp here has released the slot of block
+    // count - kStages, so a slower warp may read it still before a real block: only the block
+    // past the last ends the loop. (A plain flag ended such a warp early, its blocks never
+    // transposed, and the consumers waited for them forever: the hang at head dim 256.)
+    const uint32_t end = *sh.values_end();
+    if (end != 0 && static_cast<uint32_t>(iteration) + 1 >= end) return;
     sh.empty(kTransposedRing, slot.stage).wait(slot.parity ^ 1);
     const uint32_t from = sh.v + slot.stage * Cfg::kTileBytes, to = sh.vt + slot.stage * Cfg::kVtBytes;
 #pragma unroll 1
