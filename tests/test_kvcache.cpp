@@ -303,84 +303,27 @@ double round_to(DType dtype, double x) {
   return values_of(one)[0];
 }
 
-// An fp8 cache's expectation: the old rows from the caches as they were before the call, the
-// appended ones as the call stored them (expect_fp8_row_appended checks those); every key and
-// value of a sequence is its stored e4m3 value times the sequence's factor for its head, q is
-// rotated in float64 and rounded to its dtype, and the result must meet the CPU engine's rule
-// for dequantised inputs (fp32 arithmetic, out rounded once).
-void expect_fp8_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before,
-                                  const std::vector<int64_t>& sequences) {
-  const std::vector<double> q = values_of(p.q);
-  const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
-  const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
-  const std::vector<double> k_old = values_of(k_before), v_old = values_of(v_before);
-  const std::vector<double> k_after = values_of(p.k_cache), v_after = values_of(p.v_cache);
-  const std::vector<double> k_factor = values_of(p.k_descale), v_factor = values_of(p.v_descale);
-  const int64_t D = p.D, row = p.Hk * D;
-  std::vector<double> exact_out, exact_lse, got_out, got_lse;
-  const std::vector<double> all_out = reference::gather(p.out_view);
-  const std::vector<double> all_lse = p.c.with_lse ? reference::gather(p.lse_view) : std::vector<double>{};
-  const int64_t out_rows = p.Sq * p.H * D, lse_rows = p.H * p.Sq;  // per sequence
-  for (const int64_t b : sequences) {
-    got_out.insert(got_out.end(), all_out.begin() + b * out_rows, all_out.begin() + (b + 1) * out_rows);
-    if (p.c.with_lse)
-      got_lse.insert(got_lse.end(), all_lse.begin() + b * lse_rows, all_lse.begin() + (b + 1) * lse_rows);
-    const int64_t filled = p.c.seqlens[size_t(b)], begin = p.leftpad[size_t(b)];
-    const int64_t Sk = filled + p.Sn - begin;
-    Buffer kb(DType::Float32, Sk * row), vb(DType::Float32, Sk * row),
-        qb(DType::Float32, p.Sq * p.H * D);
-    for (int64_t j = 0; j < Sk; ++j) {
-      const int64_t at = p.storage_row(b, begin + j) * row;
-      const bool appended = begin + j >= filled;
-      const std::vector<double>& k_cache = appended ? k_after : k_old;
-      const std::vector<double>& v_cache = appended ? v_after : v_old;
-      for (int64_t hk = 0; hk < p.Hk; ++hk)
-        for (int64_t d = 0; d < D; ++d) {
-          const size_t e = size_t(at + hk * D + d);
-          kb.set((j * p.Hk + hk) * D + d, static_cast<float>(k_cache[e] * k_factor[size_t(b * p.Hk + hk)]));
-          vb.set((j * p.Hk + hk) * D + d, static_cast<float>(v_cache[e] * v_factor[size_t(b * p.Hk + hk)]));
-        }
-    }
-    for (int64_t t = 0; t < p.Sq; ++t)
-      for (int64_t h = 0; h < p.H; ++h) {
-        const size_t at = size_t(((b * p.Sq + t) * p.H + h) * D);
-        std::vector<double> x(q.begin() + at, q.begin() + at + D);
-        if (p.rd) x = rotate(x, p, cos, sin, filled + (p.rotary_per_row() ? t : 0));
-        for (int64_t d = 0; d < D; ++d)
-          qb.set((t * p.H + h) * D + d, static_cast<float>(round_to(p.c.dtype, x[size_t(d)])));
-      }
-    Options o = p.options;
-    o.k_descale.reset();  // applied above
-    o.v_descale.reset();
-    if (o.alibi_slopes) {  // this sequence's slopes, (H)
-      const int64_t offset = o.alibi_slopes->ndim == 2 ? b * p.H : 0;
-      o.alibi_slopes = TensorView::contiguous(static_cast<float*>(p.slopes.data()) + offset,
-                                              DType::Float32, {p.H});
-    }
-    const reference::Result exact = reference::forward(
-        qb.view({1, p.Sq, p.H, D}), kb.view({1, Sk, p.Hk, D}), vb.view({1, Sk, p.Hk, D}), o);
-    exact_out.insert(exact_out.end(), exact.out.begin(), exact.out.end());
-    exact_lse.insert(exact_lse.end(), exact.lse.begin(), exact.lse.end());
-  }
-  const reference::Check out_check = reference::check_forward_dequantised(got_out, exact_out);
-  EXPECT_TRUE(out_check.passed()) << "out: max abs error " << out_check.max_abs_error
-                                  << " > tolerance " << out_check.tolerance;
-  if (p.c.with_lse) {
-    const reference::Check lse_check = reference::check_forward_dequantised(got_lse, exact_lse);
-    EXPECT_TRUE(lse_check.passed()) << "lse: max abs error " << lse_check.max_abs_error
-                                    << " > tolerance " << lse_check.tolerance;
-  }
-}
-
 // The float64 expectation of a call, from the cache as it was before it, for the given
-// sequences' out and lse rows.
+// sequences' out and lse rows. With fp8 caches every key and value is its stored e4m3 value
+// (the old rows from the caches before the call, the appended ones as the call stored them:
+// expect_fp8_row_appended checks those) times the sequence's factor for its head, q is rotated
+// in float64 and rounded to its dtype, all of it in fp32 buffers, and the result must meet the
+// CPU engine's rule for dequantised inputs (fp32 arithmetic, out rounded once).
 void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before,
                               const std::vector<int64_t>& sequences) {
-  if (p.c.fp8_cache) return expect_fp8_attention_matches(p, k_before, v_before, sequences);
+  const bool fp8 = p.c.fp8_cache;
   const std::vector<double> q = values_of(p.q);
   const std::vector<double> cos = p.rd ? values_of(p.cos) : std::vector<double>{};
   const std::vector<double> sin = p.rd ? values_of(p.sin) : std::vector<double>{};
   const std::vector<double> k_new = p.Sn ? values_of(p.k_new) : std::vector<double>{};
+  const std::vector<double> none;
+  const std::vector<double> k_old = fp8 ? values_of(k_before) : none;
+  const std::vector<double> v_old = fp8 ? values_of(v_before) : none;
+  const std::vector<double> k_after = fp8 ? values_of(p.k_cache) : none;
+  const std::vector<double> v_after = fp8 ? values_of(p.v_cache) : none;
+  const std::vector<double> k_factor = fp8 ? values_of(p.k_descale) : none;
+  const std::vector<double> v_factor = fp8 ? values_of(p.v_descale) : none;
+  const DType buffers = fp8 ? DType::Float32 : p.c.dtype;  // of the reference's q, k and v
   const size_t elem = dtype_size(p.c.dtype);
   const int64_t D = p.D, row = p.Hk * D;
   std::vector<double> exact_out, exact_lse, low_out, low_lse, got_out, got_lse;
@@ -393,9 +336,21 @@ void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before,
       got_lse.insert(got_lse.end(), all_lse.begin() + b * lse_rows, all_lse.begin() + (b + 1) * lse_rows);
     const int64_t filled = p.c.seqlens[size_t(b)], begin = p.leftpad[size_t(b)];
     const int64_t Sk = filled + p.Sn - begin;
-    Buffer kb(p.c.dtype, Sk * row), vb(p.c.dtype, Sk * row), qb(p.c.dtype, p.Sq * p.H * D);
+    Buffer kb(buffers, Sk * row), vb(buffers, Sk * row), qb(buffers, p.Sq * p.H * D);
     for (int64_t j = 0; j < Sk; ++j) {
       const int64_t pos = begin + j;
+      if (fp8) {  // the stored value times its factor
+        const int64_t at = p.storage_row(b, pos) * row;
+        const std::vector<double>& k_cache = pos >= filled ? k_after : k_old;
+        const std::vector<double>& v_cache = pos >= filled ? v_after : v_old;
+        for (int64_t hk = 0; hk < p.Hk; ++hk)
+          for (int64_t d = 0; d < D; ++d) {
+            const size_t e = size_t(at + hk * D + d);
+            kb.set((j * p.Hk + hk) * D + d, static_cast<float>(k_cache[e] * k_factor[size_t(b * p.Hk + hk)]));
+            vb.set((j * p.Hk + hk) * D + d, static_cast<float>(v_cache[e] * v_factor[size_t(b * p.Hk + hk)]));
+          }
+        continue;
+      }
       if (pos < filled) {  // an old row, as stored
         std::memcpy(kb.bytes.data() + j * row * elem,
                     k_before.bytes.data() + p.storage_row(b, pos) * row * elem, row * elem);
@@ -420,9 +375,11 @@ void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before,
         std::vector<double> x(q.begin() + at, q.begin() + at + D);
         if (p.rd) x = rotate(x, p, cos, sin, filled + (p.rotary_per_row() ? t : 0));
         for (int64_t d = 0; d < D; ++d)
-          qb.set((t * p.H + h) * D + d, static_cast<float>(x[size_t(d)]));
+          qb.set((t * p.H + h) * D + d, static_cast<float>(fp8 ? round_to(p.c.dtype, x[size_t(d)]) : x[size_t(d)]));
       }
     Options o = p.options;
+    o.k_descale.reset();  // fp8 caches: applied above
+    o.v_descale.reset();
     if (o.alibi_slopes) {  // this sequence's slopes, (H)
       const int64_t offset = o.alibi_slopes->ndim == 2 ? b * p.H : 0;
       o.alibi_slopes = TensorView::contiguous(static_cast<float*>(p.slopes.data()) + offset,
@@ -433,19 +390,23 @@ void expect_attention_matches(KvProblem& p, Buffer& k_before, Buffer& v_before,
     const reference::Result exact = reference::forward(qv, kv, vv, o);
     exact_out.insert(exact_out.end(), exact.out.begin(), exact.out.end());
     exact_lse.insert(exact_lse.end(), exact.lse.begin(), exact.lse.end());
-    if (p.c.dtype != DType::Float32) {
+    if (!fp8 && p.c.dtype != DType::Float32) {
       const reference::Result low =
           reference::forward(qv, kv, vv, o, nullptr, reference::Arithmetic::InputDType);
       low_out.insert(low_out.end(), low.out.begin(), low.out.end());
       low_lse.insert(low_lse.end(), low.lse.begin(), low.lse.end());
     }
   }
-  const reference::Check out_check = reference::check_forward(p.c.dtype, got_out, exact_out, low_out);
+  const auto check = [&](const std::vector<double>& got, const std::vector<double>& exact,
+                         const std::vector<double>& low) {
+    return fp8 ? reference::check_forward_dequantised(got, exact)
+               : reference::check_forward(p.c.dtype, got, exact, low);
+  };
+  const reference::Check out_check = check(got_out, exact_out, low_out);
   EXPECT_TRUE(out_check.passed()) << "out: max abs error " << out_check.max_abs_error
                                   << " > tolerance " << out_check.tolerance;
   if (p.c.with_lse) {
-    const reference::Check lse_check =
-        reference::check_forward(p.c.dtype, got_lse, exact_lse, low_lse);
+    const reference::Check lse_check = check(got_lse, exact_lse, low_lse);
     EXPECT_TRUE(lse_check.passed()) << "lse: max abs error " << lse_check.max_abs_error
                                     << " > tolerance " << lse_check.tolerance;
   }
@@ -723,6 +684,7 @@ KvCase fp8_grid_case(int n) {
   return c;
 }
 
+#ifdef FLASHATTN_TEST_CUDA
 // The call refused with Unsupported naming k_cache (and `expected` in what it expected), the
 // caches untouched.
 void expect_fp8_refused(const KvCase& c, const std::string& expected) {
@@ -740,6 +702,7 @@ void expect_fp8_refused(const KvCase& c, const std::string& expected) {
   EXPECT_EQ(p.k_cache.bytes, k_before.bytes);
   EXPECT_EQ(p.v_cache.bytes, v_before.bytes);
 }
+#endif
 
 class KvCacheFp8Grid : public ::testing::TestWithParam<int> {};
 

@@ -601,28 +601,21 @@ KvCacheRun forward_kvcache_fp8(const KvCacheParams& params) {
 
 KvCacheRun forward_kvcache(const KvCacheParams& params) {
   amx::check_setting();
-  if (params.cache_dtype == DType::Float8E4M3) {
-    switch (params.attn.dtype) {
-      case DType::Float32:
-        return forward_kvcache_fp8<float>(params);
-      case DType::Float16:
-        return forward_kvcache_fp8<half_t>(params);
-      case DType::BFloat16:
-        return forward_kvcache_fp8<bfloat16_t>(params);
-      case DType::Int32:
-      case DType::Float8E4M3:  // q is never fp8 here: refused by validation
-        break;
-    }
-  }
+  // q's dtype picks T (fp32, fp16 or bf16: validated; never fp8), the caches' the path.
+  const auto run = [&params](auto q_type) {
+    using T = decltype(q_type);
+    return params.cache_dtype == DType::Float8E4M3 ? forward_kvcache_fp8<T>(params)
+                                                   : forward_kvcache_typed<T>(params);
+  };
   switch (params.attn.dtype) {
     case DType::Float32:
-      return forward_kvcache_typed<float>(params);
+      return run(float{});
     case DType::Float16:
-      return forward_kvcache_typed<half_t>(params);
+      return run(half_t{});
     case DType::BFloat16:
-      return forward_kvcache_typed<bfloat16_t>(params);
+      return run(bfloat16_t{});
     case DType::Int32:
-    case DType::Float8E4M3:  // forward only: refused by validation
+    case DType::Float8E4M3:  // refused by validation
       break;
   }
   throw Error(ErrorCode::Internal, "dtype", "fp32, fp16 or bf16 after validation",
