@@ -92,6 +92,9 @@ PY
     rc=$?
     row "compute-sanitizer $tool (fp8 calls)" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) \
       "$(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1 | sed 's/^=* *//')"
+    # What a finding was (kernel, access, offset), shortened: the logs come back only packed.
+    [ $rc = 0 ] || grep -E -A4 'Race reported|Error:|Invalid|Barrier' "$out/sanitize_$tool.log" |
+      sed 's/^=* *//; s/_ZN9flashattn6detail4cuda//g' | cut -c1-220 | head -24
   done
 fi
 
@@ -133,5 +136,7 @@ echo
 cat "$out/diagnose.log"
 [ -f "$out/bench/forward_fp8.md" ] && sed -n '/^| shape/,$p' "$out/bench/forward_fp8.md" | cut -d'|' -f1-6,10-12 | head -40
 grep -E "fp8 caches|copy bandwidth" "$out/decode.log" 2>/dev/null
+# At most 8 files come back from the device: everything in one archive.
+tar czf /tmp/gpu_fp8_results.tgz -C "$out" . && find "$out" -mindepth 1 -delete && mv /tmp/gpu_fp8_results.tgz "$out/"
 echo
 printf '%s\n' "${rows[@]}"

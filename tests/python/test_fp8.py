@@ -302,10 +302,21 @@ def quantized(b, s, h, d, generator, block_scaling, num_heads_k=None):
 FP8_SUM_ERROR = 2.0 ** -10
 
 
+def score_error_bound(q8, k8, qd, kd):
+    """(B, H, Sq): how far the tensor cores' FP8 sums may move a row's scores, FP8_SUM_ERROR of
+    the row's largest scaled |q| . |k| (float64 of the dequantised inputs)."""
+    qf, kf = dequantize_fp8(q8, qd).double(), dequantize_fp8(k8, kd).double()
+    group = q8.shape[2] // k8.shape[2]
+    absolute = torch.einsum("bqhd,bkhd->bhqk", qf.abs(), kf.abs().repeat_interleave(group, dim=2))
+    return FP8_SUM_ERROR * absolute.amax(dim=-1) / math.sqrt(q8.shape[-1])
+
+
 def expect_kernel_result(out, q8, k8, v8, qd, kd, vd, **options):
     """out (bf16, on the GPU) against kernel_emulation: the RMS error within 1% of the RMS
-    output (bf16's rounding, the tensor cores' sums, and the few probabilities that round the
-    other way at an e4m3 boundary), the largest within 1/8 of the largest output. Without P's
+    output (bf16's rounding and the few probabilities that round the other way at an e4m3
+    boundary) plus the RMS over rows of the scores' error bound (score_error_bound) times it
+    (the tensor cores' sums move each probability by up to that much, relative: 1.2% at head
+    dim 256 on these inputs), the largest within 1/8 of the largest output. Without P's
     rounding (the CPU path) the RMS error is a few per cent; a wrong key order, block or
     factor gives errors of the order of the outputs themselves."""
     emulated = kernel_emulation(q8, k8, v8, qd, kd, vd, **options)
@@ -313,7 +324,9 @@ def expect_kernel_result(out, q8, k8, v8, qd, kd, vd, **options):
     assert got.shape == emulated.shape and torch.isfinite(got).all()
     rms = emulated.pow(2).mean().sqrt().item()
     error = (got - emulated).abs()
-    assert error.pow(2).mean().sqrt().item() <= 1e-2 * rms, (error.pow(2).mean().sqrt().item(), rms)
+    sums = score_error_bound(q8, k8, qd, kd).pow(2).mean().sqrt().item()
+    assert error.pow(2).mean().sqrt().item() <= (1e-2 + sums) * rms, \
+        (error.pow(2).mean().sqrt().item(), rms, sums)
     assert error.max().item() <= 2.0 ** -3 * emulated.abs().max().item(), error.max().item()
 
 
@@ -322,9 +335,7 @@ def expect_lse(lse, q8, k8, v8, qd, kd, vd, causal, window, softcap):
     tensor cores' sums (FP8_SUM_ERROR of each row's largest scaled |q| . |k|)."""
     qf, kf, vf = (dequantize_fp8(x, f).double() for x, f in ((q8, qd), (k8, kd), (v8, vd)))
     _, lse64 = reference(qf.numpy(), kf.numpy(), vf.numpy(), causal=causal, window=window, softcap=softcap)
-    group = q8.shape[2] // k8.shape[2]
-    absolute = torch.einsum("bqhd,bkhd->bhqk", qf.abs(), kf.abs().repeat_interleave(group, dim=2))
-    bound = FP8_SUM_ERROR * absolute.amax(dim=-1).numpy() / math.sqrt(q8.shape[-1]) + 1e-5 * np.abs(lse64)
+    bound = score_error_bound(q8, k8, qd, kd).numpy() + 1e-5 * np.abs(lse64)
     lse = lse.double().cpu().numpy()
     finite = np.isfinite(lse64)
     assert (np.isfinite(lse) == finite).all()
