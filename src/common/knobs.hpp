@@ -129,8 +129,8 @@ inline bool cuda_fp8_enabled() {
 }
 
 // FLASHATTN_CPU_AMX=0 keeps the CPU engine's bf16 matrix products in fp32 on processors with
-// AMX tiles (cpu/amx.hpp), which they take otherwise (=1 or unset): the tests run the CPU
-// suites both ways, the benchmarks compare.
+// AMX tiles or AVX512-BF16 (cpu/amx.hpp), which they take otherwise (=1 or unset): the tests
+// run the CPU suites both ways, the benchmarks compare.
 inline bool cpu_amx_allowed() {
   const char* set = value(kCpuAmx);
   if (set == nullptr || *set == '\0' || std::strcmp(set, "1") == 0) return true;

@@ -25,30 +25,42 @@ namespace {
 constexpr int kTileWords = 256;  // a 16 x 16 tile of 32-bit words (16 rows x 64 bytes)
 
 #ifdef FLASHATTN_AMX
-bool processor_and_os_allow() {
+bool tiles_allowed() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
-  const bool avx512f = (ebx >> 16) & 1, avx512bw = (ebx >> 30) & 1;
-  unsigned eax1 = 0, ebx1 = 0, ecx1 = 0, edx1 = 0;
-  const bool avx512bf16 = __get_cpuid_count(7, 1, &eax1, &ebx1, &ecx1, &edx1) && ((eax1 >> 5) & 1);
-  if (!(amx_bf16 && amx_tile && avx512f && avx512bw && avx512bf16)) return false;
+  if (!(amx_bf16 && amx_tile)) return false;
   // Linux hands out the 8 KiB of tile data state only on request, once per process.
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+// AVX-512F and BW (with the OS saving the zmm state: __builtin_cpu_supports reads XCR0) and
+// AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5): the packing, the conversions and VDPBF16PS.
+bool bf16_vectors_allowed() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool avx512bf16 = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && ((eax >> 5) & 1);
+  return avx512bf16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
+Engine detect() {
+  if (!bf16_vectors_allowed()) return Engine::None;
+  return tiles_allowed() ? Engine::Tiles : Engine::DotProducts;
 }
 #endif
 
 }  // namespace
 
-bool supported() {
+Engine engine() {
 #ifdef FLASHATTN_AMX
-  static const bool allowed = processor_and_os_allow();  // asked of the OS once
-  return allowed;
+  static const Engine found = detect();  // the OS asked for the tile state once
+  return found;
 #else
-  return false;
+  return Engine::None;
 #endif
 }
+
+bool supported() { return engine() != Engine::None; }
 
 bool available() { return supported() && knobs::cpu_amx_allowed(); }
 
@@ -56,7 +68,10 @@ void check_setting() { knobs::cpu_amx_allowed(); }
 
 #ifdef FLASHATTN_AMX
 
+// The tile instructions carry the AMX target; everything else (packing, conversions,
+// VDPBF16PS) runs on either engine and carries only the AVX-512 ones.
 #define FA_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+#define FA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 namespace {
 struct TileConfig {
@@ -69,7 +84,8 @@ struct TileConfig {
 static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 }  // namespace
 
-FA_AMX_TARGET void configure_tiles() {
+namespace {
+FA_AMX_TARGET void load_tile_config() {
   TileConfig config;
   for (int t = 0; t < 8; ++t) {
     config.bytes_per_row[t] = 64;
@@ -80,9 +96,18 @@ FA_AMX_TARGET void configure_tiles() {
   asm volatile("ldtilecfg %0" : : "m"(config));
 }
 
-FA_AMX_TARGET void release_tiles() { _tile_release(); }
+FA_AMX_TARGET void release_tile_state() { _tile_release(); }
+}  // namespace
 
-FA_AMX_TARGET void pack_pairs_of_rows(const bfloat16_t* const* rows, int width, int outputs,
+void configure_tiles() {
+  if (engine() == Engine::Tiles) load_tile_config();
+}
+
+void release_tiles() {
+  if (engine() == Engine::Tiles) release_tile_state();
+}
+
+FA_BF16_TARGET void pack_pairs_of_rows(const bfloat16_t* const* rows, int width, int outputs,
                                       uint16_t* dst) {
   const int groups = outputs / 16;
   for (int n0 = 0; n0 < outputs; n0 += 16)
@@ -98,7 +123,7 @@ FA_AMX_TARGET void pack_pairs_of_rows(const bfloat16_t* const* rows, int width, 
     }
 }
 
-FA_AMX_TARGET void pack_pairs_of_columns(const bfloat16_t* const* rows, int width, int reduced,
+FA_BF16_TARGET void pack_pairs_of_columns(const bfloat16_t* const* rows, int width, int reduced,
                                          uint16_t* dst) {
   const int groups = width / 16;
   // Word j of the result: element j of the even row, then element j of the odd row.
@@ -120,9 +145,12 @@ FA_AMX_TARGET void pack_pairs_of_columns(const bfloat16_t* const* rows, int widt
   }
 }
 
-FA_AMX_TARGET void product(const uint16_t* a, int64_t a_stride, const uint16_t* b, int rows,
-                           int reduced, int outputs, float* c, int64_t c_stride, bool accumulate,
-                           float scale) {
+namespace {
+// product() on tiles: 32 x 32 blocks of c in four accumulator tiles, two tiles of each
+// operand per 32 reduced indices.
+FA_AMX_TARGET void tile_product(const uint16_t* a, int64_t a_stride, const uint16_t* b, int rows,
+                                int reduced, int outputs, float* c, int64_t c_stride,
+                                bool accumulate, float scale) {
   const int groups = outputs / 16;
   const int64_t a_bytes = a_stride * 2, c_bytes = c_stride * 4;
   for (int r0 = 0; r0 < rows; r0 += 32) {
@@ -166,7 +194,62 @@ FA_AMX_TARGET void product(const uint16_t* a, int64_t a_stride, const uint16_t* 
   }
 }
 
-FA_AMX_TARGET void scale_to_bf16(const float* src, float factor, int n, uint16_t* dst) {
+// product() by VDPBF16PS (AVX512-BF16 without tiles): the packed operand's 32-bit words are
+// already what the instruction takes, a pair of reduced indices per output lane, so a row of
+// one 16 x 16 tile of words is the second operand of 16 outputs for one pair, and a's pair is
+// broadcast to every lane. Blocks of 8 rows x 32 outputs: 16 accumulators, two loads of b
+// per 16 dot products, the broadcasts folded into the instructions' memory operand.
+FA_BF16_TARGET void dot_product(const uint16_t* a, int64_t a_stride, const uint16_t* b, int rows,
+                                int reduced, int outputs, float* c, int64_t c_stride,
+                                bool accumulate, float scale) {
+  constexpr int kRows = 8;
+  const int groups = outputs / 16;
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int n0 = 0; n0 < outputs; n0 += 32)
+    for (int r0 = 0; r0 < rows; r0 += kRows) {
+      __m512 acc[kRows][2];
+      float* c0 = c + r0 * c_stride + n0;
+      // Every loop over the block unrolled, so that the accumulators stay in registers.
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 2
+        for (int x = 0; x < 2; ++x)
+          acc[r][x] = accumulate ? _mm512_loadu_ps(c0 + r * c_stride + 16 * x) : _mm512_setzero_ps();
+      for (int k0 = 0; k0 < reduced; k0 += 32) {
+        const uint16_t* b0 = b + 2 * ((k0 / 32) * groups + n0 / 16) * kTileWords;
+        const uint16_t* a0 = a + r0 * a_stride + k0;
+        for (int pair = 0; pair < 16; ++pair) {
+          const __m512bh low = (__m512bh)_mm512_loadu_si512(b0 + 32 * pair);
+          const __m512bh high = (__m512bh)_mm512_loadu_si512(b0 + 2 * kTileWords + 32 * pair);
+#pragma GCC unroll 8
+          for (int r = 0; r < kRows; ++r) {
+            uint32_t word;
+            std::memcpy(&word, a0 + r * a_stride + 2 * pair, sizeof word);
+            const __m512bh broadcast = (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], broadcast, low);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], broadcast, high);
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 2
+        for (int x = 0; x < 2; ++x)
+          _mm512_storeu_ps(c0 + r * c_stride + 16 * x,
+                           scale != 1.0f ? _mm512_mul_ps(factor, acc[r][x]) : acc[r][x]);
+    }
+}
+}  // namespace
+
+void product(const uint16_t* a, int64_t a_stride, const uint16_t* b, int rows, int reduced,
+             int outputs, float* c, int64_t c_stride, bool accumulate, float scale) {
+  if (engine() == Engine::Tiles)
+    tile_product(a, a_stride, b, rows, reduced, outputs, c, c_stride, accumulate, scale);
+  else
+    dot_product(a, a_stride, b, rows, reduced, outputs, c, c_stride, accumulate, scale);
+}
+
+FA_BF16_TARGET void scale_to_bf16(const float* src, float factor, int n, uint16_t* dst) {
   const __m512 f = _mm512_set1_ps(factor);
   int i = 0;
   for (; i + 16 <= n; i += 16)
@@ -178,7 +261,7 @@ FA_AMX_TARGET void scale_to_bf16(const float* src, float factor, int n, uint16_t
   }
 }
 
-FA_AMX_TARGET void round_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+FA_BF16_TARGET void round_to_bf16(const float* src, int64_t n, uint16_t* dst) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
@@ -190,7 +273,7 @@ FA_AMX_TARGET void round_to_bf16(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
-FA_AMX_TARGET void transpose_to_bf16(const float* src, int64_t src_stride, int rows, int cols,
+FA_BF16_TARGET void transpose_to_bf16(const float* src, int64_t src_stride, int rows, int cols,
                                      uint16_t* dst, int64_t dst_stride) {
   for (int i0 = 0; i0 < rows; i0 += 16)
     for (int j0 = 0; j0 < cols; j0 += 16) {
@@ -202,11 +285,11 @@ FA_AMX_TARGET void transpose_to_bf16(const float* src, int64_t src_stride, int r
     }
 }
 
-FA_AMX_TARGET void probabilities_bf16(float* prob, float lse, float scale) {
+FA_BF16_TARGET void probabilities_bf16(float* prob, float lse, float scale) {
   avx512::probabilities(prob, lse, scale);
 }
 
-FA_AMX_TARGET bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_dim_v,
+FA_BF16_TARGET bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_dim_v,
                                      uint16_t* probabilities, float scale) {
   if (probabilities == nullptr) return avx512::softmax_step(scores, m, l, acc, head_dim_v, scale, scores);
   alignas(64) float row[kBlockK];

@@ -1,11 +1,18 @@
-// The bf16 tile products on Intel AMX (Sapphire Rapids and later): a TDPBF16PS multiplies a
-// 16 x 32 bf16 tile by a 32 x 16 one into 16 x 16 fp32 sums, 16 times the work of an AVX-512
-// multiply-add. Where a processor has them (and the OS grants the tile registers), the bf16
-// forward and backward run their matrix products here and everything else (masks, softmax,
-// dropout) as before on fp32 tiles; elsewhere they keep the fp32 products of kernels.hpp.
+// The bf16 matrix products of the CPU engine, on one of two engines:
+// - AMX tiles (Intel Sapphire Rapids and later): a TDPBF16PS multiplies a 16 x 32 bf16 tile by a
+//   32 x 16 one into 16 x 16 fp32 sums, 16 times the work of an AVX-512 multiply-add;
+// - AVX512-BF16 dot products where there are no tiles (AMD Zen 4 and later, Intel Cooper
+//   Lake): a VDPBF16PS adds 16 lanes' products of two bf16 pairs into fp32, twice the
+//   multiply-adds of an fp32 FMA of the same width.
+// Where a processor has either (and the OS grants the registers), the bf16 forward and
+// backward run their matrix products here and everything else (masks, softmax, dropout) as
+// before on fp32 tiles; elsewhere they keep the fp32 products of kernels.hpp. Both engines
+// round the same operands to bf16 and sum exact products in fp32, so they differ only in the
+// order of the sums.
 //
-// The operands are staged in AMX's layouts (one idea: the second operand holds pairs of
-// consecutive elements of its reduction dimension in 32-bit words, "VNNI" order):
+// The operands are staged in AMX's layouts, which VDPBF16PS reads as they are (one idea: the
+// second operand holds pairs of consecutive elements of its reduction dimension in 32-bit
+// words, "VNNI" order):
 // - rows (A operand): row-major bf16, rows a multiple of 32, the reduced width a multiple of 32.
 // - pairs (B operand): for each 32 reduced indices x 16 outputs, a 16 x 16 tile of 32-bit words
 //   (element pair (2k, 2k+1) of output n at word k * 16 + n), tiles ordered by reduced chunk
@@ -19,9 +26,16 @@
 
 namespace flashattn::detail::cpu::amx {
 
-// True where the processor has AMX-TILE and AMX-BF16 and the OS gave this process the tile
-// data state (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process), and
-// FLASHATTN_CPU_AMX is not "0" (common/knobs.hpp: the fp32 products, for comparison).
+enum class Engine {
+  None,         // neither: the fp32 products
+  Tiles,        // AMX-TILE and AMX-BF16, and the OS gave this process the tile data state
+                // (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process)
+  DotProducts,  // AVX512-BF16 (with AVX-512F/BW) but no tiles
+};
+// Both engines need AVX-512F/BW and AVX512-BF16 (the packing and conversions use them).
+Engine engine();
+// True where engine() is not None and FLASHATTN_CPU_AMX is not "0" (common/knobs.hpp: the
+// fp32 products, for comparison).
 bool available();
 // The processor and the OS part of available(), whatever FLASHATTN_CPU_AMX says.
 bool supported();
@@ -37,7 +51,8 @@ inline bool fits(int head_dim, int head_dim_v) {
 }
 
 // Configures this thread's tiles (eight of 16 rows x 64 bytes); before the products below on a
-// thread, and released (release_tiles) when the thread is done with them.
+// thread, and released (release_tiles) when the thread is done with them. Nothing to do on
+// the dot-product engine.
 void configure_tiles();
 void release_tiles();
 
