@@ -243,9 +243,10 @@ def kernel_emulation(q8, k8, v8, qd, kd, vd, causal=False, window=(-1, -1), soft
     """out (B, Sq, H, D) of the Hopper FP8 kernel emulated in float64 (docs/SPEC.md, "FP8
     inputs"): the scores of the exactly dequantised q and k; per query tile of 128 rows its key
     blocks of 128 (aligned to the sequence's start) in order, with the running max; each
-    block's exponentials rounded to e4m3 after the factor vd(block) / v_unit, v_unit the
-    largest v factor of the blocks the tile reads, times the stored (raw) V; the sum
-    unrounded; out = O v_unit / sum. Only the fp32 arithmetic of the kernel differs from it."""
+    block's exponentials rounded to e4m3 as they are, times the stored (raw) V, added to O
+    kept in units of the last block's v factor (O times vd(previous) / vd(block) before the
+    block; a block whose factor is 0 adds nothing); the sum unrounded; out = O vd(last) / sum.
+    Only the fp32 arithmetic of the kernel differs from it."""
     b, sq, h, d = q8.shape
     sk, hk = k8.shape[1], k8.shape[2]
     group = h // hk
@@ -270,7 +271,7 @@ def kernel_emulation(q8, k8, v8, qd, kd, vd, causal=False, window=(-1, -1), soft
                 if len(seen) == 0:
                     continue
                 first, last = int(seen.min()) // 128, int(seen.max()) // 128
-                v_unit = float(factors[first:last + 1].max())
+                v_unit = 1.0
                 m = torch.full((st.shape[0],), -math.inf, dtype=torch.float64)
                 total = torch.zeros(st.shape[0], dtype=torch.float64)
                 acc = torch.zeros(st.shape[0], d, dtype=torch.float64)
@@ -282,8 +283,11 @@ def kernel_emulation(q8, k8, v8, qd, kd, vd, causal=False, window=(-1, -1), soft
                     p = torch.exp(sj - shift[:, None])
                     alpha = torch.where(finite, torch.exp(m - shift), torch.zeros_like(m))
                     total = total * alpha + p.sum(dim=1)
-                    ratio = float(factors[j]) / v_unit if v_unit > 0 else 0.0
-                    p8 = (p * ratio).float().to(E4M3).double()
+                    factor = float(factors[j])
+                    if factor > 0:
+                        acc = acc * (v_unit / factor)
+                        v_unit = factor
+                    p8 = p.float().to(E4M3).double() * (1.0 if factor > 0 else 0.0)
                     acc = acc * alpha[:, None] + p8 @ v_raw[bi, 128 * j:128 * j + 128, hi]
                     m = m_new
                 safe = torch.where(total > 0, total, torch.ones_like(total))

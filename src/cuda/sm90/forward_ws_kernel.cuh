@@ -163,9 +163,10 @@ struct WsShared {
   // sequence and completes the stage's full barrier itself.
   __device__ Mbarrier tail_landed() const { return {barriers + 2 + 2 * Cfg::kRings * Cfg::kStages}; }
   // FP8: 0 until the producer has issued every V block of the CTA, then their number plus one
-  // (transpose_values).
-  __device__ volatile uint32_t* values_end() const {
-    return reinterpret_cast<volatile uint32_t*>(barriers + 3 + 2 * Cfg::kRings * Cfg::kStages);
+  // (transpose_values). Written and read by atomics once the warps run: a transposing warp
+  // may read it while the producer writes it.
+  __device__ uint32_t* values_end() const {
+    return reinterpret_cast<uint32_t*>(barriers + 3 + 2 * Cfg::kRings * Cfg::kStages);
   }
 };
 // The rings; the consumers read V from the transposed one with FP8 (kReadValuesRing).
@@ -352,7 +353,7 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     const RingSlot slot = ring_slot<Cfg::kStages>(blocks_before);
     sh.empty(kValuesRing, slot.stage).wait(slot.parity ^ 1);
     if (issues) {
-      *sh.values_end() = static_cast<uint32_t>(blocks_before) + 1;  // the V blocks, plus one
+      atomicExch(sh.values_end(), static_cast<uint32_t>(blocks_before) + 1);  // the V blocks, plus one
       sh.full(kValuesRing, slot.stage).arrive();  // releases the write to the waiters
     }
   }
@@ -386,7 +387,9 @@ __device__ __forceinline__ void transpose_values(const WsShared<Cfg>& sh, int tr
     // count - kStages, so a slower warp may read it still before a real block: only the block
     // past the last ends the loop. (A plain flag ended such a warp early, its blocks never
     // transposed, and the consumers waited for them forever: the hang at head dim 256.)
-    const uint32_t end = *sh.values_end();
+    uint32_t end = 0;
+    if (lane == 0) end = atomicOr(sh.values_end(), 0u);
+    end = __shfl_sync(0xffffffffu, end, 0);
     if (end != 0 && static_cast<uint32_t>(iteration) + 1 >= end) return;
     sh.empty(kTransposedRing, slot.stage).wait(slot.parity ^ 1);
     const uint32_t from = sh.v + slot.stage * Cfg::kTileBytes, to = sh.vt + slot.stage * Cfg::kVtBytes;
@@ -503,8 +506,11 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     // Scores are q k^T qd kd: the product is folded into the exponent's scale where one factor
     // serves the tile and it is positive (the plain variant's max of raw dot products then
     // still orders the scores), else S is multiplied by it per block (s_factor). O accumulates
-    // in units of the largest v factor of the tile (v_unit): P is scaled by vd(n) / v_unit
-    // before it is rounded to e4m3 (at most 1, so P stays in range), out by v_unit at the end.
+    // in units of a v factor (v_unit): the per-head one, or with per-block factors that of the
+    // last block added, O being multiplied by vd(n - 1) / vd(n) with the softmax's rescale
+    // before block n's P V (unit_ratio), so that P is rounded to e4m3 as it is, at most 1 (a
+    // block scaled down by its factor first would fall into e4m3's subnormals); out is
+    // multiplied by v_unit at the end. A block whose factor is 0 adds nothing (p_factor 0).
     float tile_exp_scale = exp_scale, v_unit = 1.0f, q_factor = 1.0f;
     bool fold_factors = true;
     // (A tile without key blocks reads no k or v factor: a sequence without keys may have none.)
@@ -514,16 +520,20 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       const float qk = q_factor * p.k_descale.at(tile.b, hk, tile.keys.begin);
       fold_factors = plain && p.k_descale.block_stride == 0 && qk > 0.0f;
       if (fold_factors) tile_exp_scale = exp_scale * qk;
-      v_unit = p.v_descale.at(tile.b, hk, tile.keys.begin);
-      if (p.v_descale.block_stride != 0)
-        for (int n = 1; n < tile.n_blocks; ++n)
-          v_unit = fmaxf(v_unit, p.v_descale.at(tile.b, hk, tile.keys.begin + int64_t{n} * kBlockN));
+      if (p.v_descale.block_stride == 0) v_unit = p.v_descale.at(tile.b, hk, tile.keys.begin);
     }
-    const auto fp8_factors = [&](int n, float& s_factor, float& p_factor) {
+    const auto fp8_factors = [&](int n, float& s_factor, float& p_factor, float& unit_ratio) {
       const int hk = tile.h / p.group_size();
       const int64_t j0 = tile.keys.begin + int64_t{n} * kBlockN;
       s_factor = fold_factors ? 1.0f : q_factor * p.k_descale.at(tile.b, hk, j0);
-      p_factor = p.v_descale.block_stride == 0 ? 1.0f : v_unit > 0.0f ? p.v_descale.at(tile.b, hk, j0) / v_unit : 0.0f;
+      if (p.v_descale.block_stride != 0) {
+        const float v_factor = p.v_descale.at(tile.b, hk, j0);
+        p_factor = v_factor > 0.0f ? 1.0f : 0.0f;
+        if (v_factor > 0.0f) {
+          unit_ratio = v_unit / v_factor;
+          v_unit = v_factor;
+        }
+      }
     };
 
     // Block n's scores in S: softcap and ALiBi, the mask where some row does not see the
@@ -616,8 +626,8 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       ptx::wgmma_hold(s);
       if (releases) sh.empty(kKeysRing, k_slot.stage).arrive();
       release_q_after_last_s(0);
-      float unused[2], s_factor = 1.0f, p_factor = 1.0f;
-      if constexpr (kFp8) fp8_factors(0, s_factor, p_factor);
+      float unused[2], s_factor = 1.0f, p_factor = 1.0f, unit_ratio = 1.0f;
+      if constexpr (kFp8) fp8_factors(0, s_factor, p_factor, unit_ratio);  // (O is 0: no ratio)
       softmax_block(0, unused, s_factor);  // the first block's rescale is of an O of zeros
       s_to_p(p_factor);
       wait_for_next_v();
@@ -643,9 +653,13 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       ptx::wgmma_hold(s);
       if (releases) sh.empty(kKeysRing, k_slot.stage).arrive();
       release_q_after_last_s(n);
-      float scale_o[2], s_factor = 1.0f, p_factor = 1.0f;
-      if constexpr (kFp8) fp8_factors(n, s_factor, p_factor);
+      float scale_o[2], s_factor = 1.0f, p_factor = 1.0f, unit_ratio = 1.0f;
+      if constexpr (kFp8) fp8_factors(n, s_factor, p_factor, unit_ratio);
       softmax_block(n, scale_o, s_factor);
+      if constexpr (kFp8) {
+        scale_o[0] *= unit_ratio;
+        scale_o[1] *= unit_ratio;
+      }
       ptx::wgmma_hold(s);  // the exponentials stay above the wait loop
       wait_for_next_v();
 
