@@ -20,8 +20,7 @@ enable_gqa=True (no copies); SDPA takes no paged cache, so the paged rows have o
 
 --fp8 adds "ours-fp8": ours over fp8 e4m3 copies of the same caches (one factor per tensor, as
 k_descale/v_descale (B, Hk)), its TB/s counting the same 16-bit bytes, so that its rate over
-ours's is the tokens/s gained (fp8_speedup per row in the JSON; FLASHATTN_CUDA_FP8=1 must be
-set while that kernel is on request).
+ours's is the tokens/s gained (fp8_speedup per row in the JSON).
 
 Correctness before timing: ours's out and lse (on poisoned memory) against a float64
 reference on two (batch, head) slices (through block_table for the paged cache) and against

@@ -18,12 +18,7 @@ forward_fp8.{json,md,png} in --out and prints the table last.
 """
 from __future__ import annotations
 
-import os
-
 import harness as h
-
-# The FP8 kernel runs on request only until it has passed its GPU tests (docs/SPEC.md).
-os.environ.setdefault("FLASHATTN_CUDA_FP8", "1")
 
 
 def add_args(p) -> None:

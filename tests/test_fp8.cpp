@@ -54,10 +54,6 @@ Buffer fp8_random(int64_t count, float spread = kTestBackend == Backend::CUDA ? 
   return b;
 }
 
-#ifdef FLASHATTN_TEST_CUDA
-// The FP8 kernel runs on request only until it has passed these tests (common/knobs.hpp).
-const bool fp8_kernel_requested = [] { return setenv("FLASHATTN_CUDA_FP8", "1", 0) == 0; }();
-#endif
 
 // A head dim the suite's backend takes: the Hopper kernel reads rows of 16-byte multiples.
 int64_t head_dim(int64_t cpu, int64_t cuda) { return kTestBackend == Backend::CUDA ? cuda : cpu; }
@@ -505,43 +501,28 @@ TEST(Fp8Errors, NoKvCacheOrProbabilitiesYet) {
       ErrorCode::InvalidArgument, "q", "dtype fp32, fp16 or bf16", "fp8_e4m3");
 }
 
-// On CUDA the FP8 kernel runs only with FLASHATTN_CUDA_FP8=1 until it has passed its GPU
-// tests (common/knobs.hpp), and fp8 rows are never padded (the Hopper kernel's TMA boxes need
-// rows of 16-byte multiples): a head dim of 8 is refused either way, before any memory is
-// touched (these pointers are host memory). A CPU-only build refuses the backend itself.
-TEST(Fp8Errors, TheCudaBackendAsksForTheKnobAndRowsOf16ByteMultiples) {
+// On CUDA fp8 rows are never padded (the Hopper kernel's TMA boxes need rows of 16-byte
+// multiples): a head dim of 8 is refused before any memory is touched (these pointers are
+// host memory). A CPU-only build refuses the backend itself.
+TEST(Fp8Errors, TheCudaBackendAsksForRowsOf16ByteMultiples) {
   ErrorCall c;
   Execution on_cuda;
   on_cuda.backend = Backend::CUDA;
   on_cuda.trust_devices = true;
   TensorView q = c.qv(), k = c.kv(), v = c.vv(), out = c.ov();
   for (TensorView* t : {&q, &k, &v, &out}) t->device = {DeviceType::CUDA, 0};
-  const char* before = std::getenv("FLASHATTN_CUDA_FP8");
-  const std::string saved = before ? before : "";
-  for (const char* knob : {"0", "1"}) {
-    SCOPED_TRACE(std::string("FLASHATTN_CUDA_FP8=") + knob);
-    setenv("FLASHATTN_CUDA_FP8", knob, 1);
-    try {
-      forward(q, k, v, out, std::nullopt, c.options, on_cuda);
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      if (e.argument() == "backend") {
-        EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
-      } else if (std::string(knob) == "0") {
-        EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
-        EXPECT_EQ(e.argument(), "q") << e.what();
-        EXPECT_NE(e.expected().find("FLASHATTN_CUDA_FP8=1"), std::string::npos) << e.what();
-      } else {
-        EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
-        EXPECT_EQ(e.argument(), "q") << e.what();
-        EXPECT_NE(e.expected().find("16-byte aligned rows"), std::string::npos) << e.what();
-      }
+  try {
+    forward(q, k, v, out, std::nullopt, c.options, on_cuda);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    if (e.argument() == "backend") {
+      EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+    } else {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_EQ(e.argument(), "q") << e.what();
+      EXPECT_NE(e.expected().find("16-byte aligned rows"), std::string::npos) << e.what();
     }
   }
-  if (before)
-    setenv("FLASHATTN_CUDA_FP8", saved.c_str(), 1);
-  else
-    unsetenv("FLASHATTN_CUDA_FP8");
 }
 
 }  // namespace

@@ -671,9 +671,8 @@ TEST(KvCacheGridCoverage, EveryAxisValueOccurs) {
 
 // ---- FP8 caches ----------------------------------------------------------------------------
 // Every grid case again with fp8 e4m3 caches: against the float64 reference of the dequantised
-// caches, and the append's quantisation. On CUDA the kernel runs with FLASHATTN_CUDA_FP8=1
-// (until it has passed these tests on a GPU) for head dims that are multiples of 16; other
-// head dims, and every call without the knob, are refused before anything is written.
+// caches, and the append's quantisation. On CUDA the decode kernel runs them for head dims
+// that are multiples of 16; other head dims are refused before anything is written.
 
 constexpr int kFp8GridSize = 40;
 
@@ -709,7 +708,6 @@ class KvCacheFp8Grid : public ::testing::TestWithParam<int> {};
 TEST_P(KvCacheFp8Grid, MatchesReferenceAndAppendsQuantised) {
   const KvCase c = fp8_grid_case(GetParam());
 #ifdef FLASHATTN_TEST_CUDA
-  ScopedEnv knob("FLASHATTN_CUDA_FP8", "1");
   if (c.head_dim % 16 != 0) return expect_fp8_refused(c, "multiple of 16");
 #endif
   run_and_check(c);
@@ -720,18 +718,8 @@ INSTANTIATE_TEST_SUITE_P(Fp8, KvCacheFp8Grid, ::testing::Range(0, kFp8GridSize),
                            return fp8_grid_case(info.param).name;
                          });
 
-#ifdef FLASHATTN_TEST_CUDA
-TEST(KvCacheFp8, CudaRefusesFp8CachesWithoutTheKnob) {
-  ScopedEnv knob("FLASHATTN_CUDA_FP8", "0");
-  expect_fp8_refused(fp8_grid_case(0), "FLASHATTN_CUDA_FP8=1");
-}
-#endif
-
 // Without descales every factor is 1: the stored values are the values.
 TEST(KvCacheFp8, AbsentDescalesAreOne) {
-#ifdef FLASHATTN_TEST_CUDA
-  ScopedEnv knob("FLASHATTN_CUDA_FP8", "1");
-#endif
   KvProblem p(KvCase{.name = "no descales", .seqlens = {20, 3}, .seqlen_q = 2, .seqlen_new = 4,
                      .dtype = DType::BFloat16, .fp8_cache = true});
   p.options.k_descale.reset();
@@ -749,9 +737,6 @@ TEST(KvCacheFp8, AbsentDescalesAreOne) {
 // Appended values beyond e4m3's range saturate at +-448 rather than turning into NaN, and a
 // NaN stays NaN (docs/SPEC.md, "Decoding with a KV cache").
 TEST(KvCacheFp8, AppendSaturatesAndKeepsNan) {
-#ifdef FLASHATTN_TEST_CUDA
-  ScopedEnv knob("FLASHATTN_CUDA_FP8", "1");
-#endif
   KvProblem p(KvCase{.name = "saturation", .seqlens = {5}, .seqlen_q = 1, .seqlen_new = 1,
                      .heads = 1, .heads_k = 1, .head_dim = 64, .dtype = DType::Float32,
                      .fp8_cache = true});
@@ -1434,10 +1419,9 @@ TEST(KvCacheGuard, BlockTable) {
   });
 }
 
-// The same guards with fp8 caches (FLASHATTN_CUDA_FP8=1): a page out of range reads NaN keys
+// The same guards with fp8 caches: a page out of range reads NaN keys
 // (e4m3's all-ones bytes), a bad length or page for the append leaves sequence 0 NaN.
 TEST(KvCacheGuard, Fp8Caches) {
-  ScopedEnv knob("FLASHATTN_CUDA_FP8", "1");
   const auto fp8 = [](GuardBase base) -> MakeCase {
     return [base](int64_t sn, int32_t splits) {
       KvCase c = guard_case(base, sn, splits);

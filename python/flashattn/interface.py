@@ -34,9 +34,8 @@ _COMMON_ARGS = """\
             (batch_size, nheads_k, ceil(seqlen / flashattn.FP8_SCALE_BLOCK_ROWS)) for one
             factor per block of 128 rows of a sequence (seqlen: seqlen_q for q, seqlen_k for k
             and v; varlen: max_seqlen_q/k). flashattn.quantize_fp8 makes them. On CUDA, the
-            Hopper kernel (H100/H200; rows of 16-byte multiples), on request
-            (FLASHATTN_CUDA_FP8=1) until it has passed its GPU tests; otherwise, and on other
-            GPUs, CUDA refuses fp8 (NotImplementedError)."""
+            Hopper kernel (H100/H200; rows of 16-byte multiples); other GPUs refuse fp8
+            (NotImplementedError)."""
 
 _MASKS = """\
     Masks (1 = attend, 0 = masked out). With causal=True the mask is aligned to the bottom-right

@@ -398,14 +398,7 @@ Backend resolve_backend(const Execution& execution, const TensorView& q) {
       fail("q", "a tensor in GPU memory for the cuda backend", "a tensor on " +
                                                                  device_string(q.device));
     // FP8 (the forward only: the other calls refuse it with their dtypes) runs on the Hopper
-    // kernel, which takes head dims up to 256; the GPU's kind is checked where it runs. Until
-    // that kernel has passed its tests on a GPU it runs only on request (knobs.hpp).
-    if (q.dtype == DType::Float8E4M3 && !knobs::cuda_fp8_enabled())
-      unsupported("q",
-                  "dtype fp16 or bf16 for the cuda backend (its fp8_e4m3 kernel has not yet "
-                  "passed its GPU tests: FLASHATTN_CUDA_FP8=1 runs it; the cpu backend runs "
-                  "fp8_e4m3 inputs)",
-                  "dtype fp8_e4m3");
+    // kernel, which takes head dims up to 256; the GPU's kind is checked where it runs.
     if (q.dtype != DType::Float16 && q.dtype != DType::BFloat16 && q.dtype != DType::Float8E4M3)
       unsupported("q", "dtype fp16 or bf16 (a forward: fp8_e4m3 too) for the cuda backend",
                   std::string("dtype ") + dtype_name(q.dtype));
@@ -1057,17 +1050,9 @@ ValidatedCall validate_kvcache(const TensorView& q, const KvCache& cache, const 
       expect_lse(lse, q, {batch, call.heads, call.rows_q}, "= (B, H, Sq)");
   append(inputs, expect_alibi(options, q, batch, call.heads));
   append(inputs, expect_cache_descales(options, q, kc, call));
-  // fp8 caches on CUDA: the decode kernel reads 16-byte rows of e4m3 (never padded), and runs
-  // only on request until it has passed its GPU tests (knobs.hpp).
+  // fp8 caches on CUDA: the decode kernel reads 16-byte rows of e4m3 (never padded).
   const bool fp8_caches = kc.dtype == DType::Float8E4M3;
   if (fp8_caches && resolve_backend(execution, q) == Backend::CUDA) {
-    if (!knobs::cuda_fp8_enabled())
-      unsupported("k_cache",
-                  "dtype " + std::string(dtype_name(q.dtype)) +
-                      " like q for the cuda backend (its fp8_e4m3 cache kernel has not yet "
-                      "passed its GPU tests: FLASHATTN_CUDA_FP8=1 runs it; the cpu backend "
-                      "runs fp8_e4m3 caches)",
-                  "dtype fp8_e4m3");
     if (call.head_dim % 16 != 0)
       unsupported("k_cache",
                   "a head dim D that is a multiple of 16 for fp8_e4m3 caches on the cuda backend "

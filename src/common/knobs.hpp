@@ -24,7 +24,6 @@ inline constexpr char kSm90ForwardShape[] = "FLASHATTN_SM90_FORWARD_SHAPE";
 inline constexpr char kSm90BackwardLoads[] = "FLASHATTN_SM90_BACKWARD_LOADS";
 inline constexpr char kCudaDqAtomics[] = "FLASHATTN_CUDA_DQ_ATOMICS";
 inline constexpr char kCpuAmx[] = "FLASHATTN_CPU_AMX";
-inline constexpr char kCudaFp8[] = "FLASHATTN_CUDA_FP8";
 // Read only in tuning builds (-DFLASHATTN_SM80_TUNING=ON).
 inline constexpr char kCudaGrid[] = "FLASHATTN_CUDA_GRID";
 inline constexpr char kKvCacheConfig[] = "FLASHATTN_KVCACHE_CONFIG";
@@ -116,17 +115,6 @@ inline bool dq_atomics_forced() {
   return forced != nullptr && std::strcmp(forced, "1") == 0;
 }
 
-// FLASHATTN_CUDA_FP8=1 lets fp8_e4m3 calls reach the Hopper FP8 kernel, and fp8_e4m3 KV caches
-// the decode kernel, which CUDA refuses otherwise until their GPU tests pass (issue 31: on the
-// second GPU run, 2026-12-07 06:09, head dims 128 and 256 matched the CPU path within P's
-// e4m3 rounding and the first test passed, but head dim 256 hung now and then: the transposing
-// warps' end, since fixed, not yet rerun; the FP8 caches have not run on a GPU).
-inline bool cuda_fp8_enabled() {
-  const char* set = value(kCudaFp8);
-  if (set == nullptr || *set == '\0' || std::strcmp(set, "0") == 0) return false;
-  if (std::strcmp(set, "1") == 0) return true;
-  throw Error(ErrorCode::InvalidArgument, kCudaFp8, "0, 1 or unset", std::string(set));
-}
 
 // FLASHATTN_CPU_AMX=0 keeps the CPU engine's bf16 matrix products in fp32 on processors with
 // AMX tiles or AVX512-BF16 (cpu/amx.hpp), which they take otherwise (=1 or unset): the tests

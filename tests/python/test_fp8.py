@@ -232,12 +232,6 @@ cuda = pytest.mark.skipif(not (torch.cuda.is_available() and flashattn.cuda_comp
                           reason="needs a GPU and the CUDA backend (skipped)")
 
 
-@pytest.fixture
-def fp8_kernel(monkeypatch):
-    """The FP8 kernel runs on request only until it has passed these tests (docs/SPEC.md)."""
-    monkeypatch.setenv("FLASHATTN_CUDA_FP8", "1")
-
-
 def kernel_emulation(q8, k8, v8, qd, kd, vd, causal=False, window=(-1, -1), softcap=0.0,
                      softmax_scale=None):
     """out (B, Sq, H, D) of the Hopper FP8 kernel emulated in float64 (docs/SPEC.md, "FP8
@@ -351,7 +345,7 @@ def expect_lse(lse, q8, k8, v8, qd, kd, vd, causal, window, softcap):
 @pytest.mark.parametrize("block_scaling", [False, True])
 @pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
                                                    (False, (200, 7), 0.0), (True, (-1, -1), 8.0)])
-def test_cuda_forward_matches_the_kernel_emulation(fp8_kernel, d, block_scaling, causal, window, softcap):
+def test_cuda_forward_matches_the_kernel_emulation(d, block_scaling, causal, window, softcap):
     b, sq, sk, h, hk = 2, 300, 397, 4, 2
     g = torch.Generator().manual_seed(d + 7 * block_scaling + 13 * causal + int(softcap))
     (q8, qd), (k8, kd), (v8, vd) = (quantized(b, s, n, d, g, block_scaling, num_heads_k=hk)
@@ -365,7 +359,7 @@ def test_cuda_forward_matches_the_kernel_emulation(fp8_kernel, d, block_scaling,
 
 
 @hopper
-def test_cuda_varlen_and_paged_match_the_dense_calls(fp8_kernel):
+def test_cuda_varlen_and_paged_match_the_dense_calls():
     """A ragged batch (an empty sequence among them), its keys dense and then in pages of
     256 in a random order: each sequence as the dense call on its own rows gives it."""
     h, hk, d = 4, 1, 128
@@ -406,15 +400,8 @@ def test_cuda_varlen_and_paged_match_the_dense_calls(fp8_kernel):
 @pytest.mark.skipif(not (torch.cuda.is_available() and flashattn.cuda_compiled())
                     or torch.cuda.get_device_capability()[0] == 9,
                     reason="needs a GPU other than Hopper: there the FP8 kernel runs (skipped)")
-def test_cuda_refuses_fp8_off_hopper(fp8_kernel):
+def test_cuda_refuses_fp8_off_hopper():
     q = random_fp8(1, 4, 2, 64).cuda()
     with pytest.raises(NotImplementedError, match="fp8_e4m3"):
         flashattn.flash_attn_func(q, q, q)
 
-
-@cuda
-def test_cuda_runs_the_fp8_kernel_only_on_request(monkeypatch):
-    monkeypatch.delenv("FLASHATTN_CUDA_FP8", raising=False)
-    q = random_fp8(1, 4, 2, 64).cuda()
-    with pytest.raises(NotImplementedError, match="FLASHATTN_CUDA_FP8=1"):
-        flashattn.flash_attn_func(q, q, q)

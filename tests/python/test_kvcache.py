@@ -1032,21 +1032,11 @@ def test_cuda_torch_compile():
 @pytest.mark.parametrize("feature", FP8_CACHE_FEATURES)
 @pytest.mark.parametrize("d,paged", [(128, False), (64, False), (256, False), (128, True)],
                          ids=["d128", "d64", "d256", "d128-paged"])
-def test_gpu_fp8_cache(rng, monkeypatch, dtype, feature, d, paged):
-    """fp8 e4m3 caches on CUDA (FLASHATTN_CUDA_FP8=1 until these pass on a GPU): the decode
-    kernel against float64 (check_fp8_cache_call), a long cache that the heuristic splits."""
-    monkeypatch.setenv("FLASHATTN_CUDA_FP8", "1")
+def test_gpu_fp8_cache(rng, dtype, feature, d, paged):
+    """fp8 e4m3 caches on CUDA: the decode kernel against float64 (check_fp8_cache_call), a
+    long cache that the heuristic splits."""
     kw = dict(FEATURES[feature], d=d, sq=1, snew=1, cache_len=700)
     if paged:
         kw["page_size"] = 64
     a = fp8_cache_case(rng, getattr(torch, dtype), **kw)
     check_fp8_cache_call({n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in a.items()})
-
-
-@cuda
-def test_gpu_fp8_cache_refused_without_the_knob(rng, monkeypatch):
-    monkeypatch.delenv("FLASHATTN_CUDA_FP8", raising=False)
-    a = fp8_cache_case(rng, torch.bfloat16, sq=1, snew=1)
-    a = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in a.items()}
-    with pytest.raises(NotImplementedError, match="k_cache: .*FLASHATTN_CUDA_FP8=1"):
-        call(a)
