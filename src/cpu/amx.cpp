@@ -198,7 +198,7 @@ FA_AMX_TARGET void tile_product(const uint16_t* a, int64_t a_stride, const uint1
 // already what the instruction takes, a pair of reduced indices per output lane, so a row of
 // one 16 x 16 tile of words is the second operand of 16 outputs for one pair, and a's pair is
 // broadcast to every lane. Blocks of 8 rows x 32 outputs: 16 accumulators, two loads of b
-// per 16 dot products, the broadcasts folded into the instructions' memory operand.
+// and eight broadcasts of a (VPBROADCASTD from memory) per 16 dot products.
 FA_BF16_TARGET void dot_product(const uint16_t* a, int64_t a_stride, const uint16_t* b, int rows,
                                 int reduced, int outputs, float* c, int64_t c_stride,
                                 bool accumulate, float scale) {
