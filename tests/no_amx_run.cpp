@@ -1,8 +1,8 @@
 // Linked into the CPU suites that CTest runs a second time with FLASHATTN_CPU_AMX=0 (the
 // fp32 products on processors with AMX tiles or AVX512-BF16, src/cpu/amx.hpp). Where the
-// processor has neither, that run would repeat the default one exactly: it skips every test instead, saying why
-// (GoogleTest counts tests skipped by the environment as passed; CTest reports them skipped by
-// the message, tests/CMakeLists.txt).
+// processor has neither, that run would repeat the default one exactly: it skips every test
+// instead, saying why (GoogleTest counts tests skipped by the environment as passed; CTest
+// reports them skipped by the message, tests/CMakeLists.txt).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
