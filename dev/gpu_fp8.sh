@@ -15,8 +15,12 @@
 #      causal or not, with cuDNN; FP8_BENCH=0: not);
 #   5. FP8 KV caches (FP8_CACHE=0: not): test_kvcache_cuda's Fp8 cases, the GPU fp8-cache
 #      tests of tests/python/test_kvcache.py, and bench/decode.py --fp8 (FP8_DECODE_ARGS,
-#      default the dense shapes; FP8_DECODE_BENCH=0: not).
-# Results in $OUT; a table printed last.
+#      default the dense shapes; FP8_DECODE_BENCH=0: not);
+#   6. with FP8_NCU=1, Nsight Compute on one forward launch each of e4m3 and bf16 at
+#      FP8_NCU_SHAPES ("hdim seqlen" pairs, default 128 16384 256 16384; batch x heads as the
+#      grid's): the pipes' utilisation, shared-memory bank conflicts and the warp stall
+#      reasons, to see what the FP8 kernel spends beyond the bf16 one (issue 31's speed).
+# Results in $OUT (packed in one archive); a table printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 py=python3
@@ -129,6 +133,37 @@ if [ "${FP8_BENCH:-1}" = 1 ] && [ "$fp8_ok" = 0 ] && [ "$(left)" -gt 90 ]; then
     >"$out/bench.log" 2>&1
   rc=$?
   row "bench/forward_fp8.py" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) "${FP8_BENCH_ARGS:-}"
+fi
+
+if [ "${FP8_NCU:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then
+  cat >"$out/ncu_call.py" <<'PY'
+import sys, torch, flashattn
+d, s, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+x = [torch.randn(16384 // s, s, 2048 // d, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+if kind == "fp8":
+    (q, qd), (k, kd), (v, vd) = (flashattn.quantize_fp8(t) for t in x)
+    options = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+else:
+    (q, k, v), options = x, {}
+for _ in range(2):
+    flashattn.flash_attn_func(q, k, v, **options)
+torch.cuda.synchronize()
+PY
+  metrics=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum,gpu__time_duration.sum
+  # shellcheck disable=SC2086
+  set -- ${FP8_NCU_SHAPES:-128 16384 256 16384}
+  while [ $# -ge 2 ] && [ "$(left)" -gt 40 ]; do
+    for kind in fp8 bf16; do
+      t=$SECONDS
+      timeout 90 ncu --kernel-name regex:forward_ws --launch-skip 1 --launch-count 1 --metrics "$metrics" \
+        --section WarpStateStats "$py" "$out/ncu_call.py" "$1" "$2" $kind >"$out/ncu_${1}_${2}_$kind.txt" 2>&1
+      row "ncu d$1 s$2 $kind" "rc$?" $((SECONDS - t)) ""
+      echo "== ncu d$1 s$2 $kind"
+      grep -E "pct_of_peak|bank_conflicts|op_shared|duration|Stall|Warp Cycles Per Issued" "$out/ncu_${1}_${2}_$kind.txt" |
+        sed 's/  */ /g' | head -24
+    done
+    shift 2
+  done
 fi
 
 echo
