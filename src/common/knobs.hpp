@@ -21,7 +21,6 @@ inline constexpr char kCudaBackward[] = "FLASHATTN_CUDA_BACKWARD";
 inline constexpr char kCudaSmemLimit[] = "FLASHATTN_CUDA_SMEM_LIMIT";
 inline constexpr char kSm90ForwardGrid[] = "FLASHATTN_SM90_FORWARD_GRID";
 inline constexpr char kSm90ForwardShape[] = "FLASHATTN_SM90_FORWARD_SHAPE";
-inline constexpr char kSm90ForwardCluster[] = "FLASHATTN_SM90_FORWARD_CLUSTER";
 inline constexpr char kSm90BackwardLoads[] = "FLASHATTN_SM90_BACKWARD_LOADS";
 inline constexpr char kCudaDqAtomics[] = "FLASHATTN_CUDA_DQ_ATOMICS";
 inline constexpr char kCpuAmx[] = "FLASHATTN_CPU_AMX";
@@ -96,17 +95,6 @@ inline std::optional<Sm90ForwardShape> sm90_forward_shape() {
   if (chosen == "128x128") return Sm90ForwardShape::Rows128Keys128;
   if (chosen == "192x128") return Sm90ForwardShape::Rows192Keys128;
   throw Error(ErrorCode::InvalidArgument, kSm90ForwardShape, "128x128, 192x128 or unset", std::string(set));
-}
-
-// FLASHATTN_SM90_FORWARD_CLUSTER=1|2: the CTAs of the TMA forward per cluster where a call
-// may take clusters of two sharing their K and V loads (no mask, head dim 128 or more, an
-// even number of query blocks; forward_configs.cuh): 1 keeps such calls on lone CTAs (the
-// tests run the forward suite both ways). Unset: 2.
-inline bool sm90_forward_clusters() {
-  const char* set = value(kSm90ForwardCluster);
-  if (set == nullptr || *set == '\0' || std::string_view(set) == "2") return true;
-  if (std::string_view(set) == "1") return false;
-  throw Error(ErrorCode::InvalidArgument, kSm90ForwardCluster, "1, 2 or unset", std::string(set));
 }
 
 // FLASHATTN_CUDA_SMEM_LIMIT=<bytes> lowers the shared memory per block that the launchers

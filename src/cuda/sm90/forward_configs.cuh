@@ -103,52 +103,6 @@ unsigned ws_forward_ctas(const ForwardTiles& tiles) {
   return persistent ? persistent_ctas(tiles) : forward_ctas(tiles);
 }
 
-// A launch of `ctas` CTAs (even) in clusters of two.
-struct PairedLaunch {
-  cudaLaunchConfig_t config{};
-  cudaLaunchAttribute pair[1]{};
-  PairedLaunch(unsigned ctas, int threads, int shared_bytes, cudaStream_t stream) {
-    config.gridDim = dim3(ctas);
-    config.blockDim = dim3(static_cast<unsigned>(threads));
-    config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
-    config.stream = stream;
-    pair[0].id = cudaLaunchAttributeClusterDimension;
-    pair[0].val.clusterDim.x = 2;
-    pair[0].val.clusterDim.y = pair[0].val.clusterDim.z = 1;
-    config.attrs = pair;
-    config.numAttrs = 1;
-  }
-  PairedLaunch(const PairedLaunch&) = delete;  // config points into it
-  PairedLaunch& operator=(const PairedLaunch&) = delete;
-};
-
-// Clusters of two CTAs that share their K and V loads (forward_ws_kernel.cuh), as
-// FlashAttention-3 launches its forward where every tile reads the same keys: no causal or
-// windowed mask, dense tensors, 16-bit at head dim 128 or more, an even number of query
-// blocks (a cluster takes two of one head). Returns the grid's CTAs in clusters of two, or 0
-// where the call takes lone CTAs: FLASHATTN_SM90_FORWARD_CLUSTER=1, or the device runs no
-// cluster of the kernel.
-template <typename Cfg, typename Kernel>
-unsigned clustered_ctas(const ForwardTiles& tiles, Kernel kernel) {
-  const ForwardParams& p = tiles.p;
-  const bool allowed = knobs::sm90_forward_clusters();  // (a bad value is an error on every call)
-  if (!allowed || !Cfg::kClusterable || tiles.heads_first || p.is_varlen() || p.is_paged() || tiles.m_blocks % 2 != 0)
-    return 0;
-  // How many clusters of two fit the device at once (its SMs pair up within their GPCs).
-  static PerDevice<int> fitting;
-  const int clusters = fitting.get([kernel] {
-    const PairedLaunch launch(2, Cfg::kThreads, Cfg::kSharedBytes, nullptr);
-    int count = 0;
-    if (cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config) != cudaSuccess) {
-      cudaGetLastError();
-      count = 0;
-    }
-    return count;
-  });
-  if (clusters <= 0) return 0;
-  return 2 * static_cast<unsigned>(std::min<int64_t>(tiles.tiles / 2, clusters));
-}
-
 // The rows of a paged call's k and v boxes: the largest power of two up to kBlockN that
 // divides the page size, so that a box never crosses a page; 0 (the sm80 kernel takes the
 // call) below kMinPageBoxRows. H200, 2026-12-06, bench/forward_features.py, 64k tokens in 14
@@ -209,15 +163,8 @@ bool launch_forward_ws(const ForwardParams& p) {
                       : variant == ScoreVariant::Modified ? modified_kernel
                                                           : plain_kernel;
   args.tiles = forward_tiles(p, Cfg::kBlockM);
-  const unsigned cluster_grid = clustered_ctas<Cfg>(args.tiles, plain_kernel);
-  if (cluster_grid == 0) {
-    kernel<<<ws_forward_ctas<Cfg>(args.tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
-        args);
-    return true;
-  }
-  args.tiles.cluster_ctas = 2;
-  const PairedLaunch launch(cluster_grid, Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream));
-  throw_if_failed(cudaLaunchKernelEx(&launch.config, kernel, args), "a successful launch of the clustered forward");
+  kernel<<<ws_forward_ctas<Cfg>(args.tiles), Cfg::kThreads, Cfg::kSharedBytes, static_cast<cudaStream_t>(p.stream)>>>(
+      args);
   return true;
 }
 

@@ -18,9 +18,6 @@ struct ForwardTiles {
   int64_t tiles = 0;        // query blocks x heads x batch
   int32_t m_blocks = 0;     // query blocks per (batch element, head)
   int32_t heads_first = 0;  // tile order: heads fastest (masks) or query blocks fastest
-  // 2: the grid is in clusters of two CTAs that take two query blocks of one (batch element,
-  // head) at a time and share their K and V loads (forward_ws_kernel.cuh); 1: no clusters.
-  int32_t cluster_ctas = 1;
 };
 
 // One tile's coordinates, its sequence and the key blocks its rows see.

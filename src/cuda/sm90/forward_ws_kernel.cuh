@@ -20,13 +20,6 @@
 // others' matrix products. The producer runs ahead by up to kStages blocks and into the next
 // tile. Each warp writes its 16 rows of O into a shared buffer in the swizzled layout and one
 // of its threads stores them with TMA.
-// Without a mask, at head dims of 128 and more, the grid may be in clusters of two CTAs
-// (ForwardTiles::cluster_ctas, as FlashAttention-3 does there): the two take two query blocks
-// of one head at a time, so they read the same K and V blocks, and each producer loads half
-// of every K and V tile's panels into both CTAs' buffers (TMA multicast), halving what the
-// CTAs read from L2. A buffer is then free once the consumers of both CTAs are done with it:
-// each consumer warpgroup arrives on its own CTA's empty barrier and on the other's, and a
-// producer leaves only once every such arrival on its barriers is in.
 // Where shared memory holds a buffer for O beside Q (head dims up to 192), Q is released
 // after the tile's last S and the next tile's Q loads under the last P V and the epilogue;
 // at 256 O is staged in the warp's own rows of Q, released after the store has read them.
@@ -85,9 +78,6 @@ struct WsForwardConfig {
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kPanels = kHeadDim / kPanelCols;
-  // Whether the grid may be in clusters of two CTAs sharing K and V (16-bit, two or four
-  // panels: each CTA loads half of them).
-  static constexpr bool kClusterable = !kFp8 && kPanels % 2 == 0;
   static constexpr int kQBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
   static constexpr int kTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
   // FP8's transposed V tile: a 128-byte row per head-dim column, its first kBlockN bytes the
@@ -193,18 +183,14 @@ enum class ScoreVariant { Plain, Modified, Dropout };
 // The tiles a CTA takes, round by round: round r deals tiles [r G, r G + G) out to the G CTAs,
 // every other round in reverse, so that under the masks (tiles in heaviest-first order,
 // tile_order.cuh) the CTA that took one round's heaviest tile takes the next one's lightest.
-// -1 past the last tile. With one CTA per tile, round 0 is the only one. In clusters of two
-// the rounds deal pairs of tiles (tiles 2 i and 2 i + 1: two query blocks of one head, the
-// tile count even) to the clusters, the CTA of rank r taking tile 2 i + r. (The CTA's
+// -1 past the last tile. With one CTA per tile, round 0 is the only one. (The CTA's
 // coordinates are read afresh each round: hoisted out of the tile loop, they and the values
 // made of them held registers the producer warp does not have, and spilled.)
 __device__ __forceinline__ int64_t tile_of_round(const ForwardTiles& tiles, int round) {
   uint32_t cta, ctas;
   asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
   asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ctas));
-  const uint32_t pair_ctas = tiles.cluster_ctas == 2 ? 2 : 1;
-  const uint32_t unit = cta / pair_ctas, units = ctas / pair_ctas;
-  const int64_t index = (int64_t{round} * units + ((round & 1) ? units - 1 - unit : unit)) * pair_ctas + cta % pair_ctas;
+  const int64_t index = int64_t{round} * ctas + ((round & 1) ? ctas - 1 - cta : cta);
   return index < tiles.tiles ? index : -1;
 }
 
@@ -239,10 +225,7 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
   };
   const auto next_buffer = [&](uint32_t ring, int kv, int iteration, bool fixes) {
     const RingSlot slot = ring_slot<Cfg::kStages>(iteration);
-    if constexpr (Cfg::kClusterable)
-      sh.empty(kv, slot.stage).wait_cluster(slot.parity ^ 1);  // released by the other CTA too
-    else
-      sh.empty(kv, slot.stage).wait(slot.parity ^ 1);
+    sh.empty(kv, slot.stage).wait(slot.parity ^ 1);
     return Buffer{ring + slot.stage * Cfg::kTileBytes, kv, slot.stage, fixes};
   };
   // After a V buffer's copies have landed, the warp zeroes its rows from `zero_from` on (a
@@ -272,20 +255,10 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     const Buffer buffer = next_buffer(ring, kv, iteration, zeroes);
     if (issues) {
       buffer.landed(sh).arrive_expect_bytes(Cfg::kTileBytes);
-      if (Cfg::kClusterable && tiles.cluster_ctas == 2) {
-        // Half the panels, into both CTAs; the other CTA loads the other half.
-        constexpr int kHalf = Cfg::kPanels / 2;
-        const int first = static_cast<int>(cluster_rank()) * kHalf;
 #pragma unroll
-        for (int panel = first; panel < first + kHalf; ++panel)
-          tma_load_multicast(buffer.dst + panel * Cfg::kBlockN * 128, map, panel * Cfg::kPanelCols,
-                             static_cast<int32_t>(row), head, batch, buffer.landed(sh), 0b11);
-      } else {
-#pragma unroll
-        for (int panel = 0; panel < Cfg::kPanels; ++panel)
-          tma_load(buffer.dst + panel * Cfg::kBlockN * 128, map, panel * Cfg::kPanelCols, static_cast<int32_t>(row),
-                   head, batch, buffer.landed(sh));
-      }
+      for (int panel = 0; panel < Cfg::kPanels; ++panel)
+        tma_load(buffer.dst + panel * Cfg::kBlockN * 128, map, panel * Cfg::kPanelCols, static_cast<int32_t>(row), head,
+                 batch, buffer.landed(sh));
     }
     if (zeroes) fix_rows(buffer, zero_from);
   };
@@ -375,17 +348,6 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     }
     if (tile.n_blocks > 0) load_v(tile.n_blocks - 1);
     blocks_before += tile.n_blocks;
-  }
-  if constexpr (Cfg::kClusterable) {
-    // In a cluster the other CTA's consumers arrive on this CTA's empty barriers: it may leave
-    // (its shared memory with them) only once the last release of every buffer is in.
-    if (tiles.cluster_ctas == 2) {
-      for (int i = 0; i < Cfg::kStages; ++i) {
-        const RingSlot slot = ring_slot<Cfg::kStages>(blocks_before + i);
-        sh.empty(kKeysRing, slot.stage).wait_cluster(slot.parity ^ 1);
-        sh.empty(kValuesRing, slot.stage).wait_cluster(slot.parity ^ 1);
-      }
-    }
   }
   if constexpr (Cfg::kFp8) {  // the transposing warps' end: the next V buffer, full of nothing
     const RingSlot slot = ring_slot<Cfg::kStages>(blocks_before);
@@ -513,15 +475,6 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     const uint64_t v_stage = v_desc + ((stage * (kFp8 ? Cfg::kVtBytes : Cfg::kTileBytes)) >> 4);
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) OMma::rs(o, pf[kk], v_stage + ((kFp8 ? kk * 32 : kk * 16 * 128) >> 4));
-  };
-  // A buffer this warpgroup is done with: one arrival on its empty barrier, and in a cluster
-  // one on the other CTA's, whose producer loads half of it too.
-  const bool clustered = Cfg::kClusterable && tiles.cluster_ctas == 2;
-  const auto release = [&](int ring, int stage) {
-    if (releases) {
-      sh.empty(ring, stage).arrive();
-      if (clustered) sh.empty(ring, stage).arrive_in(cluster_rank() ^ 1);
-    }
   };
   // Consumer 0 takes the first turn (the last one passes it a turn it did not take).
   if (consumer == Cfg::kConsumers - 1) pass_turn();
@@ -671,7 +624,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       pass_turn();
       ptx::wgmma_wait<0>();
       ptx::wgmma_hold(s);
-      release(kKeysRing, k_slot.stage);
+      if (releases) sh.empty(kKeysRing, k_slot.stage).arrive();
       release_q_after_last_s(0);
       float unused[2], s_factor = 1.0f, p_factor = 1.0f, unit_ratio = 1.0f;
       if constexpr (kFp8) fp8_factors(0, s_factor, p_factor, unit_ratio);  // (O is 0: no ratio)
@@ -698,7 +651,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
 
       ptx::wgmma_wait<1>();  // S(n) is done (K(n) is free); P V may still run
       ptx::wgmma_hold(s);
-      release(kKeysRing, k_slot.stage);
+      if (releases) sh.empty(kKeysRing, k_slot.stage).arrive();
       release_q_after_last_s(n);
       float scale_o[2], s_factor = 1.0f, p_factor = 1.0f, unit_ratio = 1.0f;
       if constexpr (kFp8) fp8_factors(n, s_factor, p_factor, unit_ratio);
@@ -713,7 +666,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       ptx::wgmma_wait<0>();  // O += P(n - 1) V(n - 1) is done: O, pf and V(n - 1) are free
       ptx::wgmma_hold(o);
       ptx::wgmma_hold(pf);
-      release(kReadValuesRing<Cfg>, v_slot.stage);
+      if (releases) sh.empty(kReadValuesRing<Cfg>, v_slot.stage).arrive();
 #pragma unroll
       for (int t = 0; t < kOTiles; ++t) {
         o[4 * t + 0] *= scale_o[0];
@@ -734,7 +687,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       pass_turn();
       ptx::wgmma_wait<0>();
       ptx::wgmma_hold(o);
-      release(kReadValuesRing<Cfg>, v_next.stage);
+      if (releases) sh.empty(kReadValuesRing<Cfg>, v_next.stage).arrive();
     }
 
     // Epilogue: out = O / l in the storage dtype, written by the warp into its 16 rows of the
@@ -842,12 +795,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __gr
     sh.q_empty().init(4 * Cfg::kConsumers);  // every consumer warp
     for (int s = 0; s < Cfg::kStages; ++s) {
       // FP8: V is read by the transposing warps, its transposed copy by the consumers.
-      // In a cluster the other CTA's consumers release the K and V buffers too.
-      const int releasers = Cfg::kConsumers * (Cfg::kClusterable ? args.tiles.cluster_ctas : 1);
       sh.full(kKeysRing, s).init(1);
-      sh.empty(kKeysRing, s).init(releasers);
+      sh.empty(kKeysRing, s).init(Cfg::kConsumers);
       sh.full(kValuesRing, s).init(1);
-      sh.empty(kValuesRing, s).init(Cfg::kFp8 ? Cfg::kTransposeWarps : releasers);
+      sh.empty(kValuesRing, s).init(Cfg::kFp8 ? Cfg::kTransposeWarps : Cfg::kConsumers);
       if constexpr (Cfg::kFp8) {
         sh.full(kTransposedRing, s).init(Cfg::kTransposeWarps);
         sh.empty(kTransposedRing, s).init(Cfg::kConsumers);
@@ -857,12 +808,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __gr
     *sh.values_end() = 0;
     fence_barrier_init();
   }
-  // (In a cluster the barriers must be initialised in both CTAs before either's copies or
-  // arrivals reach the other.)
-  if (Cfg::kClusterable && args.tiles.cluster_ctas == 2)
-    cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();
   if (warpgroup == 0) {
     release_registers<Cfg::kProducerRegisters>();
     const int warp = static_cast<int>(threadIdx.x) / 32;

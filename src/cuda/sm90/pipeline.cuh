@@ -7,8 +7,7 @@
 // passes the parity of the phase it waits for (0, 1, 0, ...: the number of times it has used
 // the buffer, mod 2). A "full" barrier completes when its one producer arrival is in and the
 // TMA bytes it announced have landed; an "empty" barrier when every consumer that reads the
-// buffer has arrived. In a cluster of two CTAs that share their K and V loads (TMA multicast),
-// an empty barrier also counts the other CTA's consumers, which arrive on it remotely.
+// buffer has arrived.
 #pragma once
 
 #include <cuda/ptx>
@@ -29,20 +28,6 @@ struct Mbarrier {
     ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                            ::cuda::ptx::space_shared, word, bytes);
   }
-  // The arrival on the barrier at the same offset in the shared memory of CTA `rank` of the
-  // cluster (a consumer releasing a buffer that the other CTA's producer also fills). With
-  // the default release at CTA scope, as CUTLASS's cluster pipelines: the reads it orders
-  // (this warpgroup's wgmmas) are complete already, and a release at cluster scope made the
-  // clustered forward 0.67-0.76x (H100, 2026-12-07).
-  __device__ void arrive_in(uint32_t rank) const {
-    asm volatile(
-        "{\n.reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
-            static_cast<uint32_t>(__cvta_generic_to_shared(word))),
-        "r"(rank)
-        : "memory");
-  }
   // The retry loop is inside the asm: a loop the compiler sees would be a divergent path
   // to it, and ptxas then serialises the wgmmas that follow (C7520).
   __device__ void wait(uint32_t parity) const {
@@ -54,29 +39,7 @@ struct Mbarrier {
         "r"(parity)
         : "memory");
   }
-  // The same with acquire at cluster scope: for a barrier that the other CTA of the cluster
-  // arrives on too.
-  __device__ void wait_cluster(uint32_t parity) const {
-    asm volatile(
-        "{\n.reg .pred done;\n"
-        "retry:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra retry;\n}\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(word))),
-        "r"(parity)
-        : "memory");
-  }
 };
-
-// This CTA's rank in its cluster, and a barrier across every thread of the cluster (with
-// release and acquire: what each thread wrote before it is visible to all after it).
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
 
 // Position in a ring: buffer `stage`, used for the `use`-th time; a full barrier's waiters pass
 // parity use & 1, the producer waiting for the buffer to be empty the opposite one (a fresh
@@ -105,17 +68,6 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const void* map, int32_t 
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(map), "r"(col), "r"(row), "r"(head), "r"(batch),
       "r"(static_cast<uint32_t>(__cvta_generic_to_shared(full.word)))
-      : "memory");
-}
-// The same box into shared memory at `dst` of every CTA of the cluster in `ctas` (a bit per
-// rank), completing on the barrier at `full`'s offset in each of them.
-__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const void* map, int32_t col, int32_t row,
-                                                   int32_t head, int32_t batch, const Mbarrier& full, uint16_t ctas) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-      "l"(map), "r"(col), "r"(row), "r"(head), "r"(batch),
-      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(full.word))), "h"(ctas)
       : "memory");
 }
 // `bytes` (a multiple of 16) from global memory at `src` into shared memory at `dst` (both
