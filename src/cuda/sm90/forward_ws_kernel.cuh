@@ -99,12 +99,12 @@ struct WsForwardConfig {
   static constexpr int kSharedBytes = kBaseBytes + (kSeparateO ? 1024 + kQBytes : kBarrierBytes);
   // Registers per thread: 128 x 24 + 256 x 240 = 64,512 of the 65,536 of the SM with two
   // consumers, 128 x 32 + 384 x 160 = 65,536 with three. FP8: the transposing warps beside
-  // the TMA warp want 32 or more (ptxas allocates the two roles together), and the consumers
-  // about as many as the 16-bit ones (more live values for the descales: they spill at 224):
-  // 40 / 232 (at head dim 256 with 128-key blocks the consumers needed 240 for S 64 + O 128 +
+  // the TMA warp want 48 with two units in flight (at 40 they spilled 20-24 bytes; ptxas
+  // allocates the two roles together), which leaves the consumers 224, enough at 128- and
+  // 64-key blocks (at head dim 256 with 128-key blocks they needed 240 for S 64 + O 128 +
   // P 16, which left the producer 24, where it spilled 84 bytes: 256 takes 64-key blocks).
-  static constexpr int kProducerRegisters = kFp8 ? 40 : kConsumers == 3 ? 32 : 24;
-  static constexpr int kConsumerRegisters = kFp8 ? 232 : kConsumers == 2 ? 240 : 160;
+  static constexpr int kProducerRegisters = kFp8 ? 48 : kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegisters = kFp8 ? 224 : kConsumers == 2 ? 240 : 160;
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   // setmaxnreg shares out only the registers the CTA launched with (ptxas gives each thread
   // 65,536 / kThreads rounded down to a multiple of 8): asking for more makes the consumers'
@@ -365,21 +365,27 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
 // slots the first kBlockN bytes of one 128-byte swizzled row. Within every 32 keys the slots
 // are permuted to match P's A fragments, which the consumers pack straight from the S
 // accumulators (s_to_p): slot 4 q + i (q < 4, i < 4) of each 16 holds key
-// 2 q + (i & 1) + 8 (i >> 1). A unit of work is a 16-column chunk of V, in four rounds: lane l
-// takes slot group l (four keys; lanes past the block's keys idle) and one word (4 columns)
-// of the chunk, turned with the round, loads it from its four key rows, gathers each
-// column's four bytes (a 4 x 4 byte transpose) and stores the column's 32-bit word of slots.
-// The lanes' loads fall on 16 distinct banks, their stores on 32. The warps take the V
+// 2 q + (i & 1) + 8 (i >> 1). A unit of work is a 16-column chunk of V, in four rounds: a
+// lane takes one slot group (four keys) and one word (4 columns) of the chunk, turned with the
+// round, loads it from its four key rows, gathers each column's four bytes (a 4 x 4 byte
+// transpose) and stores the column's 32-bit word of slots. A 128-key block's 32 slot groups
+// take the warp's 32 lanes; a 64-key block's 16 take each half-warp, the two halves taking
+// two units at once. The lanes' loads fall on 16 distinct banks, their stores on 32. Two
+// units are in flight per lane (the loop unrolled), so that one's loads wait under the
+// other's work. The warps take the V
 // blocks in the ring's order up to the producer's count (values_end): they need not
 // walk the tiles, whose 64-bit index arithmetic would not fit the producer's registers.
 template <typename Cfg>
 __device__ __forceinline__ void transpose_values(const WsShared<Cfg>& sh, int transposer) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const bool has_slots = 4 * lane < Cfg::kBlockN;
-  // The block-relative key of the lane's slot 4 lane (the others: + 1, + 8, + 9).
-  const int key0 = 32 * (lane / 8) + 16 * (lane / 4 % 2) + 2 * (lane % 4);
-  const int slot_chunk = lane / 4, slot_word = lane % 4;  // the 16-byte chunk and word of Vt rows
-  constexpr int kUnits = Cfg::kPanels * 8 * 4;            // (panel, 16-byte chunk, round)
+  constexpr int kSlotGroups = Cfg::kBlockN / 4;      // lanes per unit: 32 or 16
+  constexpr int kUnitsAtOnce = 32 / kSlotGroups;     // units per warp step: 1 or 2
+  const int group = lane % kSlotGroups;              // the lane's slot group
+  // The block-relative key of the group's slot 4 group (the others: + 1, + 8, + 9).
+  const int key0 = 32 * (group / 8) + 16 * (group / 4 % 2) + 2 * (group % 4);
+  const int slot_chunk = group / 4, slot_word = group % 4;  // the 16-byte chunk and word of Vt rows
+  constexpr int kUnits = Cfg::kPanels * 8 * 4;              // (panel, 16-byte chunk, round)
+  const int first_unit = transposer * kUnitsAtOnce + lane / kSlotGroups;
   for (int iteration = 0;; ++iteration) {
     const RingSlot slot = ring_slot<Cfg::kStages>(iteration);
     sh.full(kValuesRing, slot.stage).wait(slot.parity);
@@ -393,8 +399,8 @@ __device__ __forceinline__ void transpose_values(const WsShared<Cfg>& sh, int tr
     if (end != 0 && static_cast<uint32_t>(iteration) + 1 >= end) return;
     sh.empty(kTransposedRing, slot.stage).wait(slot.parity ^ 1);
     const uint32_t from = sh.v + slot.stage * Cfg::kTileBytes, to = sh.vt + slot.stage * Cfg::kVtBytes;
-#pragma unroll 1
-    for (int unit = transposer; has_slots && unit < kUnits; unit += Cfg::kTransposeWarps) {
+#pragma unroll 2
+    for (int unit = first_unit; unit < kUnits; unit += Cfg::kTransposeWarps * kUnitsAtOnce) {
       const int panel = unit / 32, chunk = unit / 4 % 8, word = (slot_chunk + unit) % 4;
       uint32_t x[4];
 #pragma unroll
