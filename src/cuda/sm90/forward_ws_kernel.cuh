@@ -99,12 +99,14 @@ struct WsForwardConfig {
   static constexpr int kSharedBytes = kBaseBytes + (kSeparateO ? 1024 + kQBytes : kBarrierBytes);
   // Registers per thread: 128 x 24 + 256 x 240 = 64,512 of the 65,536 of the SM with two
   // consumers, 128 x 32 + 384 x 160 = 65,536 with three. FP8: the transposing warps beside
-  // the TMA warp want 48 with two units in flight (at 40 they spilled 20-24 bytes; ptxas
-  // allocates the two roles together), which leaves the consumers 224, enough at 128- and
-  // 64-key blocks (at head dim 256 with 128-key blocks they needed 240 for S 64 + O 128 +
-  // P 16, which left the producer 24, where it spilled 84 bytes: 256 takes 64-key blocks).
-  static constexpr int kProducerRegisters = kFp8 ? 48 : kConsumers == 3 ? 32 : 24;
-  static constexpr int kConsumerRegisters = kFp8 ? 224 : kConsumers == 2 ? 240 : 160;
+  // the TMA warp want 40, 48 at 64-key blocks where two units are in flight
+  // (transpose_values; at 40 they spilled 20-24 bytes there; ptxas allocates the two roles
+  // together); the consumers take the rest, 232 or 224 (at head dim 256 with 128-key blocks
+  // they needed 240 for S 64 + O 128 + P 16, which left the producer 24, where it spilled 84
+  // bytes: 256 takes 64-key blocks). At 128-key blocks two units in flight with 48 / 224
+  // registers ran at 0.96-0.98x of one with 40 / 232 (H100, 2026-12-07).
+  static constexpr int kProducerRegisters = kFp8 ? (kBlockN == 64 ? 48 : 40) : kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegisters = kFp8 ? (kBlockN == 64 ? 224 : 232) : kConsumers == 2 ? 240 : 160;
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   // setmaxnreg shares out only the registers the CTA launched with (ptxas gives each thread
   // 65,536 / kThreads rounded down to a multiple of 8): asking for more makes the consumers'
@@ -370,9 +372,11 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
 // round, loads it from its four key rows, gathers each column's four bytes (a 4 x 4 byte
 // transpose) and stores the column's 32-bit word of slots. A 128-key block's 32 slot groups
 // take the warp's 32 lanes; a 64-key block's 16 take each half-warp, the two halves taking
-// two units at once. The lanes' loads fall on 16 distinct banks, their stores on 32. Two
-// units are in flight per lane (the loop unrolled), so that one's loads wait under the
-// other's work. The warps take the V
+// two units at once, and two such steps are in flight per lane (the loop unrolled), so that
+// one's loads wait under the other's work: head dim 256 (64-key blocks) ran at 0.53-0.78x of
+// the bf16 kernel with half of each warp idle and one unit at a time, 1.33-1.39x faster with
+// this (H100, 2026-12-07). The lanes' loads fall on 16 distinct banks, their stores on 32.
+// The warps take the V
 // blocks in the ring's order up to the producer's count (values_end): they need not
 // walk the tiles, whose 64-bit index arithmetic would not fit the producer's registers.
 template <typename Cfg>
@@ -399,7 +403,7 @@ __device__ __forceinline__ void transpose_values(const WsShared<Cfg>& sh, int tr
     if (end != 0 && static_cast<uint32_t>(iteration) + 1 >= end) return;
     sh.empty(kTransposedRing, slot.stage).wait(slot.parity ^ 1);
     const uint32_t from = sh.v + slot.stage * Cfg::kTileBytes, to = sh.vt + slot.stage * Cfg::kVtBytes;
-#pragma unroll 2
+#pragma unroll(kUnitsAtOnce)
     for (int unit = first_unit; unit < kUnits; unit += Cfg::kTransposeWarps * kUnitsAtOnce) {
       const int panel = unit / 32, chunk = unit / 4 % 8, word = (slot_chunk + unit) % 4;
       uint32_t x[4];
