@@ -8,10 +8,15 @@
    transpose_values fills with the matching keys, so A . Vt equals P . V.
 2. transpose_values, byte for byte: V as TMA lays it out (128-byte rows, the 128-byte
    swizzle), each warp's units, lanes, loads, byte permutes and stores, then Vt read back
-   through the swizzle at every (column, slot): the key the slot should hold.
+   through the swizzle at every (column, slot): the key the slot should hold; and the most
+   lanes of one warp instruction that share a bank at different addresses, loads and stores
+   (2-way loads at a411230, as Nsight Compute counted; --swap-pairs: the order of
+   dev/fp8_transpose_banks.patch, 1-way).
 
 Both for 64- and 128-key blocks and head dims 128 and 256. Run: python3 dev/fp8_layout_check.py
 """
+import sys
+
 import numpy as np
 
 
@@ -46,7 +51,11 @@ def byte_perm(x, y, selector):
     return int.from_bytes(bytes(b[(selector >> (4 * i)) & 7] for i in range(4)), "little")
 
 
-def transpose_matches(block_keys, head_dim, rng, warps=3):
+def transpose_matches(block_keys, head_dim, rng, warps=3, swap_pairs=False):
+    """transpose_values byte for byte; also the most lanes of one warp instruction that share a
+    shared-memory bank at different addresses (1: no conflict), for its loads and its stores.
+    swap_pairs: the upper half-warp loads each key pair in the other order
+    (dev/fp8_transpose_banks.patch)."""
     panels = head_dim // 128
     v = rng.integers(0, 256, (block_keys, head_dim)).astype(np.uint8)
     raw = np.zeros(panels * block_keys * 128, np.uint8)
@@ -55,38 +64,51 @@ def transpose_matches(block_keys, head_dim, rng, warps=3):
             for c in range(8):
                 raw[(p * block_keys + r) * 128 + ((c ^ (r % 8)) << 4):][:16] = v[r, p * 128 + c * 16:][:16]
     vt = np.zeros(head_dim * 128, np.uint8)
+    groups = block_keys // 4          # lanes per unit
+    at_once = 32 // groups            # units per warp step
+    accesses = {}                     # (warp, step, load i or store j) -> [(lane, address)]
     for warp in range(warps):
         for lane in range(32):
-            if 4 * lane >= block_keys:
-                continue
-            key0 = 32 * (lane // 8) + 16 * (lane // 4 % 2) + 2 * (lane % 4)
-            slot_chunk, slot_word = lane // 4, lane % 4
-            for unit in range(warp, panels * 32, warps):
+            group = lane % groups
+            swapped = lane // 16 if swap_pairs else 0
+            low, high = (0x1504, 0x3726) if swapped else (0x5140, 0x7362)
+            key0 = 32 * (group // 8) + 16 * (group // 4 % 2) + 2 * (group % 4)
+            slot_chunk, slot_word = group // 4, group % 4
+            for step, unit in enumerate(range(warp * at_once + lane // groups, panels * 32, warps * at_once)):
                 panel, chunk, word = unit // 32, unit // 4 % 8, (slot_chunk + unit) % 4
                 x = []
                 for i in range(4):
-                    key = key0 + (i & 1) + 8 * (i >> 1)
+                    key = key0 + ((i & 1) ^ swapped) + 8 * (i >> 1)
                     at = (panel * block_keys + key) * 128 + ((chunk ^ (key % 8)) << 4) + word * 4
+                    accesses.setdefault((warp, step, "load", i), []).append(at)
                     x.append(int.from_bytes(raw[at:at + 4].tobytes(), "little"))
-                ab01, cd01 = byte_perm(x[0], x[1], 0x5140), byte_perm(x[2], x[3], 0x5140)
-                ab23, cd23 = byte_perm(x[0], x[1], 0x7362), byte_perm(x[2], x[3], 0x7362)
+                ab01, cd01 = byte_perm(x[0], x[1], low), byte_perm(x[2], x[3], low)
+                ab23, cd23 = byte_perm(x[0], x[1], high), byte_perm(x[2], x[3], high)
                 columns = [byte_perm(ab01, cd01, 0x5410), byte_perm(ab01, cd01, 0x7632),
                            byte_perm(ab23, cd23, 0x5410), byte_perm(ab23, cd23, 0x7632)]
                 for j, word_value in enumerate(columns):
                     row = panel * 128 + chunk * 16 + word * 4 + j
                     at = row * 128 + ((slot_chunk ^ (row % 8)) << 4) + slot_word * 4
+                    accesses.setdefault((warp, step, "store", j), []).append(at)
                     vt[at:at + 4] = np.frombuffer(word_value.to_bytes(4, "little"), np.uint8)
+    ways = {"load": 1, "store": 1}
+    for (_, _, kind, _), addresses in accesses.items():
+        banks = {}
+        for at in addresses:
+            banks.setdefault(at // 4 % 32, set()).add(at)
+        ways[kind] = max(ways[kind], max(len(a) for a in banks.values()))
     for lane in range(block_keys // 4):
         key0 = 32 * (lane // 8) + 16 * (lane // 4 % 2) + 2 * (lane % 4)
         for i in range(4):
             key, slot = key0 + (i & 1) + 8 * (i >> 1), 4 * lane + i
             for d in range(head_dim):
                 if vt[d * 128 + (((slot // 16) ^ (d % 8)) << 4) + slot % 16] != v[key, d]:
-                    return False
-    return True
+                    return False, ways
+    return True, ways
 
 
 def main():
+    swap_pairs = "--swap-pairs" in sys.argv[1:]
     rng = np.random.default_rng(0)
     ok = True
     for block_keys in (64, 128):
@@ -94,8 +116,9 @@ def main():
         print(f"{block_keys}-key blocks: P's fragments against the transposed slots: {'ok' if good else 'WRONG'}")
         ok &= good
         for head_dim in (128, 256):
-            good = transpose_matches(block_keys, head_dim, rng)
-            print(f"{block_keys}-key blocks, head dim {head_dim}: transposed V: {'ok' if good else 'WRONG'}")
+            good, ways = transpose_matches(block_keys, head_dim, rng, swap_pairs=swap_pairs)
+            print(f"{block_keys}-key blocks, head dim {head_dim}: transposed V: {'ok' if good else 'WRONG'}; "
+                  f"lanes per bank: loads {ways['load']}-way, stores {ways['store']}-way")
             ok &= good
     raise SystemExit(0 if ok else 1)
 
