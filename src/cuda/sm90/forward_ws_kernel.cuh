@@ -375,10 +375,10 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
 // two units at once, and two such steps are in flight per lane (the loop unrolled), so that
 // one's loads wait under the other's work: head dim 256 (64-key blocks) ran at 0.53-0.78x of
 // the bf16 kernel with half of each warp idle and one unit at a time, 1.33-1.39x faster with
-// this (H100, 2026-12-07). The lanes' loads fall on 16 distinct banks, their stores on 32.
-// The warps take the V
-// blocks in the ring's order up to the producer's count (values_end): they need not
-// walk the tiles, whose 64-bit index arithmetic would not fit the producer's registers.
+// this (H100, 2026-12-07). The lanes' stores fall on 32 distinct banks, their loads on 16 (a
+// 2-way conflict per load, as Nsight Compute counts). The warps take the V blocks in the
+// ring's order up to the producer's count (values_end): they need not walk the tiles, whose
+// 64-bit index arithmetic would not fit the producer's registers.
 template <typename Cfg>
 __device__ __forceinline__ void transpose_values(const WsShared<Cfg>& sh, int transposer) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
