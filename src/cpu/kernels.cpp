@@ -697,18 +697,6 @@ FA_INLINE void decode_pv_blocked(const float* p, int64_t p_row_stride, int rows,
                                             acc_row_stride, head_dim_v);
 }
 
-// Asks for every line of `keys` rows of `width` elements into L1 before the products read
-// them: all of their misses in flight at once, instead of as the out-of-order window reaches
-// each (a row per key, a new line every few multiply-adds).
-template <typename T>
-FA_INLINE void prefetch_cache_rows(const T* rows, int64_t row_stride, int keys, int width) {
-  for (int x = 0; x < keys; ++x) {
-    const char* row = reinterpret_cast<const char*>(rows + x * row_stride);
-    for (int64_t at = 0; at < static_cast<int64_t>(sizeof(T)) * width; at += 64)
-      __builtin_prefetch(row + at, 0, 3);
-  }
-}
-
 template <typename V, typename T, int R, int N>
 void decode_scores_variant(const float* q, int rows, int head_dim, const T* k,
                            int64_t k_row_stride, int keys, float* s, int64_t s_row_stride) {

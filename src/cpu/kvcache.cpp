@@ -336,13 +336,32 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
       visible_keys_of_rows(0, a.seqlen_q, seq.seqlen_q, seq.seqlen_k, a.window_left, a.window_right);
   const int64_t begin = std::max(visible.begin, chunk.begin);
   const int64_t end = std::min(visible.end, chunk.end);
+  // Before each product call, the rows of the next one (the next head of this run, or the
+  // first head of the block's next run) are requested, so that their misses are in flight
+  // while this call computes: one call (a few KiB) ahead. Without it each call's misses began
+  // only when it did, its own prefetches waited out in full (bf16 caches read 1.2-1.3x
+  // faster with it on the 2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md).
+  const auto prefetch_next_call = [&](const KeyRows::Run<T>& run, int64_t j0, int c, int cols, int g,
+                                      bool values) __attribute__((always_inline)) {
+    const int64_t row_stride = values ? keys.v_row_stride : keys.k_row_stride;
+    const int width = values ? Dv : D;
+    if (g + 1 < heads) {
+      prefetch_cache_rows(values ? run.v + (g + 1) * a.v_head_stride : run.k + (g + 1) * a.k_head_stride, row_stride,
+                          run.count, width);
+    } else if (c + run.count < cols) {
+      const KeyRows::Run<T> next = keys.run<T>(j0 + c + run.count, std::min(kDecodeStep, cols - c - run.count));
+      prefetch_cache_rows(values ? next.v : next.k, row_stride, next.count, width);
+    }
+  };
   for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, end - j0));
     for (int c = 0; c < cols;) {  // scores, position by position, every head of the group
       const KeyRows::Run<T> run = keys.run<T>(j0 + c, std::min(kDecodeStep, cols - c));
-      for (int g = 0; g < heads; ++g)
+      for (int g = 0; g < heads; ++g) {
+        prefetch_next_call(run, j0, c, cols, g, false);
         decode_scores(q + int64_t{g} * R * D, R, D, run.k + g * a.k_head_stride, keys.k_row_stride,
                       run.count, s + int64_t{g} * R * kBlockK + c, kBlockK);
+      }
       c += run.count;
     }
     for (int g = 0; g < heads; ++g)
@@ -355,9 +374,11 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
       }
     for (int c = 0; c < cols;) {  // values likewise
       const KeyRows::Run<T> run = keys.run<T>(j0 + c, std::min(kDecodeStep, cols - c));
-      for (int g = 0; g < heads; ++g)
+      for (int g = 0; g < heads; ++g) {
+        prefetch_next_call(run, j0, c, cols, g, true);
         decode_accumulate_pv(s + int64_t{g} * R * kBlockK + c, kBlockK, R, run.v + g * a.v_head_stride,
                              keys.v_row_stride, run.count, acc + int64_t{g} * R * Dv, Dv, Dv);
+      }
       c += run.count;
     }
   }
