@@ -339,8 +339,9 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
   // Before each product call, the rows of the next one (the next head of this run, or the
   // first head of the block's next run) are requested, so that their misses are in flight
   // while this call computes: one call (a few KiB) ahead. Without it each call's misses began
-  // only when it did, its own prefetches waited out in full (bf16 caches read 1.2-1.3x
-  // faster with it on the 2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md).
+  // only when it did, its own prefetches waited out in full (bf16 caches read 1.10-1.23x
+  // faster with it on the 2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md). Always inlined, as
+  // prefetch_cache_rows is: out of line, GCC dropped the calls of this lambda.
   const auto prefetch_next_call = [&](const KeyRows::Run<T>& run, int64_t j0, int c, int cols, int g,
                                       bool values) __attribute__((always_inline)) {
     const int64_t row_stride = values ? keys.v_row_stride : keys.k_row_stride;
