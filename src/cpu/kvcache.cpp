@@ -23,6 +23,8 @@
 //   - the products read the cache rows in place, converting as they load
 //     (decode_scores, decode_accumulate_pv), instead of staging transposed fp32 key blocks
 //     that only a few query rows would use;
+//   - the rows of each product call are requested one call ahead (while the previous call
+//     computes), not only as the call starts;
 //   - without a thread per (sequence, head group) the keys are split into chunks.
 // Its per-thread state is the group's query rows, accumulators and one block of scores.
 #include "cpu/kvcache.hpp"
