@@ -5,6 +5,13 @@
 #   dev/upstream_tests.sh prepare GIT_DIR   copy the test file and its helpers (bert_padding,
 #                                           layers/rotary, ops/triton/rotary) out of a clone
 #                                           of Dao-AILab/flash-attention into upstream/
+#   dev/upstream_tests.sh sample [PER_TEST] [SEED]
+#                                           on any machine (no GPU needed: the file's
+#                                           compute-capability checks are answered as on
+#                                           Hopper): collects the ids (about a minute) and
+#                                           writes upstream/sample_ids.txt, PER_TEST drawn at
+#                                           random (SEED) from each test function (default 20;
+#                                           all of the smaller ones), for UPSTREAM_IDS
 #   dev/upstream_tests.sh run [N] [SEED] [PYTEST_ARGS...]
 #                                           on a GPU machine with flashattn installed: N cases
 #                                           drawn at random (SEED) from the collected ones
@@ -42,6 +49,28 @@ case ${1:-} in
       echo "upstream_tests: an import of flash_attn is left" >&2; exit 1; }
     git --git-dir="$git_dir" log -1 --format='prepared from %H (%cs)' | tee "$dir/SOURCE"
     ;;
+  sample)
+    [ -f "$dir/test_flash_attn.py" ] || { echo "upstream_tests: run prepare first" >&2; exit 2; }
+    (cd "$dir" && python3 - "${2:-20}" "${3:-0}" >sample_ids.txt <<'PY'
+import collections, contextlib, io, random, sys
+import pytest, torch
+torch.cuda.get_device_capability = lambda *args, **kwargs: (9, 0)  # read at import: as on Hopper
+class Ids:
+    nodeids = []
+    def pytest_collection_modifyitems(self, items):
+        Ids.nodeids = [item.nodeid[item.nodeid.index("test_flash_attn.py"):] for item in items]  # relative to upstream/
+with contextlib.redirect_stdout(io.StringIO()):
+    pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "test_flash_attn.py"], plugins=[Ids()])
+per, rng = int(sys.argv[1]), random.Random(int(sys.argv[2]))
+by_test = collections.defaultdict(list)
+for nodeid in Ids.nodeids:
+    by_test[nodeid.split("[")[0]].append(nodeid)
+sample = [i for test in sorted(by_test) for i in rng.sample(by_test[test], min(per, len(by_test[test])))]
+print("\n".join(sorted(sample)))
+print(f"{len(sample)} of {len(Ids.nodeids)} ids, {len(by_test)} test functions", file=sys.stderr)
+PY
+    ) && echo "upstream_tests: wrote $dir/sample_ids.txt"
+    ;;
   run)
     n=${2:-400}; seed=${3:-0}; shift $(( $# < 3 ? $# : 3 ))
     out=${OUT:-gpu-results}; mkdir -p "$out"; out=$(cd "$out" && pwd)
@@ -72,5 +101,5 @@ PY
     head -20 "$out/upstream_failures.txt"
     exit $status
     ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  *) sed -n '2,23p' "$0"; exit 2 ;;
 esac
