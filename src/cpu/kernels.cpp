@@ -700,14 +700,12 @@ FA_INLINE void decode_pv_blocked(const float* p, int64_t p_row_stride, int rows,
 template <typename V, typename T, int R, int N>
 void decode_scores_variant(const float* q, int rows, int head_dim, const T* k,
                            int64_t k_row_stride, int keys, float* s, int64_t s_row_stride) {
-  prefetch_cache_rows(k, k_row_stride, keys, head_dim);
   decode_scores_blocked<V, T, R, N>(q, rows, head_dim, k, k_row_stride, keys, s, s_row_stride);
 }
 template <typename V, typename T, int R, int C>
 void decode_pv_variant(const float* p, int64_t p_row_stride, int rows, const T* v,
                        int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride,
                        int head_dim_v) {
-  prefetch_cache_rows(v, v_row_stride, keys, head_dim_v);
   decode_pv_blocked<V, T, R, C>(p, p_row_stride, rows, v, v_row_stride, keys, acc,
                                 acc_row_stride, head_dim_v);
 }
@@ -867,7 +865,6 @@ double dot_double_avx2(const float* a, const float* b, int n) {
   FA_TARGET(isa)                                                                             \
   void decode_scores_##suffix(const float* q, int rows, int head_dim, const T* k,            \
                               int64_t k_row_stride, int keys, float* s, int64_t s_row_stride) { \
-    prefetch_cache_rows(k, k_row_stride, keys, head_dim);                                    \
     decode_scores_blocked<V, T, RS, NS>(q, rows, head_dim, k, k_row_stride, keys, s,         \
                                         s_row_stride);                                       \
   }                                                                                          \
@@ -876,7 +873,6 @@ double dot_double_avx2(const float* a, const float* b, int n) {
   void decode_pv_##suffix(const float* p, int64_t p_row_stride, int rows, const T* v,        \
                           int64_t v_row_stride, int keys, float* acc, int64_t acc_row_stride, \
                           int head_dim_v) {                                                  \
-    prefetch_cache_rows(v, v_row_stride, keys, head_dim_v);                                  \
     decode_pv_blocked<V, T, RP, CP>(p, p_row_stride, rows, v, v_row_stride, keys, acc,       \
                                     acc_row_stride, head_dim_v);                             \
   }                                                                                          \

@@ -101,20 +101,6 @@ inline void accumulate_pv(const float* p, const float* v, float* acc, int rows, 
 // KV-cache engine's decode path (cpu/kvcache.cpp) multiplies by the cache rows where they lie,
 // converting each element as it is loaded.
 
-// Asks for every line of `keys` rows of `width` elements (row_stride elements apart) into L1:
-// all of their misses in flight at once, instead of as the out-of-order window reaches each (a
-// row per key, a new line every few multiply-adds). The decode products ask for their own rows
-// first; the decode path (cpu/kvcache.cpp) also for the next call's, while this one computes.
-// Always inlined: GCC takes a function of prefetches alone for one without effects, and drops
-// its calls (it did so to a lambda of them in kvcache.cpp).
-template <typename T>
-inline __attribute__((always_inline)) void prefetch_cache_rows(const T* rows, int64_t row_stride, int keys, int width) {
-  for (int x = 0; x < keys; ++x) {
-    const char* row = reinterpret_cast<const char*>(rows + x * row_stride);
-    for (int64_t at = 0; at < static_cast<int64_t>(sizeof(T)) * width; at += 64) __builtin_prefetch(row + at, 0, 3);
-  }
-}
-
 // The order of a bf16 cache's head dim in the decode products' query rows and accumulators:
 // each whole group of decode_bf16_group() elements (from the first) is held as its even
 // elements then its odd ones; elements past the last whole group in their own order. fp32 and

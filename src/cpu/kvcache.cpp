@@ -50,6 +50,19 @@
 namespace flashattn::detail::cpu {
 namespace {
 
+// Asks for every line of `keys` rows of `width` elements (row_stride elements apart) into L1:
+// all of their misses in flight at once, instead of as the out-of-order window reaches each (a
+// row per key, a new line every few multiply-adds). Always inlined: GCC takes a function of
+// prefetches alone for one without effects, and drops its calls (it did so to a lambda of them
+// in decode_item).
+template <typename T>
+inline __attribute__((always_inline)) void prefetch_cache_rows(const T* rows, int64_t row_stride, int keys, int width) {
+  for (int x = 0; x < keys; ++x) {
+    const char* row = reinterpret_cast<const char*>(rows + x * row_stride);
+    for (int64_t at = 0; at < static_cast<int64_t>(sizeof(T)) * width; at += 64) __builtin_prefetch(row + at, 0, 3);
+  }
+}
+
 // A key chunk shorter than this many blocks costs more in merging than it gains in parallelism.
 constexpr int64_t kMinBlocksPerSplit = 4;
 
@@ -340,14 +353,15 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
   const int64_t end = std::min(visible.end, chunk.end);
   // Before each product call, the rows of the next one (the next head of this run, or the
   // first head of the block's next run) are requested, so that their misses are in flight
-  // while this call computes: one call (a few KiB) ahead. Without it each call's misses began
-  // only when it did, its own prefetches waited out in full (bf16 caches read 1.10-1.23x
-  // faster with it on the 2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md). Always inlined, as
-  // prefetch_cache_rows is: out of line, GCC dropped the calls of this lambda.
+  // while this call computes: one call (a few KiB) ahead; a pass's first call requests its
+  // own rows too. Without it each call's misses began only when it did (bf16 caches read
+  // 1.10-1.23x faster with it on the 2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md). Always
+  // inlined, as prefetch_cache_rows is: out of line, GCC dropped the calls of this lambda.
   const auto prefetch_next_call = [&](const KeyRows::Run<T>& run, int64_t j0, int c, int cols, int g,
                                       bool values) __attribute__((always_inline)) {
     const int64_t row_stride = values ? keys.v_row_stride : keys.k_row_stride;
     const int width = values ? Dv : D;
+    if (c == 0 && g == 0) prefetch_cache_rows(values ? run.v : run.k, row_stride, run.count, width);
     if (g + 1 < heads) {
       prefetch_cache_rows(values ? run.v + (g + 1) * a.v_head_stride : run.k + (g + 1) * a.k_head_stride, row_stride,
                           run.count, width);
