@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""The table of a dev/ab.sh run over bench/harness.py benchmarks: ours' eager TFLOP/s per shape
+"""The table of a dev/ab.sh run over bench/harness.py benchmarks: ours' TFLOP/s per shape
 for every tree and round, and each tree's ratio to the base (means of its two rounds).
 
-  dev/ab_harness_table.py AB_DIR [PASS ...]
+  dev/ab_harness_table.py AB_DIR [PASS ...] [--kernel] [--systems=ours,ours_bf16,...]
       AB_DIR holds trees.txt (tree names, base first) and <pass>_<tree>_<round>/<pass>.json;
-      PASS defaults to every pass found there.
+      PASS defaults to every pass found there. --kernel: kernel time (CUDA-graph replay)
+      instead of eager calls; --systems: the benchmark's systems to show (default ours; e.g.
+      forward_fp8's ours_bf16 beside its FP8 call).
 """
 from __future__ import annotations
 
@@ -19,16 +21,33 @@ def label(row: dict) -> str:
     return f"d{row['hdim']} {'causal' if row['causal'] else 'full'} {row['seqlen']}"
 
 
-def eager_tflops(row: dict) -> float | None:
-    t = (row.get("results", {}).get("ours") or {}).get("eager")
+def tflops(row: dict, system: str, metric: str) -> float | None:
+    t = (row.get("results", {}).get(system) or {}).get(metric)
     return None if t is None else t.get("tflops")
 
 
 def main() -> int:
-    ab = pathlib.Path(sys.argv[1])
+    args = sys.argv[1:]
+    metric, systems = "eager", ["ours"]
+    for flag in [a for a in args if a.startswith("--")]:
+        args.remove(flag)
+        if flag == "--kernel":
+            metric = "kernel"
+        elif flag.startswith("--systems="):
+            systems = flag.split("=", 1)[1].split(",")
+        else:
+            print(__doc__)
+            return 2
+    ab = pathlib.Path(args[0])
     trees = ab.joinpath("trees.txt").read_text().split()
-    passes = sys.argv[2:] or sorted({p.name.rsplit("_", 2)[0] for p in ab.iterdir()
-                                     if p.is_dir() and p.name.endswith(("_1", "_2"))})
+    # A run's folder is <pass>_<tree>_<round>; tree names may hold underscores themselves.
+    found = set()
+    for p in ab.iterdir():
+        for tree in trees:
+            for round_ in (1, 2):
+                if p.is_dir() and p.name.endswith(f"_{tree}_{round_}"):
+                    found.add(p.name[: -len(f"_{tree}_{round_}")])
+    passes = args[1:] or sorted(found)
     for name in passes:
         table: dict[str, dict[str, list[float]]] = {}
         for tree in trees:
@@ -37,11 +56,13 @@ def main() -> int:
                 if not path.exists():
                     continue
                 for row in json.loads(path.read_text())["rows"]:
-                    value = eager_tflops(row)
-                    if value is not None:
-                        table.setdefault(label(row), {}).setdefault(tree, []).append(value)
-        print(f"== {name}: eager TFLOP/s per round, and mean / base mean")
-        print(f"{'shape':<34}" + "".join(f"{t:>24}" for t in trees))
+                    for system in systems:
+                        value = tflops(row, system, metric)
+                        if value is not None:
+                            key = label(row) if systems == ["ours"] else f"{system} {label(row)}"
+                            table.setdefault(key, {}).setdefault(tree, []).append(value)
+        print(f"== {name}: {metric} TFLOP/s per round, and mean / base mean")
+        print(f"{'shape':<40}" + "".join(f"{t:>24}" for t in trees))
         for shape, by_tree in table.items():
             base = by_tree.get(trees[0])
             cells = []
@@ -51,7 +72,7 @@ def main() -> int:
                 if base and values and tree != trees[0]:
                     text += f" ({sum(values) / len(values) / (sum(base) / len(base)):.3f})"
                 cells.append(f"{text:>24}")
-            print(f"{shape:<34}" + "".join(cells))
+            print(f"{shape:<40}" + "".join(cells))
     return 0
 
 
