@@ -10,8 +10,8 @@
    swizzle), each warp's units, lanes, loads, byte permutes and stores, then Vt read back
    through the swizzle at every (column, slot): the key the slot should hold; and the most
    lanes of one warp instruction that share a bank at different addresses, loads and stores
-   (2-way loads at a411230, as Nsight Compute counted; --swap-pairs: the order of
-   dev/fp8_transpose_banks.patch, 1-way).
+   (2-way loads at a411230, as Nsight Compute counted; --swap-pairs: the 1-way order tried on
+   2026-12-07, measured slower on an H100 and dropped; the patch is in git history at 4fbaf4f).
 
 Both for 64- and 128-key blocks and head dims 128 and 256. Run: python3 dev/fp8_layout_check.py
 """
@@ -55,7 +55,7 @@ def transpose_matches(block_keys, head_dim, rng, warps=3, swap_pairs=False):
     """transpose_values byte for byte; also the most lanes of one warp instruction that share a
     shared-memory bank at different addresses (1: no conflict), for its loads and its stores.
     swap_pairs: the upper half-warp loads each key pair in the other order
-    (dev/fp8_transpose_banks.patch)."""
+    (the order tried on 2026-12-07 and dropped)."""
     panels = head_dim // 128
     v = rng.integers(0, 256, (block_keys, head_dim)).astype(np.uint8)
     raw = np.zeros(panels * block_keys * 128, np.uint8)
