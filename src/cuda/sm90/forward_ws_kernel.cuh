@@ -464,12 +464,13 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   const ScoreScales scales = score_scales(plain, p.softmax_scale, softcap ? p.softcap : 0.0f);
   const float exp_scale = scales.exp;
 
-  const uint64_t q_desc = ptx::wgmma_descriptor(sh.q + consumer * 64 * 128, 16, 1024);
-  const uint64_t k_desc = ptx::wgmma_descriptor(sh.k, 16, 1024);
+  const ptx::WgmmaDescriptor q_desc = ptx::wgmma_descriptor(sh.q + consumer * 64 * 128, 16, 1024);
+  const ptx::WgmmaDescriptor k_desc = ptx::wgmma_descriptor(sh.k, 16, 1024);
   // V as stored (MN-major B), or FP8's transposed copy (K-major, like K).
-  const uint64_t v_desc = kFp8 ? ptx::wgmma_descriptor(sh.vt, 16, 1024) : ptx::wgmma_descriptor(sh.v, kBlockN * 128, 1024);
-  const auto panel_step = [](int kk, int rows) -> uint64_t {
-    return static_cast<uint64_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
+  const ptx::WgmmaDescriptor v_desc =
+      kFp8 ? ptx::wgmma_descriptor(sh.vt, 16, 1024) : ptx::wgmma_descriptor(sh.v, kBlockN * 128, 1024);
+  const auto panel_step = [](int kk, int rows) -> uint32_t {
+    return static_cast<uint32_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
   };
   const auto take_turn = [&] {
     if constexpr (Cfg::kPingPong) named_barrier_sync(kTurnBarrier + consumer, kTurnThreads);
@@ -482,7 +483,8 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       named_barrier_arrive(kTurnBarrier + (consumer == 2 ? 0 : consumer + 1), kTurnThreads);
   };
   const auto issue_pv = [&](float (&o)[kOTiles * 4], const uint32_t (&pf)[kPSteps][4], int stage) {
-    const uint64_t v_stage = v_desc + ((stage * (kFp8 ? Cfg::kVtBytes : Cfg::kTileBytes)) >> 4);
+    stage = __shfl_sync(0xffffffffu, stage, 0);  // warp-uniform: v_stage in uniform registers
+    const ptx::WgmmaDescriptor v_stage = v_desc + ((stage * (kFp8 ? Cfg::kVtBytes : Cfg::kTileBytes)) >> 4);
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) OMma::rs(o, pf[kk], v_stage + ((kFp8 ? kk * 32 : kk * 16 * 128) >> 4));
   };
@@ -608,7 +610,8 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       }
     };
     const auto issue_s = [&](int stage) {
-      const uint64_t k_stage = k_desc + ((stage * Cfg::kTileBytes) >> 4);
+      stage = __shfl_sync(0xffffffffu, stage, 0);  // warp-uniform: k_stage in uniform registers
+      const ptx::WgmmaDescriptor k_stage = k_desc + ((stage * Cfg::kTileBytes) >> 4);
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / Cfg::kKStep; ++kk)
         SMma::ss(s, q_desc + panel_step(kk, kBlockM), k_stage + panel_step(kk, kBlockN), kk > 0);
@@ -799,7 +802,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __gr
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char shared_raw[];
   const WsShared<Cfg> sh(shared_raw);
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  // Broadcast from lane 0, so that the compiler knows it is the same in the warp: what is
+  // made of it (the Q descriptor) can then live in uniform registers.
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (threadIdx.x == 0) {
     sh.q_full().init(1);
     sh.q_empty().init(4 * Cfg::kConsumers);  // every consumer warp
