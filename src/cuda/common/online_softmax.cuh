@@ -112,7 +112,8 @@ __device__ __forceinline__ void mask_row(float* s, int r, BlockColumns columns, 
 
 // One key block of row r's online softmax: the new running max (across the quad, in score
 // units), p = 2^(s c - max c) in place of the scores (c = exp_scale), the running sum of this
-// lane's p, and the factor by which the row's O must be rescaled, returned.
+// lane's p, and the factor by which the row's O must be rescaled, returned (1 where the max
+// did not grow).
 template <int kSTiles>
 __device__ __forceinline__ float online_softmax_row(float* s, int r, float& row_max, float& row_sum,
                                                     float exp_scale) {
@@ -125,7 +126,9 @@ __device__ __forceinline__ float online_softmax_row(float* s, int r, float& row_
   // A row with nothing visible so far keeps max -inf; subtract 0 instead so that
   // 2^(-inf - base) is 0 rather than NaN.
   const float base = new_max == -INFINITY ? 0.0f : new_max * exp_scale;
-  const float scale_o = ptx::exp2_approx(row_max * exp_scale - base);
+  // Exactly 1 where the max stayed (the exponent's FMA would leave the rounding error of
+  // row_max c, a factor 1 + 2^-22 or so): O's rescale can then be skipped (the sm90 kernel).
+  const float scale_o = new_max == row_max ? 1.0f : ptx::exp2_approx(row_max * exp_scale - base);
   row_max = new_max;
   float sum = 0.0f;
 #pragma unroll

@@ -680,12 +680,17 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       ptx::wgmma_hold(o);
       ptx::wgmma_hold(pf);
       if (releases) sh.empty(kReadValuesRing<Cfg>, v_slot.stage).arrive();
+      // After the first blocks a row's max rarely grows, and where none of the warp's 16 rows'
+      // did, every factor is exactly 1: the warp skips O's multiplications (kHeadDim / 2 a
+      // thread, between the wait for P V and the next turn), which changes no bit.
+      if (__any_sync(0xffffffffu, scale_o[0] != 1.0f || scale_o[1] != 1.0f)) {
 #pragma unroll
-      for (int t = 0; t < kOTiles; ++t) {
-        o[4 * t + 0] *= scale_o[0];
-        o[4 * t + 1] *= scale_o[0];
-        o[4 * t + 2] *= scale_o[1];
-        o[4 * t + 3] *= scale_o[1];
+        for (int t = 0; t < kOTiles; ++t) {
+          o[4 * t + 0] *= scale_o[0];
+          o[4 * t + 1] *= scale_o[0];
+          o[4 * t + 2] *= scale_o[1];
+          o[4 * t + 3] *= scale_o[1];
+        }
       }
       s_to_p(p_factor);
     }
