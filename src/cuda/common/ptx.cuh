@@ -307,6 +307,20 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// 1 / x and log2 x with the hardware approximations (MUFU.RCP, MUFU.LG2: about 1 ulp, and an
+// absolute error near 2^-22 for log2), for values rounded to 16 bits or written once a tile
+// afterwards; subnormal inputs are flushed to zero (1 / 0 = inf, log2 0 = -inf).
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 1 / d for d in [1, 2]: a quartic (relative error 9.3e-4, fitted to be minimax in relative
 // terms on 1 / (1 + e), e = d - 1 in [0, 1]) and one Newton step (error squared: 8.7e-7). Seven
 // FMA-pipe instructions; MUFU.RCP would be one, but the MUFU unit (16 operations per clock and

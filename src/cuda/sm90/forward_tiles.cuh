@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/divisor.hpp"
 #include "common/mask.hpp"
 #include "common/params.hpp"
 
@@ -18,6 +19,9 @@ struct ForwardTiles {
   int64_t tiles = 0;        // query blocks x heads x batch
   int32_t m_blocks = 0;     // query blocks per (batch element, head)
   int32_t heads_first = 0;  // tile order: heads fastest (masks) or query blocks fastest
+  // The index's two inner extents, fastest first (heads or query blocks, then the other):
+  // Tile splits indices below 2^31 with them (forward_tiles makes them).
+  Divisor fastest, middle;
 };
 
 // One tile's coordinates, its sequence and the key blocks its rows see.
@@ -33,7 +37,14 @@ struct Tile {
   __device__ Tile(const ForwardTiles& t, int64_t index) {
     const ForwardParams& p = t.p;
     int64_t rank;
-    if (t.heads_first) {
+    if (t.tiles <= INT32_MAX) {  // every call whose tensors fit in a GPU's memory
+      const uint32_t i = static_cast<uint32_t>(index);
+      const uint32_t outer = t.fastest.quotient(i), inner = t.fastest.remainder(i, outer);
+      const uint32_t q = t.middle.quotient(outer), middle = t.middle.remainder(outer, q);
+      b = static_cast<int>(q);
+      h = static_cast<int>(t.heads_first ? inner : middle);
+      rank = t.heads_first ? middle : inner;
+    } else if (t.heads_first) {
       h = static_cast<int>(index % p.heads);
       rank = index / p.heads % t.m_blocks;
       b = static_cast<int>(index / p.heads / t.m_blocks);

@@ -726,7 +726,9 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       float l = row_sum[r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l == 0.0f ? 0.0f : (dropout ? rng.scale : v_unit) / l;
+      // (Approximate: out is rounded to 16 bits, and an IEEE division's slow path would be a
+      // call between the tensor cores' last work of this tile and their first of the next.)
+      const float inv = l == 0.0f ? 0.0f : (dropout ? rng.scale : v_unit) * ptx::rcp_approx(l);
       const int row = warp_row0 + epilogue_lane / 4 + r * 8;
       const int64_t i = m0 + row;
       if constexpr (kFp8) {  // bf16 out, twice Q's bytes: stored from the registers
@@ -753,7 +755,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
       }
       if (p.lse != nullptr && lane % 4 == 0 && i < seq.seqlen_q)
         p.lse[tile.b * p.lse_batch_stride + tile.h * p.lse_head_stride + seq.q_row0 + i] =
-            l == 0.0f ? -INFINITY : (row_max[r] * tile_exp_scale + log2f(l)) * 0.6931471805599453f;
+            l == 0.0f ? -INFINITY : (row_max[r] * tile_exp_scale + ptx::log2_approx(l)) * 0.6931471805599453f;
     }
     if constexpr (!kFp8) {  // FP8 stored its rows above
       // The rows' generic-proxy writes, made visible to the TMA unit, then one thread's store.
