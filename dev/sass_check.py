@@ -8,12 +8,17 @@ the next still runs: P V in the forward, dP^T in the backward) and the next
     python3 dev/sass_check.py OBJECT_OR_CUBIN [...]   (cuobjdump and nvdisasm on PATH; the
     PyPI wheels nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm have them)
 
+The TMA backward's general variant (backward_ws_kernel<..., kGeneral = true>: softcap, ALiBi,
+dropout) computes P^T together with dS^T once dP^T is in, by design (softcap's derivative needs
+the tanh beside P, 64 more floats a thread if P^T came first), so it is checked for spills only.
+
 Exit status 1 when a kernel has no overlapped window or spills, so it can gate a change.
 """
 import re
 import subprocess
 import sys
 
+GENERAL_BACKWARD = re.compile(r"backward_ws_kernel.*ELb1EEEv")  # the bool after the config: kGeneral
 DEPBAR = re.compile(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)")
 
 
@@ -53,10 +58,12 @@ def main(paths):
                 continue
             ex2, windows = overlap_windows(lines)
             spills = sum(1 for line in lines if re.search(r"\b(STL|LDL)\b", line))
-            ok = ex2 > 0 and spills == 0
+            general = GENERAL_BACKWARD.search(name) is not None
+            ok = (ex2 > 0 or general) and spills == 0
             bad += not ok
+            note = " (general variant: no overlap by design)" if general else ""
             print(f"{'ok  ' if ok else 'FAIL'} EX2 in overlap windows: {ex2:4d} (windows {windows}), "
-                  f"spill instructions: {spills:4d}  {name[:110]}")
+                  f"spill instructions: {spills:4d}  {name[:110]}{note}")
     return 1 if bad else 0
 
 
