@@ -308,8 +308,9 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 // 1 / x and log2 x with the hardware approximations (MUFU.RCP, MUFU.LG2: about 1 ulp, and an
-// absolute error near 2^-22 for log2), for values rounded to 16 bits or written once a tile
-// afterwards; subnormal inputs are flushed to zero (1 / 0 = inf, log2 0 = -inf).
+// absolute error near 2^-22 for log2), where the result is rounded to 16 bits afterwards (out)
+// or need not be correctly rounded (lse); subnormal inputs are flushed to zero (1 / 0 = inf,
+// log2 0 = -inf).
 __device__ __forceinline__ float rcp_approx(float x) {
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

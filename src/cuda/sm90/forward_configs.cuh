@@ -69,7 +69,7 @@ inline ForwardTiles forward_tiles(const ForwardParams& p, int block_m) {
   tiles.m_blocks = static_cast<int32_t>((p.seqlen_q + block_m - 1) / block_m);
   tiles.tiles = int64_t{tiles.m_blocks} * p.heads * p.batch;
   tiles.heads_first = blocks_work_differs(p.window_left, p.window_right) ? 1 : 0;
-  const Divisor heads = Divisor::of(static_cast<uint32_t>(p.heads));
+  const Divisor heads = Divisor::of(static_cast<uint32_t>(std::max(p.heads, 1)));
   const Divisor m_blocks = Divisor::of(static_cast<uint32_t>(std::max(tiles.m_blocks, 1)));
   tiles.fastest = tiles.heads_first ? heads : m_blocks;
   tiles.middle = tiles.heads_first ? m_blocks : heads;
