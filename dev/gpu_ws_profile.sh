@@ -2,6 +2,9 @@
 # Scratch: Nsight Compute on the TMA forward through the CLI, one launch per shape: the
 # pipes' utilisation (tensor, MUFU = xu, FMA, ALU) and the warp stall reasons, to see what
 # bounds a head dim. WS_PROFILE_SHAPES: "hdim seqlen causal(yes|no) ..." triples.
+# WS_PROFILE_SOURCE=1: also the warp-state samples per SASS instruction (SourceCounters), the
+# report in $OUT/src_<shape>.ncu-rep and its source page as CSV, summarised by
+# dev/ncu_source_stalls.py (which instructions the warps wait at, and for what).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -21,4 +24,12 @@ while [ $# -ge 3 ]; do
     --section WarpStateStats build-gpu/tools/flashattn "${args[@]}" >"$out/ncu_${d}_${n}_${c}.txt" 2>&1
   stamp "ncu hdim $d seqlen $n causal $c: $?"
   grep -E "pct_of_peak|duration|per_second|Stall|Warp Cycles Per Issued|Issued Warp" "$out/ncu_${d}_${n}_${c}.txt" | sed 's/  */ /g' | head -24
+  if [ -n "${WS_PROFILE_SOURCE:-}" ]; then
+    rep="$out/src_${d}_${n}_${c}"
+    timeout 150 ncu --kernel-name regex:forward_ws --launch-skip 1 --launch-count 1 --section SourceCounters \
+      --section WarpStateStats -f -o "$rep" build-gpu/tools/flashattn "${args[@]}" >"$rep.log" 2>&1
+    ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" 2>>"$rep.log"
+    stamp "ncu source hdim $d seqlen $n causal $c: $?"
+    python3 dev/ncu_source_stalls.py "$rep.csv" | head -60
+  fi
 done
