@@ -5,7 +5,9 @@
 # snapshotted from here: `dev/device_snapshot.sh some-branch`).
 # Then: run with carry [".snap"] and a command starting `cd .snap && ...`. For an A/B, a
 # second snapshot: `dev/device_snapshot.sh main .snap_base`, carry [".snap", ".snap_base"],
-# and `cd .snap && bash dev/ab.sh ../.snap_base`.
+# and `cd .snap && bash dev/ab.sh ../.snap_base`. Patches after the directory are applied to the
+# copy (`dev/device_snapshot.sh main .snap_keys dev/forward_k_ahead.patch`): the experiments
+# kept as dev/*.patch run as trees of their own without a branch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ref=${1:-HEAD}
@@ -16,7 +18,12 @@ exclude="$(git rev-parse --git-common-dir)/info/exclude"
 grep -qx "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >> "$exclude"
 rm -rf "$dir" && mkdir "$dir"
 git archive "$commit" | tar -x -C "$dir"
+shift $(( $# < 2 ? $# : 2 ))
+for patch in "$@"; do
+  git apply --directory="$dir" "$patch"  # (from the top: the patch's paths under $dir)
+  basename "$patch" >> "$dir/PATCHES"
+done
 # The copy has no .git: scripts read the commit from here.
-echo "$commit" > "$dir/COMMIT"
+echo "$commit${1:+ + $(tr '\n' ' ' < "$dir/PATCHES")}" > "$dir/COMMIT"
 [ -d .deps ] && cp -r .deps "$dir/.deps"
 echo "snapshot of $commit ($ref) in $dir ($(du -sh "$dir" | cut -f1))"
