@@ -11,6 +11,11 @@
 // finds its cache cold; the others find what is left of it in the last-level cache, a
 // little where the cache is far beyond it); GB/s of K+V.
 //   /tmp/cpu_ab/ab --mode decode --dtype bf16 --seqlen 32768 --hdim 128 --threads 2 A.so B.so
+// In decode mode every call reads a copy of its own (no build finds what the one before it
+// left in the last-level cache), and the outputs compared are those of one more call of each
+// build on the same copy. A library given as NAME=VALUE,...@LIB has that environment set (and
+// every other library's settings unset) before its first call: one build whose knobs are read
+// once from the environment, copied under several names, is timed in several settings.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -34,7 +39,14 @@ struct Lib {
   decltype(&fa_last_error) last_error;
   decltype(&fa_forward_kvcache) forward_kvcache;
   decltype(&fa_kvcache_init) kvcache_init;
+  std::vector<std::pair<std::string, std::string>> env;  // set before the build's first call
 };
+
+static std::string spec_name(const std::vector<std::pair<std::string, std::string>>& env) {
+  std::string n;
+  for (const auto& kv : env) n += (n.empty() ? "" : ",") + kv.first + "=" + kv.second;
+  return n;
+}
 
 static fa_tensor raw_tensor(void* data, fa_dtype dtype, std::vector<int64_t> sizes) {
   fa_tensor t{};
@@ -106,16 +118,23 @@ static int decode_ab(std::vector<Lib>& libs, int seqlen, int hdim, int threads, 
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  for (size_t i = 0; i < L; ++i) call(i, 0);  // warm-up
+  for (size_t i = 0; i < L; ++i) {  // warm-up, each build with its environment (ENV@LIB)
+    for (const auto& other : libs)  // none of another build's settings
+      for (const auto& kv : other.env) unsetenv(kv.first.c_str());
+    for (const auto& kv : libs[i].env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+    call(i, 0);
+  }
   for (int r = 0; r < rounds; ++r) {
     std::vector<double> t(L);
     for (size_t s = 0; s < L; ++s) {
       const size_t i = (s + r) % L;
-      t[i] = call(i, (static_cast<size_t>(r) + 1) % copies);  // every build the same inputs
+      // Every call on a copy of its own (cold), every build on the same inputs over the rounds.
+      t[i] = call(i, (static_cast<size_t>(r) * L + s + 1) % copies);
       times[i].push_back(t[i]);
     }
     for (size_t i = 0; i < L; ++i) ratios[i].push_back(t[0] / t[i]);
   }
+  for (size_t i = 0; i < L; ++i) call(i, 0);  // the outputs compared: all of the same copy
   auto median = [](std::vector<double> x) { std::sort(x.begin(), x.end()); return x[x.size() / 2]; };
   const double bytes = 2.0 * cache_elems * elem;
   std::printf("decode %s B=%d S=%d D=%d threads=%d rounds=%d copies=%zu\n", dtype.c_str(), batch,
@@ -160,6 +179,23 @@ int main(int argc, char** argv) {
     else if (a == "--batch") batch = std::stoi(next());
     else if (a == "--dtype") dtype = next();
     else {
+      // NAME=VALUE,NAME=VALUE@LIB: environment set before LIB's first call (a build that reads
+      // knobs once); copies of one .so under other names load as builds of their own.
+      std::vector<std::pair<std::string, std::string>> env;
+      const size_t at = a.find('@');
+      if (at != std::string::npos) {
+        std::string spec = a.substr(0, at);
+        a = a.substr(at + 1);
+        size_t from = 0;
+        while (from < spec.size()) {
+          size_t comma = spec.find(',', from);
+          if (comma == std::string::npos) comma = spec.size();
+          const std::string kv = spec.substr(from, comma - from);
+          const size_t eq = kv.find('=');
+          if (eq != std::string::npos) env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+          from = comma + 1;
+        }
+      }
       void* h = dlopen(a.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (!h) { std::fprintf(stderr, "%s\n", dlerror()); return 1; }
       Lib l{a,
@@ -169,7 +205,8 @@ int main(int argc, char** argv) {
             reinterpret_cast<decltype(&fa_execution_init)>(dlsym(h, "fa_execution_init")),
             reinterpret_cast<decltype(&fa_last_error)>(dlsym(h, "fa_last_error")),
             reinterpret_cast<decltype(&fa_forward_kvcache)>(dlsym(h, "fa_forward_kvcache")),
-            reinterpret_cast<decltype(&fa_kvcache_init)>(dlsym(h, "fa_kvcache_init"))};
+            reinterpret_cast<decltype(&fa_kvcache_init)>(dlsym(h, "fa_kvcache_init")), env};
+      if (!env.empty()) l.path = spec_name(env) + "@" + l.path;
       libs.push_back(l);
     }
   }
