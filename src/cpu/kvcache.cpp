@@ -23,8 +23,8 @@
 //   - the products read the cache rows in place, converting as they load
 //     (decode_scores, decode_accumulate_pv), instead of staging transposed fp32 key blocks
 //     that only a few query rows would use;
-//   - the rows of each product call are requested one call ahead (while the previous call
-//     computes), not only as the call starts;
+//   - the rows of the walk's next step are requested in address order (a position's heads as
+//     one run of lines) while the current step computes, spread over its calls;
 //   - without a thread per (sequence, head group) the keys are split into chunks.
 // Its per-thread state is the group's query rows, accumulators and one block of scores.
 #include "cpu/kvcache.hpp"
@@ -49,19 +49,6 @@
 
 namespace flashattn::detail::cpu {
 namespace {
-
-// Asks for every line of `keys` rows of `width` elements (row_stride elements apart) into L1:
-// all of their misses in flight at once, instead of as the out-of-order window reaches each (a
-// row per key, a new line every few multiply-adds). Always inlined: GCC takes a function of
-// prefetches alone for one without effects, and drops its calls (it did so to a lambda of them
-// in decode_item).
-template <typename T>
-inline __attribute__((always_inline)) void prefetch_cache_rows(const T* rows, int64_t row_stride, int keys, int width) {
-  for (int x = 0; x < keys; ++x) {
-    const char* row = reinterpret_cast<const char*>(rows + x * row_stride);
-    for (int64_t at = 0; at < static_cast<int64_t>(sizeof(T)) * width; at += 64) __builtin_prefetch(row + at, 0, 3);
-  }
-}
 
 // A key chunk shorter than this many blocks costs more in merging than it gains in parallelism.
 constexpr int64_t kMinBlocksPerSplit = 4;
@@ -235,7 +222,7 @@ void merge_splits(const ForwardParams& a, int32_t splits, const float* part_out,
 // Query rows per key/value head (Sq x H/Hk) up to which a call takes the decode path.
 constexpr int64_t kDecodeRows = 16;
 // Positions per step of a decode item's walk over the cache, all heads of its group at each.
-constexpr int kDecodeStep = 16;
+constexpr int kDecodeStep = 8;
 // A decode item holds its heads' query rows, accumulators and block of scores: a group of
 // key/value heads is as many as fit in this many floats (at least one).
 constexpr int64_t kDecodeStateFloats = 32768;
@@ -351,52 +338,91 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
       visible_keys_of_rows(0, a.seqlen_q, seq.seqlen_q, seq.seqlen_k, a.window_left, a.window_right);
   const int64_t begin = std::max(visible.begin, chunk.begin);
   const int64_t end = std::min(visible.end, chunk.end);
-  // Before each product call, the rows of the next one (the next head of this run, or the
-  // first head of the block's next run) are requested, so that their misses are in flight
-  // while this call computes: one call (a few KiB) ahead; a pass's first call requests its
-  // own rows too. Without it each call's misses began only when it did (bf16 caches read
-  // 1.10-1.23x faster with it on the 2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md). Always
-  // inlined, as prefetch_cache_rows is: out of line, GCC dropped the calls of this lambda.
-  const auto prefetch_next_call = [&](const KeyRows::Run<T>& run, int64_t j0, int c, int cols, int g,
-                                      bool values) __attribute__((always_inline)) {
-    const int64_t row_stride = values ? keys.v_row_stride : keys.k_row_stride;
-    const int width = values ? Dv : D;
-    if (c == 0 && g == 0) prefetch_cache_rows(values ? run.v : run.k, row_stride, run.count, width);
-    if (g + 1 < heads) {
-      prefetch_cache_rows(values ? run.v + (g + 1) * a.v_head_stride : run.k + (g + 1) * a.k_head_stride, row_stride,
-                          run.count, width);
-    } else if (c + run.count < cols) {
-      const KeyRows::Run<T> next = keys.run<T>(j0 + c + run.count, std::min(kDecodeStep, cols - c - run.count));
-      prefetch_cache_rows(values ? next.v : next.k, row_stride, next.count, width);
+  // The walk reads, block by block, the keys of its positions then their values, a step of
+  // kDecodeStep positions at a time, each step as `heads` product calls (one per head: its
+  // rows, D elements every row stride). The hardware would see that as `heads` strided
+  // streams; instead, the step after the current one is requested in address order, a
+  // position's heads as one run of lines, one prefetch per 64-byte line, spread over the
+  // current step's calls (call g requests positions [g n / heads, (g + 1) n / heads) of the
+  // next step's n). Steps of 8 positions, not 16: with 16 the requested step and the one
+  // read (2 x 32 KiB of bf16, 2 x 64 KiB of fp32) and the item's state (48 KiB at 8 heads)
+  // overflow L1. bf16 caches 1.10-1.47x, fp32 1.09-1.13x against requesting each call's rows
+  // one call ahead, head by head (2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md).
+  struct Step {
+    const T* rows = nullptr;  // the step's first position, head hk0
+    int count = 0;            // positions (0: the walk's end)
+    bool values = false;
+  };
+  // The step after the one that ends at key c_next of pass `values` of the block at j0 (cols
+  // keys): the pass's next step, else the block's values, else the next block's keys.
+  const auto step_after = [&](int64_t j0, int cols, int c_next, bool values) {
+    Step next;
+    int64_t at = j0 + c_next;
+    int n = cols - c_next;
+    if (n <= 0 && !values) {
+      at = j0;
+      n = cols;
+      values = true;
+    } else if (n <= 0) {
+      at = j0 + kBlockK;
+      n = static_cast<int>(std::min<int64_t>(kBlockK, end - at));
+      values = false;
     }
+    if (n <= 0) return next;
+    const KeyRows::Run<T> run = keys.run<T>(at, std::min(kDecodeStep, n));
+    next.rows = values ? run.v : run.k;
+    next.count = run.count;
+    next.values = values;
+    return next;
+  };
+  const bool k_dense = a.k_head_stride == D, v_dense = a.v_head_stride == Dv;
+  // Positions [from, to) of `step`: every line of the group's heads, in address order. Always
+  // inlined: out of line, GCC took a function of prefetches alone for one without effects and
+  // dropped its calls (it did so to a lambda of them here before).
+  const auto prefetch_step = [&](const Step& step, int from, int to) __attribute__((always_inline)) {
+    const int64_t row_stride = step.values ? keys.v_row_stride : keys.k_row_stride;
+    const int64_t head_stride = step.values ? a.v_head_stride : a.k_head_stride;
+    const bool dense = step.values ? v_dense : k_dense;
+    const int64_t width = sizeof(T) * (step.values ? Dv : D);
+    // A run of the group's heads (dense: one span), each from the line it starts in.
+    const int spans = dense ? 1 : heads;
+    const int64_t span = dense ? heads * width : width;
+    for (int x = from; x < to; ++x)
+      for (int g = 0; g < spans; ++g) {
+        const uintptr_t first = reinterpret_cast<uintptr_t>(step.rows + x * row_stride + g * head_stride);
+        for (uintptr_t line = first & ~uintptr_t{63}; line < first + span; line += 64)
+          __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
+      }
   };
   for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, end - j0));
-    for (int c = 0; c < cols;) {  // scores, position by position, every head of the group
-      const KeyRows::Run<T> run = keys.run<T>(j0 + c, std::min(kDecodeStep, cols - c));
-      for (int g = 0; g < heads; ++g) {
-        prefetch_next_call(run, j0, c, cols, g, false);
-        decode_scores(q + int64_t{g} * R * D, R, D, run.k + g * a.k_head_stride, keys.k_row_stride,
-                      run.count, s + int64_t{g} * R * kBlockK + c, kBlockK);
+    for (int pass = 0; pass < 2; ++pass) {  // scores, then values
+      const bool values = pass == 1;
+      if (values)
+        for (int g = 0; g < heads; ++g)
+          for (int r = 0; r < R; ++r) {
+            const int64_t row = int64_t{g} * R + r;
+            const float slope =
+                a.alibi_slopes != nullptr ? a.alibi_slopes[b * a.alibi_batch_stride + head(g, r)] : 0.0f;
+            modify_scores(a, seq, slope, s + row * kBlockK, position(r), 1, j0, cols);
+            softmax_step(s + row * kBlockK, m + row, l + row, acc + row * Dv, Dv);
+          }
+      for (int c = 0; c < cols;) {
+        const KeyRows::Run<T> run = keys.run<T>(j0 + c, std::min(kDecodeStep, cols - c));
+        if (j0 == begin && c == 0 && !values)  // the walk's first step: nothing requested it
+          prefetch_step({run.k, run.count, false}, 0, run.count);
+        const Step next = step_after(j0, cols, c + run.count, values);
+        for (int g = 0; g < heads; ++g) {
+          prefetch_step(next, g * next.count / heads, (g + 1) * next.count / heads);
+          if (values)
+            decode_accumulate_pv(s + int64_t{g} * R * kBlockK + c, kBlockK, R, run.v + g * a.v_head_stride,
+                                 keys.v_row_stride, run.count, acc + int64_t{g} * R * Dv, Dv, Dv);
+          else
+            decode_scores(q + int64_t{g} * R * D, R, D, run.k + g * a.k_head_stride, keys.k_row_stride,
+                          run.count, s + int64_t{g} * R * kBlockK + c, kBlockK);
+        }
+        c += run.count;
       }
-      c += run.count;
-    }
-    for (int g = 0; g < heads; ++g)
-      for (int r = 0; r < R; ++r) {
-        const int64_t row = int64_t{g} * R + r;
-        const float slope =
-            a.alibi_slopes != nullptr ? a.alibi_slopes[b * a.alibi_batch_stride + head(g, r)] : 0.0f;
-        modify_scores(a, seq, slope, s + row * kBlockK, position(r), 1, j0, cols);
-        softmax_step(s + row * kBlockK, m + row, l + row, acc + row * Dv, Dv);
-      }
-    for (int c = 0; c < cols;) {  // values likewise
-      const KeyRows::Run<T> run = keys.run<T>(j0 + c, std::min(kDecodeStep, cols - c));
-      for (int g = 0; g < heads; ++g) {
-        prefetch_next_call(run, j0, c, cols, g, true);
-        decode_accumulate_pv(s + int64_t{g} * R * kBlockK + c, kBlockK, R, run.v + g * a.v_head_stride,
-                             keys.v_row_stride, run.count, acc + int64_t{g} * R * Dv, Dv, Dv);
-      }
-      c += run.count;
     }
   }
 
