@@ -93,6 +93,15 @@ bool softmax_step_bf16(float* scores, float* m, float* l, float* acc, int head_d
 // stays NaN.
 void probabilities_bf16(float* prob, float lse, float scale);
 
+// The decode path's scores (cpu/kvcache.cpp) by VDPBF16PS, where available(): s[r * s_row_stride
+// + x] = scale * sum_{d < head_dim} q[r * q_row_stride + d] * k[x * k_row_stride + d] for r <
+// rows, x < keys, q and k bf16 as stored (any head_dim): exact products summed in fp32 (in an
+// order of the instruction's own), the scale applied to each sum once. Half the instructions
+// of converting the keys to fp32 and multiplying by fp32 query rows.
+void decode_scores(const bfloat16_t* q, int64_t q_row_stride, int rows, int head_dim,
+                   const bfloat16_t* k, int64_t k_row_stride, int keys, float scale, float* s,
+                   int64_t s_row_stride);
+
 // dst[i] = bf16(factor * src[i]) rounded to nearest even (VCVTNEPS2BF16), for i < n: the
 // forward's normalised output rows.
 void scale_to_bf16(const float* src, float factor, int n, uint16_t* dst);

@@ -321,13 +321,23 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
   seq.seqlen_k = sequence.seqlen_k();
   const KeyRows keys = KeyRows::of_cache(p, b, sequence, hk0);
 
+  // bf16 caches where AVX512-BF16 is available (amx.hpp): the scores by VDPBF16PS from the
+  // query rows as stored (bf16, scaled after the products); otherwise fp32 query rows, scaled.
+  const bool bf16_dots = std::is_same_v<T, bfloat16_t> && amx::available();
+  bfloat16_t* q16 = reinterpret_cast<bfloat16_t*>(q);  // bf16_dots: heads x R rows of D, in q's floats
   for (int g = 0; g < heads; ++g)
-    for (int r = 0; r < R; ++r)
-      convert_row(static_cast<const T*>(a.q) + b * a.q_batch_stride + position(r) * a.q_row_stride +
-                      head(g, r) * a.q_head_stride,
-                  q + (int64_t{g} * R + r) * D, D, query_scale(a));
+    for (int r = 0; r < R; ++r) {
+      const T* from = static_cast<const T*>(a.q) + b * a.q_batch_stride + position(r) * a.q_row_stride +
+                      head(g, r) * a.q_head_stride;
+      if constexpr (std::is_same_v<T, bfloat16_t>)
+        if (bf16_dots) {
+          std::copy(from, from + D, q16 + (int64_t{g} * R + r) * D);
+          continue;
+        }
+      convert_row(from, q + (int64_t{g} * R + r) * D, D, query_scale(a));
+    }
   const int pair_group = std::is_same_v<T, bfloat16_t> ? decode_bf16_group() : 0;
-  if (pair_group > 0)
+  if (pair_group > 0 && !bf16_dots)
     for (int row = 0; row < heads * R; ++row) pair_order(q + int64_t{row} * D, D, pair_group, true);
   std::fill(m, m + heads * R, -std::numeric_limits<float>::infinity());
   std::fill(l, l + heads * R, 0.0f);
@@ -417,6 +427,11 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
           if (values)
             decode_accumulate_pv(s + int64_t{g} * R * kBlockK + c, kBlockK, R, run.v + g * a.v_head_stride,
                                  keys.v_row_stride, run.count, acc + int64_t{g} * R * Dv, Dv, Dv);
+          else if (bf16_dots)
+            amx::decode_scores(reinterpret_cast<const bfloat16_t*>(q16 + int64_t{g} * R * D), D, R, D,
+                               reinterpret_cast<const bfloat16_t*>(run.k + g * a.k_head_stride),
+                               keys.k_row_stride, run.count, query_scale(a), s + int64_t{g} * R * kBlockK + c,
+                               kBlockK);
           else
             decode_scores(q + int64_t{g} * R * D, R, D, run.k + g * a.k_head_stride, keys.k_row_stride,
                           run.count, s + int64_t{g} * R * kBlockK + c, kBlockK);
