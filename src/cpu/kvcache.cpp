@@ -223,6 +223,11 @@ void merge_splits(const ForwardParams& a, int32_t splits, const float* part_out,
 constexpr int64_t kDecodeRows = 16;
 // Positions per step of a decode item's walk over the cache, all heads of its group at each.
 constexpr int kDecodeStep = 8;
+// Bytes of one head's rows per product call of the walk (keys of a step, fewer where rows are
+// wider), and of the next step requested before it: bursts of 64 fp32 prefetches (a step's
+// position, 8 heads x 512 bytes, before each 8-key call) read 1.06-1.13x slower than two
+// bursts of 32 each before a call of 4 keys (2-core AMD VM, 2026-12-07).
+constexpr int64_t kDecodeCallBytes = 2048;
 // A decode item holds its heads' query rows, accumulators and block of scores: a group of
 // key/value heads is as many as fit in this many floats (at least one).
 constexpr int64_t kDecodeStateFloats = 32768;
@@ -349,12 +354,12 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
   const int64_t begin = std::max(visible.begin, chunk.begin);
   const int64_t end = std::min(visible.end, chunk.end);
   // The walk reads, block by block, the keys of its positions then their values, a step of
-  // kDecodeStep positions at a time, each step as `heads` product calls (one per head: its
-  // rows, D elements every row stride). The hardware would see that as `heads` strided
-  // streams; instead, the step after the current one is requested in address order, a
-  // position's heads as one run of lines, one prefetch per 64-byte line, spread over the
-  // current step's calls (call g requests positions [g n / heads, (g + 1) n / heads) of the
-  // next step's n). Steps of 8 positions, not 16: with 16 the requested step and the one
+  // kDecodeStep positions at a time, each step as product calls head by head (a head's rows,
+  // D elements every row stride; at most kDecodeCallBytes of them a call). The hardware would
+  // see that as `heads` strided streams; instead, the step after the current one is requested
+  // in address order, a position's heads as one run of lines, one prefetch per 64-byte line,
+  // in equal shares before each of the current step's calls (prefetch_lines). Steps of 8
+  // positions, not 16: with 16 the requested step and the one
   // read (2 x 32 KiB of bf16, 2 x 64 KiB of fp32) and the item's state (48 KiB at 8 heads)
   // overflow L1. bf16 caches 1.10-1.47x, fp32 1.09-1.13x against requesting each call's rows
   // one call ahead, head by head (2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md).
@@ -385,25 +390,51 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
     next.values = values;
     return next;
   };
-  const bool k_dense = a.k_head_stride == D, v_dense = a.v_head_stride == Dv;
-  // Positions [from, to) of `step`: every line of the group's heads, in address order. Always
-  // inlined: out of line, GCC took a function of prefetches alone for one without effects and
-  // dropped its calls (it did so to a lambda of them here before).
-  const auto prefetch_step = [&](const Step& step, int from, int to) __attribute__((always_inline)) {
-    const int64_t row_stride = step.values ? keys.v_row_stride : keys.k_row_stride;
-    const int64_t head_stride = step.values ? a.v_head_stride : a.k_head_stride;
-    const bool dense = step.values ? v_dense : k_dense;
-    const int64_t width = sizeof(T) * (step.values ? Dv : D);
-    // A run of the group's heads (dense: one span), each from the line it starts in.
-    const int spans = dense ? 1 : heads;
-    const int64_t span = dense ? heads * width : width;
-    for (int x = from; x < to; ++x)
-      for (int g = 0; g < spans; ++g) {
-        const uintptr_t first = reinterpret_cast<uintptr_t>(step.rows + x * row_stride + g * head_stride);
-        for (uintptr_t line = first & ~uintptr_t{63}; line < first + span; line += 64)
-          __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
-      }
+  // The lines of a step in address order (a position's heads as one span where they are
+  // contiguous, else a span each), handed out a share at a time by prefetch_lines.
+  struct Lines {
+    const char* rows = nullptr;
+    int64_t row_stride = 0, head_stride = 0, span = 0, off = 0;
+    int spans = 0, count = 0, x = 0, g = 0;
+    int64_t bytes() const { return int64_t{count} * spans * span; }
   };
+  const auto lines_of = [&](const Step& step) {
+    Lines lines;
+    const bool dense = step.values ? a.v_head_stride == Dv : a.k_head_stride == D;
+    const int64_t width = sizeof(T) * (step.values ? Dv : D);
+    lines.rows = reinterpret_cast<const char*>(step.rows);
+    lines.row_stride = sizeof(T) * (step.values ? keys.v_row_stride : keys.k_row_stride);
+    lines.head_stride = sizeof(T) * (step.values ? a.v_head_stride : a.k_head_stride);
+    lines.spans = dense ? 1 : heads;
+    lines.span = dense ? heads * width : width;
+    lines.count = step.count;
+    return lines;
+  };
+  // Requests the next `bytes` of `lines` (every line they touch: one at a share's edge may be
+  // asked for twice). Always inlined: out of line, GCC took a function of prefetches alone
+  // for one without effects and dropped its calls (it did so to a lambda of them here before).
+  const auto prefetch_lines = [](Lines& lines, int64_t bytes) __attribute__((always_inline)) {
+    while (bytes > 0 && lines.x < lines.count) {
+      const uintptr_t first = reinterpret_cast<uintptr_t>(lines.rows + lines.x * lines.row_stride +
+                                                          lines.g * lines.head_stride) + lines.off;
+      const int64_t n = std::min(lines.span - lines.off, bytes);
+      for (uintptr_t line = first & ~uintptr_t{63}; line < first + n; line += 64)
+        __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
+      bytes -= n;
+      lines.off += n;
+      if (lines.off == lines.span) {
+        lines.off = 0;
+        if (++lines.g == lines.spans) {
+          lines.g = 0;
+          ++lines.x;
+        }
+      }
+    }
+  };
+  // Keys per product call: a call reads at most kDecodeCallBytes of one head's rows and
+  // requests as many bytes of the next step before it.
+  const int k_call = static_cast<int>(std::clamp<int64_t>(kDecodeCallBytes / (int64_t{D} * sizeof(T)), 1, kDecodeStep));
+  const int v_call = static_cast<int>(std::clamp<int64_t>(kDecodeCallBytes / (int64_t{Dv} * sizeof(T)), 1, kDecodeStep));
   for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, end - j0));
     for (int pass = 0; pass < 2; ++pass) {  // scores, then values
@@ -417,25 +448,33 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
             modify_scores(a, seq, slope, s + row * kBlockK, position(r), 1, j0, cols);
             softmax_step(s + row * kBlockK, m + row, l + row, acc + row * Dv, Dv);
           }
+      const int per_call = values ? v_call : k_call;
       for (int c = 0; c < cols;) {
         const KeyRows::Run<T> run = keys.run<T>(j0 + c, std::min(kDecodeStep, cols - c));
-        if (j0 == begin && c == 0 && !values)  // the walk's first step: nothing requested it
-          prefetch_step({run.k, run.count, false}, 0, run.count);
-        const Step next = step_after(j0, cols, c + run.count, values);
-        for (int g = 0; g < heads; ++g) {
-          prefetch_step(next, g * next.count / heads, (g + 1) * next.count / heads);
-          if (values)
-            decode_accumulate_pv(s + int64_t{g} * R * kBlockK + c, kBlockK, R, run.v + g * a.v_head_stride,
-                                 keys.v_row_stride, run.count, acc + int64_t{g} * R * Dv, Dv, Dv);
-          else if (bf16_dots)
-            amx::decode_scores(reinterpret_cast<const bfloat16_t*>(q16 + int64_t{g} * R * D), D, R, D,
-                               reinterpret_cast<const bfloat16_t*>(run.k + g * a.k_head_stride),
-                               keys.k_row_stride, run.count, query_scale(a), s + int64_t{g} * R * kBlockK + c,
-                               kBlockK);
-          else
-            decode_scores(q + int64_t{g} * R * D, R, D, run.k + g * a.k_head_stride, keys.k_row_stride,
-                          run.count, s + int64_t{g} * R * kBlockK + c, kBlockK);
+        if (j0 == begin && c == 0 && !values) {  // the walk's first step: nothing requested it
+          Lines first = lines_of({run.k, run.count, false});
+          prefetch_lines(first, first.bytes());
         }
+        Lines next = lines_of(step_after(j0, cols, c + run.count, values));
+        const int calls = heads * static_cast<int>(ceil_div(run.count, per_call));
+        const int64_t share = ceil_div(next.bytes(), calls);
+        for (int g = 0; g < heads; ++g)
+          for (int x0 = 0; x0 < run.count; x0 += per_call) {
+            const int n = std::min(per_call, run.count - x0);
+            prefetch_lines(next, share);
+            float* sx = s + int64_t{g} * R * kBlockK + c + x0;
+            if (values)
+              decode_accumulate_pv(sx, kBlockK, R, run.v + g * a.v_head_stride + x0 * keys.v_row_stride,
+                                   keys.v_row_stride, n, acc + int64_t{g} * R * Dv, Dv, Dv);
+            else if (bf16_dots)
+              amx::decode_scores(reinterpret_cast<const bfloat16_t*>(q16 + int64_t{g} * R * D), D, R, D,
+                                 reinterpret_cast<const bfloat16_t*>(run.k + g * a.k_head_stride +
+                                                                     x0 * keys.k_row_stride),
+                                 keys.k_row_stride, n, query_scale(a), sx, kBlockK);
+            else
+              decode_scores(q + int64_t{g} * R * D, R, D, run.k + g * a.k_head_stride + x0 * keys.k_row_stride,
+                            keys.k_row_stride, n, sx, kBlockK);
+          }
         c += run.count;
       }
     }
