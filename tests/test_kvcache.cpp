@@ -1538,6 +1538,37 @@ TEST(KvCacheCpu, DecodeHeadGroups) {
                      .alibi = Case::Alibi::PerHead, .num_splits = splits});
 }
 
+// A key masked for one query row but read for another (causal, two query positions: the
+// last key is the second row's alone) holds +Inf values: the first row gives it weight 0,
+// which must skip its value row rather than multiply it (0 x Inf = NaN: decode_accumulate_pv's
+// rule), for fp32 and bf16 caches, split or not. (A P V by VDPBF16PS, pairs of keys per
+// instruction, failed this until it made each row's pairs of the value rows it keeps.)
+TEST(KvCacheCpu, MaskedValuesOfInfDoNotLeak) {
+  for (DType dt : {DType::Float32, DType::BFloat16})
+    for (int32_t splits : {1, 2}) {
+      const KvCase c{.name = "masked inf", .seqlens = {200, 77}, .seqlen_q = 2, .seqlen_new = 0,
+                     .heads = 8, .heads_k = 2, .head_dim = 64, .dtype = dt, .mask = kMasks[1],
+                     .num_splits = splits};
+      SCOPED_TRACE(c.describe());
+      KvProblem p(c);
+      const int64_t row = p.Hk * p.D;
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t e = 0; e < row; ++e)
+          p.v_cache.set(p.storage_row(b, c.seqlens[size_t(b)] - 1) * row + e, INFINITY);
+      run_on_backend(p);
+      const auto out = [&](int64_t i) {
+        return dt == DType::Float32 ? reinterpret_cast<const float*>(p.out.bytes.data())[i]
+                                    : detail::to_float(reinterpret_cast<const detail::bfloat16_t*>(p.out.bytes.data())[i]);
+      };
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t h = 0; h < p.H; ++h)
+          for (int64_t d = 0; d < p.D; ++d) {
+            EXPECT_TRUE(std::isfinite(out(((b * p.Sq + 0) * p.H + h) * p.D + d))) << b << " " << h << " " << d;
+            EXPECT_FALSE(std::isfinite(out(((b * p.Sq + 1) * p.H + h) * p.D + d))) << b << " " << h << " " << d;
+          }
+    }
+}
+
 // A fixed split count gives the same bits whatever the thread count.
 TEST(KvCacheCpu, BitwiseEqualForEveryThreadCount) {
   const KvCase c{.name = "threads", .seqlens = {500, 123}, .seqlen_q = 3, .seqlen_new = 2,
