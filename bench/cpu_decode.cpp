@@ -12,8 +12,12 @@
 // is printed) sums its static share of a --bw-mib buffer of 64-bit words as 8 streams (first
 // touched by the same threads), best of --bw-runs passes; measured before the first point and again after
 // the last, and the best of both is the denominator of "fraction" (ours at the median time /
-// read bandwidth). The caches are cold: consecutive calls read different copies of K and V
-// that together are at least --rotate-mib, so no call finds its cache in the last-level cache.
+// read bandwidth). The same read is also measured just before and just after each point's
+// timed calls, and "fraction of that" divides by the better of those two: this VM's memory
+// switches between states (fp32 decoding 29 or 41 GB/s, the read 44 or 66, minutes apart), and
+// a point and a read minutes apart may have seen different ones. The caches are cold:
+// consecutive calls read different copies of K and V that together are at least --rotate-mib,
+// so no call finds its cache in the last-level cache.
 //
 // Before timing, out is compared with attention computed here in double precision from the
 // same stored values; the program fails (exit 1) past the dtype's tolerance.
@@ -31,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -198,12 +203,13 @@ struct Row {
   int64_t batch, seqlen, copies;
   int splits;
   double median_ms, min_ms, gbps, gbps_best, fraction, err;
+  double bw_near, fraction_near;  // the better read bandwidth of those just before and after its calls
   bool ok;
 };
 
 template <typename T>
 Row run_point(const BenchOptions& o, const std::string& dtype_name, DType dtype, int64_t batch,
-              int64_t s, double bandwidth, uint64_t seed) {
+              int64_t s, double bandwidth, uint64_t seed, const std::function<double()>& probe) {
   Layout at{batch, s, o.page_size, {}};
   if (o.page_size > 0) {  // every page of every sequence, in a shuffled order
     at.block_table.resize(static_cast<size_t>(batch * at.pages_per_seq()));
@@ -249,12 +255,14 @@ Row run_point(const BenchOptions& o, const std::string& dtype_name, DType dtype,
   // Output rounding (2^-8 relative for bf16, 2^-11 fp16) on values of order 1; fp32 sums.
   row.ok = row.err < (dtype == DType::Float32 ? 1e-4 : 2e-2);
   std::vector<double> times;
+  const double bw_first = probe();
   for (int r = 0; r < o.repeat; ++r) {
     const KvCache cache = cache_of((r + 1) % copies);
     const auto t0 = std::chrono::steady_clock::now();
     info = forward_kvcache(qv, cache, ov, std::nullopt, {}, exec);
     times.push_back(seconds_since(t0));
   }
+  row.bw_near = std::max(bw_first, probe());
   std::sort(times.begin(), times.end());
   const double bytes = 2.0 * batch * s * kHeadsK * kHeadDim * sizeof(T);  // what is read
   row.dtype = dtype_name;
@@ -267,6 +275,7 @@ Row run_point(const BenchOptions& o, const std::string& dtype_name, DType dtype,
   row.gbps = bytes / (row.median_ms * 1e-3) / 1e9;
   row.gbps_best = bytes / (row.min_ms * 1e-3) / 1e9;
   row.fraction = row.gbps * 1e9 / bandwidth;
+  row.fraction_near = row.gbps * 1e9 / row.bw_near;
   return row;
 }
 
@@ -317,25 +326,26 @@ int main(int argc, char** argv) {
               o.page_size == 0 ? "dense" : ("paged (page " + std::to_string(o.page_size) + ", shuffled)").c_str());
   std::fflush(stdout);
   const auto print_row = [](FILE* f, const Row& r) {
-    std::fprintf(f, "| %s | %lld | %lld | %d | %.3f | %.3f | %.2f | %.2f | %.2f | %.2e%s |\n",
+    std::fprintf(f, "| %s | %lld | %lld | %d | %.3f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2e%s |\n",
                  r.dtype.c_str(), static_cast<long long>(r.batch), static_cast<long long>(r.seqlen),
-                 r.splits, r.median_ms, r.min_ms, r.gbps, r.gbps_best, r.fraction, r.err,
-                 r.ok ? "" : " FAILED");
+                 r.splits, r.median_ms, r.min_ms, r.gbps, r.gbps_best, r.fraction, r.bw_near / 1e9,
+                 r.fraction_near, r.err, r.ok ? "" : " FAILED");
     std::fflush(f);
   };
   const char* header =
-      "| dtype | batch | cache len | splits | median ms | min ms | GB/s of K+V (median) | GB/s (min) | fraction of read bw | max abs err |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+      "| dtype | batch | cache len | splits | median ms | min ms | GB/s of K+V (median) | GB/s (min) | fraction of read bw | read bw next to it | fraction of that | max abs err |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   std::fprintf(stderr, "progress (fraction of the first bandwidth measurement):\n%s", header);
   std::vector<Row> rows;
   bool ok = true;
   uint64_t seed = 1;
+  const auto probe = [&] { return read_bandwidth(buffer, threads, o.bw_runs); };
   for (const std::string& d : o.dtypes)
     for (int64_t batch : o.batches)
       for (int64_t s : o.lengths) {
-        Row r = d == "bf16"   ? run_point<detail::bfloat16_t>(o, d, DType::BFloat16, batch, s, bw_before, seed)
-                : d == "fp16" ? run_point<detail::half_t>(o, d, DType::Float16, batch, s, bw_before, seed)
-                              : run_point<float>(o, d, DType::Float32, batch, s, bw_before, seed);
+        Row r = d == "bf16"   ? run_point<detail::bfloat16_t>(o, d, DType::BFloat16, batch, s, bw_before, seed, probe)
+                : d == "fp16" ? run_point<detail::half_t>(o, d, DType::Float16, batch, s, bw_before, seed, probe)
+                              : run_point<float>(o, d, DType::Float32, batch, s, bw_before, seed, probe);
         seed += 1000;
         ok = ok && r.ok;
         print_row(stderr, r);
@@ -344,8 +354,9 @@ int main(int argc, char** argv) {
   const double bw_after = read_bandwidth(buffer, threads, o.bw_runs);
   const double bw = std::max(bw_before, bw_after);
   std::printf("read bandwidth after: %.2f GB/s; load average %.2f\n", bw_after / 1e9, load_average());
-  std::printf("fraction = GB/s of K+V at the median time / %.2f GB/s (the better of both)\n\n%s", bw / 1e9,
-              header);
+  std::printf("fraction = GB/s of K+V at the median time / %.2f GB/s (the better of both); fraction of "
+              "that = the same / the better of the read bandwidths measured just before and just after "
+              "the point's timed calls\n\n%s", bw / 1e9, header);
   for (Row& r : rows) {
     r.fraction = r.gbps * 1e9 / bw;
     print_row(stdout, r);
@@ -364,6 +375,7 @@ int main(int argc, char** argv) {
         << ", \"seqlen\": " << r.seqlen << ", \"splits\": " << r.splits << ", \"copies\": " << r.copies
         << ", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms << ", \"gbps\": " << r.gbps
         << ", \"gbps_min_time\": " << r.gbps_best << ", \"fraction_of_read_bw\": " << r.fraction
+        << ", \"read_bw_near_gbps\": " << r.bw_near / 1e9 << ", \"fraction_of_read_bw_near\": " << r.fraction_near
         << ", \"max_abs_err\": " << r.err << ", \"ok\": " << (r.ok ? "true" : "false") << "}";
     }
     f << "\n]}\n";
