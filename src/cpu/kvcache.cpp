@@ -224,9 +224,10 @@ constexpr int64_t kDecodeRows = 16;
 // Positions per step of a decode item's walk over the cache, all heads of its group at each.
 constexpr int kDecodeStep = 8;
 // Bytes of one head's rows per product call of the walk (keys of a step, fewer where rows are
-// wider), and of the next step requested before it: bursts of 64 fp32 prefetches (a step's
-// position, 8 heads x 512 bytes, before each 8-key call) read 1.06-1.13x slower than two
-// bursts of 32 each before a call of 4 keys (2-core AMD VM, 2026-12-07).
+// wider), and of the next step requested before it. With a position of the next step (8 heads x
+// 512 bytes: 64 prefetches) before each 8-key fp32 call, the burst stalled on outstanding
+// misses while no product ran; two bursts of 32 before calls of 4 keys read fp32 caches
+// 1.14-1.20x faster (bf16 calls, 8 keys of 256 bytes, unchanged; 2-core AMD VM, 2026-12-07).
 constexpr int64_t kDecodeCallBytes = 2048;
 // A decode item holds its heads' query rows, accumulators and block of scores: a group of
 // key/value heads is as many as fit in this many floats (at least one).
@@ -359,10 +360,10 @@ void decode_item(const KvCacheParams& p, const DecodeShape& shape, int32_t b, in
   // see that as `heads` strided streams; instead, the step after the current one is requested
   // in address order, a position's heads as one run of lines, one prefetch per 64-byte line,
   // in equal shares before each of the current step's calls (prefetch_lines). Steps of 8
-  // positions, not 16: with 16 the requested step and the one
-  // read (2 x 32 KiB of bf16, 2 x 64 KiB of fp32) and the item's state (48 KiB at 8 heads)
-  // overflow L1. bf16 caches 1.10-1.47x, fp32 1.09-1.13x against requesting each call's rows
-  // one call ahead, head by head (2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md).
+  // positions, not 16 (fp32 0.83-0.85x), we think because with 16 the step requested and the
+  // one read (2 x 32 KiB of bf16, 2 x 64 KiB of fp32) and the item's state (48 KiB at 8 heads)
+  // overflow the 48 KiB L1. bf16 caches 1.10-1.47x, fp32 1.09-1.13x against requesting each
+  // call's rows one call ahead, head by head (2-core AMD VM, 2026-12-07; docs/PERFORMANCE.md).
   struct Step {
     const T* rows = nullptr;  // the step's first position, head hk0
     int count = 0;            // positions (0: the walk's end)
