@@ -8,7 +8,8 @@
 #   3. bench/backward.py at head dim 256 with FA2 and cuDNN (BWD256_SEQLENS, default 1024 4096
 #      16384), then ours alone with FLASHATTN_SM90_BACKWARD_LOADS=cp.async (the kernel the
 #      unpatched tree runs there): the A/B in one call;
-#   4. the suite (every case), memcheck and racecheck on the check's quick cases.
+#   4. the suite (every case), memcheck and racecheck on the check's quick cases, and the
+#      suite's 232/256 plain cases on the cp.async kernel.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 export PATH="/usr/local/cuda/bin:$PATH" FLASHATTN_CUDA_ARCHS=sm_90a PYTHONUNBUFFERED=1
@@ -57,5 +58,9 @@ done
 if [ "$suite" = 1 ]; then
   wait "$suite_run"; stamp "suite: $? $(grep -E '^\[  PASSED|^\[  FAILED' "$R/suite.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED|Failure' "$R/suite.log" | head -12
+  # The cp.async split kernel (its operands and products now shared with the TMA one) at 232 and 256.
+  FLASHATTN_SM90_BACKWARD_LOADS=cp.async timeout 120 build-gpu/tests/test_backward_cuda --gtest_brief=1 \
+    --gtest_filter='HopperBuckets/BackwardPlainCalls.*/4:HopperBuckets/BackwardPlainCalls.*/5' >"$R/suite_cpasync.log" 2>&1
+  stamp "suite, cp.async kernel at 232/256: $? $(grep -E '^\[  PASSED|^\[  FAILED' "$R/suite_cpasync.log" | tr '\n' ' ')"
 fi
 pack
