@@ -13,6 +13,10 @@
    (2-way loads at a411230, as Nsight Compute counted; --swap-pairs: the 1-way order tried on
    2026-12-07, measured slower on an H100 and dropped; the patch is in git history at 4fbaf4f).
 
+3. (d, seqlen)-major V (kSeqlenMajorValues): no transposed slots, so s_to_p's two quad
+   shuffles and byte permutes must leave register v1 + 2 v2 of lane l holding keys
+   4 (l % 4) + 16 v2 .. + 3 in order, rows l / 4 + 8 v1, for every lane.
+
 Both for 64- and 128-key blocks and head dims 128 and 256. Run: python3 dev/fp8_layout_check.py
 """
 import sys
@@ -49,6 +53,31 @@ def fragments_match(block_keys, rng):
 def byte_perm(x, y, selector):
     b = list(x.to_bytes(4, "little")) + list(y.to_bytes(4, "little"))
     return int.from_bytes(bytes(b[(selector >> (4 * i)) & 7] for i in range(4)), "little")
+
+
+def seqlen_major_fragments_match():
+    """s_to_p's (d, seqlen)-major branch on bytes that name their (row half, key): each lane's
+    T and U words, what each gives in the two shuffles, what it takes, and its two registers
+    per 16 keys, against the A layout's keys in order."""
+    def acc(lane, tile, e):  # the accumulator byte: row half e // 2, key 8 tile + 2 q + e % 2
+        return 128 * (e // 2) + 8 * tile + 2 * (lane % 4) + e % 2
+    given = {}
+    for lane in range(32):
+        q = lane % 4
+        t = int.from_bytes(bytes(acc(lane, 0, e) for e in range(4)), "little")
+        u = int.from_bytes(bytes(acc(lane, 1, e) for e in range(4)), "little")
+        give_first = 0x3210 if q % 2 == 0 else 0x7654
+        given[lane] = (byte_perm(t, u, give_first), byte_perm(t, u, give_first ^ 0x4444))
+    for lane in range(32):
+        q, quad = lane % 4, lane - lane % 4
+        first = given[quad + (2 * q if q < 2 else 2 * q - 3)][0]
+        second = given[quad + (2 * q + 1 if q < 2 else 2 * q - 4)][1]
+        row_r = 0x5410 if q < 2 else 0x1054
+        for v1, selector in ((0, row_r), (1, row_r + 0x2222)):
+            want = bytes(128 * v1 + 4 * q + v0 for v0 in range(4))
+            if byte_perm(first, second, selector).to_bytes(4, "little") != want:
+                return False
+    return True
 
 
 def transpose_matches(block_keys, head_dim, rng, warps=3, swap_pairs=False):
@@ -120,6 +149,9 @@ def main():
             print(f"{block_keys}-key blocks, head dim {head_dim}: transposed V: {'ok' if good else 'WRONG'}; "
                   f"lanes per bank: loads {ways['load']}-way, stores {ways['store']}-way")
             ok &= good
+    good = seqlen_major_fragments_match()
+    print(f"(d, seqlen)-major V: P's registers in key order: {'ok' if good else 'WRONG'}")
+    ok &= good
     raise SystemExit(0 if ok else 1)
 
 

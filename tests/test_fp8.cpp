@@ -285,6 +285,106 @@ TEST(Fp8Forward, PagedKeysEqualDenseOnes) {
   EXPECT_EQ(dense_out.bytes, paged_out.bytes);
 }
 
+// v given (d, seqlen)-major: the values of `rows_major` ((rows, Hk, D) per batch entry, row
+// major) stored as (B, Hk, D, padded rows), each head-dim column of a head a contiguous run
+// of its rows, and a view of them with the row-major call's sizes. The padding (each run 16
+// to 31 keys longer, so that the columns start at 16-byte multiples on CUDA) holds NaNs,
+// which no call may read.
+struct SeqlenMajorValues {
+  Buffer storage;
+  TensorView view;
+};
+SeqlenMajorValues seqlen_major_values(const Buffer& rows_major, int64_t B, int64_t rows, int64_t Hk,
+                                      int64_t D, bool varlen) {
+  const int64_t padded = (rows + 15) / 16 * 16 + 16;
+  SeqlenMajorValues v{Buffer(DType::Float8E4M3, B * Hk * D * padded), {}};
+  std::fill(v.storage.bytes.begin(), v.storage.bytes.end(), static_cast<unsigned char>(0x7F));  // NaN
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t h = 0; h < Hk; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          v.storage.bytes[size_t(((b * Hk + h) * D + d) * padded + j)] =
+              rows_major.bytes[size_t(((b * rows + j) * Hk + h) * D + d)];
+  v.view = varlen ? v.storage.view({rows, Hk, D}, {1, D * padded, padded})
+                  : v.storage.view({B, rows, Hk, D}, {Hk * D * padded, 1, D * padded, padded});
+  return v;
+}
+
+// The same call with v row-major and (d, seqlen)-major: both within the rules of
+// expect_matches_reference (the reference reads v through its strides), and on the CPU, which
+// dequantises the same values either way, bit for bit the same.
+TEST(Fp8Forward, ValuesSeqlenMajor) {
+  for (const bool causal : {false, true}) {
+    Case c;
+    c.Sk = 333;
+    c.causal = causal;
+    c.q_scaling = c.k_scaling = c.v_scaling = causal ? Scaling::PerBlock : Scaling::PerHead;
+    for (const int64_t D : {head_dim(40, 64), int64_t{256}}) {
+      c.D = D;
+      SCOPED_TRACE(describe(c));
+      Buffer q = fp8_random(c.B * c.Sq * c.H * c.D), k = fp8_random(c.B * c.Sk * c.Hk * c.D),
+             v = fp8_random(c.B * c.Sk * c.Hk * c.D);
+      const SeqlenMajorValues vt = seqlen_major_values(v, c.B, c.Sk, c.Hk, c.D, false);
+      const Descale qd(c.q_scaling, c.B, c.Hk, c.Sq), kd(c.k_scaling, c.B, c.Hk, c.Sk),
+          vd(c.v_scaling, c.B, c.Hk, c.Sk);
+      Options o = options_of(c);
+      o.q_descale = qd.view;
+      o.k_descale = kd.view;
+      o.v_descale = vd.view;
+      Buffer out(DType::BFloat16, c.B * c.Sq * c.H * c.D), lse(DType::Float32, c.B * c.H * c.Sq);
+      Buffer out_t(DType::BFloat16, c.B * c.Sq * c.H * c.D), lse_t(DType::Float32, c.B * c.H * c.Sq);
+      out_t.poison();
+      lse_t.poison();
+      const TensorView qv = q.view({c.B, c.Sq, c.H, c.D}), kv = k.view({c.B, c.Sk, c.Hk, c.D});
+      forward_on_backend(qv, kv, v.view({c.B, c.Sk, c.Hk, c.D}), out.view({c.B, c.Sq, c.H, c.D}),
+                         lse.view({c.B, c.H, c.Sq}), o);
+      const RunInfo info = forward_on_backend(qv, kv, vt.view, out_t.view({c.B, c.Sq, c.H, c.D}),
+                                              lse_t.view({c.B, c.H, c.Sq}), o);
+      EXPECT_EQ(info.backend, kTestBackend);
+      expect_matches_reference(qv, kv, vt.view, out_t.view({c.B, c.Sq, c.H, c.D}), lse_t.view({c.B, c.H, c.Sq}),
+                               o, nullptr);
+      if (kTestBackend == Backend::CPU) {
+        EXPECT_EQ(out.bytes, out_t.bytes);
+        EXPECT_EQ(lse.bytes, lse_t.bytes);
+      }
+    }
+  }
+}
+
+// Varlen with seqused_k: a sequence's last key block reaches into the next sequence's keys
+// (and past the last one, into the NaN padding), which no row may see.
+TEST(Fp8Forward, VarlenValuesSeqlenMajor) {
+  const std::vector<int32_t> cu_q{0, 140, 140, 171}, cu_k{0, 150, 410, 431}, used{150, 200, 21};
+  const int64_t B = 3, H = 4, Hk = 2, D = head_dim(24, 32), total_q = 171, total_k = 431;
+  const int64_t max_q = 140, max_k = 260;
+  Buffer q = fp8_random(total_q * H * D), k = fp8_random(total_k * Hk * D), v = fp8_random(total_k * Hk * D);
+  const SeqlenMajorValues vt = seqlen_major_values(v, 1, total_k, Hk, D, true);
+  Buffer out(DType::BFloat16, total_q * H * D), lse(DType::Float32, H * total_q);
+  out.poison();
+  lse.poison();
+  Buffer cq = int32_buffer(cu_q), ck = int32_buffer(cu_k), su = int32_buffer(used);
+  Varlen varlen;
+  varlen.cu_seqlens_q = cq.view({B + 1});
+  varlen.cu_seqlens_k = ck.view({B + 1});
+  varlen.max_seqlen_q = max_q;
+  varlen.max_seqlen_k = max_k;
+  varlen.seqused_k = su.view({B});
+  const Descale qd(Scaling::PerBlock, B, Hk, max_q), kd(Scaling::PerHead, B, Hk, max_k),
+      vd(Scaling::PerBlock, B, Hk, max_k);
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(std::string(causal ? "causal" : "full") + " seed=" + std::to_string(test_seed()));
+    Options o;
+    o.causal = causal;
+    o.q_descale = qd.view;
+    o.k_descale = kd.view;
+    o.v_descale = vd.view;
+    const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
+                     lv = lse.view({H, total_q});
+    forward_on_backend(qv, kv, vt.view, ov, lv, o, &varlen);
+    expect_matches_reference(qv, kv, vt.view, ov, lv, o, &varlen);
+  }
+}
+
 // The C ABI takes the same call: FA_FLOAT8_E4M3 tensors and fa_options' descales.
 TEST(Fp8Forward, ThroughTheCAbi) {
   const int64_t B = 1, S = 9, H = 2, D = 8;
@@ -501,6 +601,39 @@ TEST(Fp8Errors, NoKvCacheOrProbabilitiesYet) {
       ErrorCode::InvalidArgument, "q", "dtype fp32, fp16 or bf16", "fp8_e4m3");
 }
 
+// Only fp8 values may come (d, seqlen)-major, and only dense or varlen: other dtypes, a
+// view with neither dimension contiguous, and pages keep the contiguous last dimension.
+TEST(Fp8Errors, ValuesSeqlenMajorOnlyWhereTaken) {
+  ErrorCall c;
+  const TensorView seqlen_major = c.v.view({c.B, c.S, c.Hk, c.D}, {c.S * c.Hk * c.D, 1, c.S * c.D, c.S});
+  EXPECT_NO_THROW(forward(c.qv(), c.kv(), seqlen_major, c.ov(), std::nullopt, c.options));
+  const TensorView neither = c.v.view({c.B, c.S, c.Hk, c.D}, {c.S * c.Hk * c.D, 2, c.S * c.D, c.S});
+  expect_refused([&] { forward(c.qv(), c.kv(), neither, c.ov(), std::nullopt, c.options); },
+                 ErrorCode::InvalidArgument, "v", "(d, seqlen)-major", "strides (80, 2, 40, 5)");
+  Buffer q16(DType::BFloat16, c.B * c.S * c.H * c.D), k16(DType::BFloat16, c.B * c.S * c.Hk * c.D),
+      v16(DType::BFloat16, c.B * c.S * c.Hk * c.D);
+  expect_refused(
+      [&] {
+        forward(q16.view({c.B, c.S, c.H, c.D}), k16.view({c.B, c.S, c.Hk, c.D}),
+                v16.view({c.B, c.S, c.Hk, c.D}, {c.S * c.Hk * c.D, 1, c.S * c.D, c.S}), c.ov(), std::nullopt);
+      },
+      ErrorCode::InvalidArgument, "v", "a contiguous last dimension (stride 1)", "strides (80, 1, 40, 5)");
+  Buffer table = int32_buffer({0, 1});
+  Buffer cu = int32_buffer({0, 5, 10});
+  Varlen paged;
+  paged.cu_seqlens_q = cu.view({3});
+  paged.cu_seqlens_k = cu.view({3});
+  paged.max_seqlen_q = paged.max_seqlen_k = 5;
+  paged.block_table = table.view({2, 1});
+  expect_refused(
+      [&] {
+        forward_varlen(c.q.view({c.B * c.S, c.H, c.D}), c.k.view({2, c.S, c.Hk, c.D}),
+                       c.v.view({2, c.S, c.Hk, c.D}, {c.S * c.Hk * c.D, 1, c.S * c.D, c.S}),
+                       c.out.view({c.B * c.S, c.H, c.D}), std::nullopt, paged);
+      },
+      ErrorCode::InvalidArgument, "v", "a contiguous last dimension (stride 1)", "strides (80, 1, 40, 5)");
+}
+
 // On CUDA fp8 rows are never padded (the Hopper kernel's TMA boxes need rows of 16-byte
 // multiples): a head dim of 8 is refused before any memory is touched (these pointers are
 // host memory). A CPU-only build refuses the backend itself.
@@ -521,6 +654,30 @@ TEST(Fp8Errors, TheCudaBackendAsksForRowsOf16ByteMultiples) {
       EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
       EXPECT_EQ(e.argument(), "q") << e.what();
       EXPECT_NE(e.expected().find("16-byte aligned rows"), std::string::npos) << e.what();
+    }
+  }
+  // (d, seqlen)-major values: their head-dim columns must start at 16-byte multiples.
+  ErrorCall d16;
+  d16.D = 16;
+  d16.q = fp8_random(d16.B * d16.S * d16.H * d16.D);
+  d16.k = fp8_random(d16.B * d16.S * d16.Hk * d16.D);
+  d16.v = fp8_random(d16.B * d16.S * d16.Hk * d16.D);
+  d16.out = Buffer(DType::BFloat16, d16.B * d16.S * d16.H * d16.D);
+  q = d16.qv();
+  k = d16.kv();
+  v = d16.v.view({d16.B, d16.S, d16.Hk, d16.D}, {d16.S * d16.Hk * d16.D, 1, d16.S * d16.D, d16.S});
+  out = d16.ov();
+  for (TensorView* t : {&q, &k, &v, &out}) t->device = {DeviceType::CUDA, 0};
+  try {
+    forward(q, k, v, out, std::nullopt, d16.options, on_cuda);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    if (e.argument() == "backend") {
+      EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+    } else {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_EQ(e.argument(), "v") << e.what();
+      EXPECT_NE(e.expected().find("16-byte aligned columns"), std::string::npos) << e.what();
     }
   }
 }

@@ -92,6 +92,15 @@ def _contiguous_last(t: Optional[Tensor]) -> Optional[Tensor]:
     return t
 
 
+def _fp8_values(v: Tensor, block_table: Optional[Tensor] = None) -> Tensor:
+    """fp8 v as the library takes it: with a contiguous last dimension, or (d, seqlen)-major
+    as given (its sequence dimension contiguous; dense or varlen, not paged), uncopied."""
+    seqlen_dim = v.dim() - 3
+    if block_table is None and v.stride(seqlen_dim) == 1 and 0 not in v.stride():
+        return v
+    return _contiguous_last(v)
+
+
 def _new_out(q: Tensor, head_dim_v: int) -> Tensor:
     """out: q's shape with head dim head_dim_v, contiguous (empty_like where that is q's
     shape: a third less host time than new_empty)."""
@@ -703,7 +712,7 @@ def fwd_fp8(q: Tensor, k: Tensor, v: Tensor, q_descale: Optional[Tensor],
     """out (B, Sq, H, Dv) bf16, lse (B, H, Sq) fp32."""
     _check_dim(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     _check_dim(v, "v", 4, "(batch, seqlen_k, nheads_k, headdim_v)")
-    q, k, v = _contiguous_last(q), _contiguous_last(k), _contiguous_last(v)
+    q, k, v = _contiguous_last(q), _contiguous_last(k), _fp8_values(v)
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],), dtype=_fp8_out_dtype(q))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
@@ -732,7 +741,8 @@ def varlen_fwd_fp8(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seq
                    alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """out (total_q, H, Dv) bf16, lse (H, total_q) fp32."""
     _check_dim(q, "q", 3, "(total_q, nheads, headdim)")
-    q, k, v, block_table = (_contiguous_last(t) for t in (q, k, v, block_table))
+    v = _fp8_values(v, block_table)
+    q, k, block_table = (_contiguous_last(t) for t in (q, k, block_table))
     total_q, nheads, _ = q.shape
     out = q.new_empty((total_q, nheads, v.shape[-1]), dtype=_fp8_out_dtype(q))
     lse = q.new_empty((nheads, total_q), dtype=torch.float32)

@@ -95,6 +95,8 @@ ForwardParams attention_params(const TensorView& q, const TensorView& k, const T
                                {out, p.out_batch_stride, p.out_row_stride, p.out_head_stride}});
   p.lse_batch_stride = call.heads * call.rows_q;  // lse is contiguous (B, H, Sq)
   p.lse_head_stride = call.rows_q;
+  // 1 unless v is fp8 given (d, seqlen)-major (the validator allows nothing else).
+  if (v.sizes[static_cast<size_t>(v.ndim - 1)] > 1) p.v_dim_stride = v.strides[static_cast<size_t>(v.ndim - 1)];
   fill_options(p, options, execution);
   return p;
 }

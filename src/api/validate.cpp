@@ -76,7 +76,9 @@ struct Extent {
 
 // Structural checks every tensor argument gets: known dtype and device, rank, sizes,
 // strides, a non-null pointer when it has elements, and offsets that fit in 64 bits.
-Extent check_view(const std::string& name, const TensorView& t, int ndim) {
+// seqlen_dim >= 0: the view may have that dimension contiguous instead of its last (fp8 v
+// given (d, seqlen)-major, docs/SPEC.md "FP8 inputs").
+Extent check_view(const std::string& name, const TensorView& t, int ndim, int seqlen_dim = -1) {
   if (t.ndim != ndim) {
     std::string given = dimensions_string(t.ndim);
     if (t.ndim > 0 && t.ndim <= kMaxDims) given.append(" ").append(shape_string(t));
@@ -98,8 +100,16 @@ Extent check_view(const std::string& name, const TensorView& t, int ndim) {
       fail(name, "strides >= 0", "strides " + strides_string(t));
   }
   const size_t last = static_cast<size_t>(ndim - 1);
-  if (t.sizes[last] > 1 && t.strides[last] != 1)
-    fail(name, "a contiguous last dimension (stride 1)", "strides " + strides_string(t));
+  if (t.sizes[last] > 1 && t.strides[last] != 1) {
+    if (seqlen_dim < 0)
+      fail(name, "a contiguous last dimension (stride 1)", "strides " + strides_string(t));
+    const size_t rows = static_cast<size_t>(seqlen_dim);
+    if (t.sizes[rows] > 1 && t.strides[rows] != 1)
+      fail(name,
+           "a contiguous last dimension (stride 1), or a contiguous sequence dimension " +
+               std::to_string(seqlen_dim) + " ((d, seqlen)-major fp8 values)",
+           "strides " + strides_string(t));
+  }
 
   // The element count must be computed without wrapping: a product that wraps to 0 would
   // make a huge tensor look empty and skip the checks below.
@@ -192,14 +202,21 @@ void check_rows_aligned(const std::string& name, const TensorView& t, int64_t he
     return;
   }
   const int64_t elems_per_16_bytes = 16 / static_cast<int64_t>(dtype_size(t.dtype));
+  // fp8 values given (d, seqlen)-major (check_view) have their sequence dimension (the third
+  // from the end) contiguous: their head-dim columns are what the kernel loads.
+  const int last = t.ndim - 1;
+  const bool seqlen_major = t.ndim >= 3 && t.sizes[static_cast<size_t>(last)] > 1 &&
+                            t.strides[static_cast<size_t>(last)] != 1;
+  const int contiguous_dim = seqlen_major ? t.ndim - 3 : last;
   bool aligned = address % 16 == 0;
-  for (int d = 0; d + 1 < t.ndim; ++d)
-    aligned = aligned && (t.sizes[static_cast<size_t>(d)] <= 1 ||
+  for (int d = 0; d < t.ndim; ++d)
+    aligned = aligned && (d == contiguous_dim || t.sizes[static_cast<size_t>(d)] <= 1 ||
                           t.strides[static_cast<size_t>(d)] % elems_per_16_bytes == 0);
   if (!aligned)
     fail(name,
-         "16-byte aligned rows for the cuda backend (a 16-byte aligned pointer and strides that "
-         "are multiples of " + std::to_string(elems_per_16_bytes) + " elements)",
+         std::string(seqlen_major ? "16-byte aligned columns" : "16-byte aligned rows") +
+             " for the cuda backend (a 16-byte aligned pointer and strides that "
+             "are multiples of " + std::to_string(elems_per_16_bytes) + " elements)",
          "strides " + strides_string(t) +
              (address % 16 ? " with a pointer misaligned by " + std::to_string(address % 16) +
                                  " bytes"
@@ -563,6 +580,7 @@ struct TensorSpec {
   std::vector<int64_t> shape = {};  // the sizes it must have; empty: checked by the call
   std::string layout = {};          // how the message names that shape, e.g. "= (B)"
   bool contiguous = false;          // row-major as a whole, not only in its last dimension
+  int seqlen_dim = -1;              // >= 0: check_view's (d, seqlen)-major alternative
 };
 
 const std::vector<DType> kInt32{DType::Int32};
@@ -574,7 +592,7 @@ const std::vector<DType> kFloat32{DType::Float32};
 std::vector<Argument> expect(const TensorView& q, std::initializer_list<TensorSpec> specs) {
   std::vector<Argument> checked;
   for (const TensorSpec& s : specs)
-    if (s.view) checked.push_back({s.name, s.view, check_view(s.name, *s.view, s.rank)});
+    if (s.view) checked.push_back({s.name, s.view, check_view(s.name, *s.view, s.rank, s.seqlen_dim)});
   for (const TensorSpec& s : specs)
     if (s.view && !s.dtypes.empty() &&
         std::find(s.dtypes.begin(), s.dtypes.end(), s.view->dtype) == s.dtypes.end())
@@ -608,13 +626,14 @@ DType out_dtype_of(DType input) {
 
 // q, k, v and out: rank (k and v: kv_rank), q's dtype (one of q_dtypes) and device, shared
 // by k and v (or, with fp8_kv, fp8 e4m3 k and v: a KV cache's), and out's dtype
-// out_dtype_of(q's). Returns q, k, v and out with their extents.
+// out_dtype_of(q's); v_seqlen_dim >= 0: v may be (d, seqlen)-major (check_view). Returns q,
+// k, v and out with their extents.
 std::vector<Argument> expect_attention_tensors(const TensorView& q, const char* k_name,
                                                const TensorView& k, const char* v_name,
                                                const TensorView& v, const TensorView& out,
                                                int rank, int kv_rank,
                                                const std::vector<DType>& q_dtypes = kAttentionDTypes,
-                                               bool fp8_kv = false) {
+                                               bool fp8_kv = false, int v_seqlen_dim = -1) {
   std::vector<DType> k_dtypes{q.dtype};
   if (fp8_kv && q.dtype != DType::Float8E4M3) k_dtypes.push_back(DType::Float8E4M3);
   // v's dtype is k's (checked after k's, so that k's is one of k_dtypes by then).
@@ -622,7 +641,8 @@ std::vector<Argument> expect_attention_tensors(const TensorView& q, const char* 
   return expect(q, {{.name = "q", .view = &q, .rank = rank, .dtypes = q_dtypes,
                      .on_q_device = false},
                     {.name = k_name, .view = &k, .rank = kv_rank, .dtypes = k_dtypes},
-                    {.name = v_name, .view = &v, .rank = kv_rank, .dtypes = like_k},
+                    {.name = v_name, .view = &v, .rank = kv_rank, .dtypes = like_k,
+                     .seqlen_dim = v_seqlen_dim},
                     {.name = "out", .view = &out, .rank = rank, .dtypes = {out_dtype_of(q.dtype)}}});
 }
 
@@ -922,8 +942,11 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
   const bool is_varlen = varlen != nullptr;
   const bool paged = is_varlen && varlen->block_table.has_value();
   const int rank = is_varlen ? 3 : 4;
-  std::vector<Argument> inputs =
-      expect_attention_tensors(q, "k", k, "v", v, out, rank, paged ? 4 : rank, kForwardDTypes);
+  // fp8 values may come (d, seqlen)-major, dense or varlen: their sequence dimension
+  // contiguous instead of the head dim (docs/SPEC.md, "FP8 inputs").
+  const int v_seqlen_dim = q.dtype == DType::Float8E4M3 && !paged ? rank - 3 : -1;
+  std::vector<Argument> inputs = expect_attention_tensors(q, "k", k, "v", v, out, rank, paged ? 4 : rank,
+                                                          kForwardDTypes, false, v_seqlen_dim);
   const Argument out_checked = inputs.back();
   inputs.pop_back();
   const std::vector<Argument> copied_by_rows{inputs[0], inputs[1], inputs[2], out_checked};

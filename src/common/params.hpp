@@ -46,6 +46,10 @@ struct ForwardParams {
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
   int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
   int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  // The stride between v's head-dim columns: 1, except for fp8 v given (d, seqlen)-major
+  // (docs/SPEC.md, "FP8 inputs"), whose rows are then contiguous (v_row_stride 1).
+  int64_t v_dim_stride = 1;
+  bool values_seqlen_major() const { return v_dim_stride != 1; }
   int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
   int64_t lse_batch_stride = 0, lse_head_stride = 0;  // the row stride of lse is 1
 

@@ -26,17 +26,18 @@ const float8_e4m3_t* e4m3_at(const void* base, int64_t offset) {
 }
 
 // Writes `rows` rows of `heads` heads of an fp8 tensor, dequantised, into the packed fp32
-// (rows, heads, dim) block `to`. row_offset(r) is the element offset of row r (head 0).
+// (rows, heads, dim) block `to`. row_offset(r) is the element offset of row r (head 0);
+// dim_stride that between a row's columns (not 1 only for v given (d, seqlen)-major).
 template <typename RowOffset>
 void dequantise_rows(const void* from, int64_t head_stride, const Descale& descale, int32_t b,
                      int32_t heads, int32_t group, int64_t rows, int32_t dim,
-                     RowOffset row_offset, float* to) {
+                     RowOffset row_offset, float* to, int64_t dim_stride = 1) {
   for (int64_t r = 0; r < rows; ++r)
     for (int32_t h = 0; h < heads; ++h) {
       const float factor = descale.at(b, h / group, r);
       const float8_e4m3_t* x = e4m3_at(from, row_offset(r) + h * head_stride);
       float* y = to + (r * heads + h) * dim;
-      for (int32_t d = 0; d < dim; ++d) y[d] = to_float(x[d]) * factor;
+      for (int32_t d = 0; d < dim; ++d) y[d] = to_float(x[d * dim_stride]) * factor;
     }
 }
 
@@ -89,7 +90,7 @@ size_t forward_fp8(const ForwardParams& p) {
                     k.data() + int64_t{cu_k[size_t(b)]} * Hk * D);
     dequantise_rows(p.v, p.v_head_stride, p.v_descale, b, Hk, 1, s.seqlen_k, Dv,
                     key_row(p.v_batch_stride, p.v_row_stride),
-                    v.data() + int64_t{cu_k[size_t(b)]} * Hk * Dv);
+                    v.data() + int64_t{cu_k[size_t(b)]} * Hk * Dv, p.v_dim_stride);
   }
 
   ForwardParams f = p;
@@ -116,6 +117,7 @@ size_t forward_fp8(const ForwardParams& p) {
   f.v_head_stride = f.out_head_stride = Dv;
   f.lse_batch_stride = 0;  // varlen lse: (H, total_q)
   f.lse_head_stride = total_q;
+  f.v_dim_stride = 1;  // the packed copy is row-major
   f.q_descale = f.k_descale = f.v_descale = Descale{};
   const size_t engine_bytes = forward(f);
 

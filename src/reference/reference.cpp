@@ -207,7 +207,7 @@ struct Problem {
     for (int64_t i = 0; i < rows; ++i) {
       const double factor = descale(factors, b, hk, i);
       for (int64_t d = 0; d < width; ++d)
-        m[size_t(i * width + d)] = element(t, base + (row0 + i) * t.stride(r) + d) * factor;
+        m[size_t(i * width + d)] = element(t, base + (row0 + i) * t.stride(r) + d * t.stride(r + 2)) * factor;
     }
     return m;
   }

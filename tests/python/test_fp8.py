@@ -80,6 +80,45 @@ def test_varlen_matches_dense_per_sequence():
                                     qd[s:s + 1], kd[s:s + 1], vd[s:s + 1], causal=True)
 
 
+def seqlen_major(v):
+    """v's values stored (d, seqlen)-major (each head-dim column of a head a contiguous run of
+    its rows, padded to a 16-byte multiple), viewed with v's sizes: a view, never a copy."""
+    rows = v.shape[-3]
+    padded = -(-rows // 16) * 16 + 16
+    store = torch.full(v.shape[:-3] + (v.shape[-2], v.shape[-1], padded), float("nan"), device=v.device).to(v.dtype)
+    store[..., :rows] = v.movedim(-3, -1)
+    view = store[..., :rows].movedim(-1, -3)
+    assert view.stride(-3) == 1 and view.stride(-1) == padded and torch.equal(view.float(), v.float())  # noqa
+    return view
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_values_seqlen_major_equal_row_major(causal):
+    """v (d, seqlen)-major, dense and varlen: the same result, bit for bit, as v row-major
+    (the CPU engine dequantises the same values either way)."""
+    q, k, v = random_fp8(2, 37, 4, 24), random_fp8(2, 150, 2, 24), random_fp8(2, 150, 2, 24)
+    qd, kd, vd = random_descale(2, 2), random_descale(2, 2, 2), random_descale(2, 2, 2)
+    options = dict(causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    row_major = flashattn.flash_attn_func(q, k, v, **options)
+    assert torch.equal(flashattn.flash_attn_func(q, k, seqlen_major(v), **options), row_major)
+    cu_q = torch.tensor([0, 37, 74], dtype=torch.int32)
+    cu_k = torch.tensor([0, 150, 300], dtype=torch.int32)
+    varlen = [flashattn.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), values, cu_q, cu_k, 37, 150,
+                                               **options) for values in (v.flatten(0, 1), seqlen_major(v.flatten(0, 1)))]
+    assert torch.equal(varlen[0], varlen[1])
+    assert torch.equal(varlen[0], row_major.flatten(0, 1))
+
+
+def test_values_neither_row_nor_seqlen_major_are_copied():
+    """A v with neither dimension contiguous (every other row of a (d, seqlen)-major one) runs
+    on a row-major copy, as any other input."""
+    q, k, v = random_fp8(1, 9, 2, 16), random_fp8(1, 40, 2, 16), random_fp8(1, 80, 2, 16)
+    ones = torch.ones(1, 2)
+    strided = seqlen_major(v)[:, ::2]
+    assert strided.stride(1) == 2 and strided.stride(-1) != 1
+    expect_close_to_dequantised(flashattn.flash_attn_func(q, k, strided), q, k, v[:, ::2], ones, ones, ones)
+
+
 def test_errors_name_the_argument():
     q, k, v = random_fp8(2, 5, 4, 8), random_fp8(2, 5, 2, 8), random_fp8(2, 5, 2, 8)
     with pytest.raises(ValueError, match=r"k_descale: expected shape .*\(B, Hk\).*given.*\(2, 4\)"):
@@ -395,6 +434,49 @@ def test_cuda_varlen_and_paged_match_the_dense_calls():
                                           causal=True, q_descale=one[0].cuda(), k_descale=one[1].cuda(),
                                           v_descale=one[2].cuda()).cpu()
         assert torch.equal(out[None, rq], dense), s
+
+
+@hopper
+@pytest.mark.parametrize("d", [128, 256, 80])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_values_seqlen_major_match_the_kernel_emulation(d, causal):
+    """v given (d, seqlen)-major (no transposing warps; P's registers put in key order):
+    within the same rules as the row-major call, per-block descales when causal."""
+    b, sq, sk, h, hk = 2, 300, 397, 4, 2
+    g = torch.Generator().manual_seed(d + 5 * causal)
+    (q8, qd), (k8, kd), (v8, vd) = (quantized(b, s, n, d, g, causal, num_heads_k=hk)
+                                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
+    out, lse, _ = flashattn.flash_attn_func(q8.cuda(), k8.cuda(), seqlen_major(v8.cuda()), causal=causal,
+                                            q_descale=qd.cuda(), k_descale=kd.cuda(), v_descale=vd.cuda(),
+                                            return_attn_probs=True)
+    expect_kernel_result(out, q8, k8, v8, qd, kd, vd, causal=causal)
+    expect_lse(lse, q8, k8, v8, qd, kd, vd, causal, (-1, -1), 0.0)
+
+
+@hopper
+def test_cuda_varlen_values_seqlen_major():
+    """A ragged batch with v (d, seqlen)-major: a sequence's last key block reaches into the
+    next one's keys (zeroed by the producer) and past the last into the NaN padding."""
+    h, hk, d = 4, 2, 128
+    lengths_q, lengths_k = [130, 0, 257, 5], [300, 64, 511, 129]
+    g = torch.Generator().manual_seed(11)
+    cu_q = torch.tensor([0] + list(np.cumsum(lengths_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(np.cumsum(lengths_k)), dtype=torch.int32)
+    q8 = quantized(1, sum(lengths_q), h, d, g, False)[0][0]
+    k8 = quantized(1, sum(lengths_k), hk, d, g, False)[0][0]
+    v8 = quantized(1, sum(lengths_k), hk, d, g, False)[0][0]
+    qd, kd, vd = (torch.exp2(torch.empty(4, hk, n).uniform_(-3, -1, generator=g)) for n in (3, 4, 4))
+    out = flashattn.flash_attn_varlen_func(q8.cuda(), k8.cuda(), seqlen_major(v8.cuda()), cu_q.cuda(), cu_k.cuda(),
+                                           max(lengths_q), max(lengths_k), causal=True, q_descale=qd.cuda(),
+                                           k_descale=kd.cuda(), v_descale=vd.cuda())
+    for s in range(4):
+        if lengths_q[s] == 0:
+            continue
+        rq, rk = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
+        blocks = lambda n: -(-n // 128)  # noqa: E731
+        one = (qd[s:s + 1, :, :blocks(lengths_q[s])], kd[s:s + 1, :, :blocks(lengths_k[s])],
+               vd[s:s + 1, :, :blocks(lengths_k[s])])
+        expect_kernel_result(out[None, rq], q8[None, rq], k8[None, rk], v8[None, rk], *one, causal=True)
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and flashattn.cuda_compiled())

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "cuda/common/kernel_code.cuh"
 #include "cuda/common/per_device.hpp"
@@ -43,6 +44,11 @@ template <int kHeadDim>
 struct TunedWsForward<__nv_fp8_e4m3, kHeadDim> {
   using Config = WsForwardConfig<__nv_fp8_e4m3, kHeadDim, kHeadDim <= 128 ? 128 : 64, 2, kHeadDim <= 128>;
 };
+// FP8 v given (d, seqlen)-major: no transposing warps, so 24 / 240 registers, which hold
+// 128-key blocks at head dim 256 too (S 64 + O 128 + P 16); two stages (112 and 160 KiB).
+// Not yet tuned by measurement.
+template <int kHeadDim>
+using SeqlenMajorValuesWsForward = WsForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, 2, kHeadDim <= 128, true, 2, true>;
 // At 64 plain calls (the general variant spills at 160 registers) take a second shape with
 // three consumer warpgroups: 192 query rows x 128 keys, registers 32 / 160 (S 64 + P 32 + O 32),
 // 112 KiB. Each K/V tile read serves half as many rows again, and the turn passes round three
@@ -130,7 +136,9 @@ int page_box_rows(const ForwardParams& p) {
 template <typename Cfg>
 bool launch_forward_ws(const ForwardParams& p) {
   const ScoreVariant variant = score_variant(p);
-  if ((p.is_varlen() && !Cfg::kTakesVarlen) || (!Cfg::kHasGeneral && variant != ScoreVariant::Plain)) return false;
+  if ((p.is_varlen() && !Cfg::kTakesVarlen) || (!Cfg::kHasGeneral && variant != ScoreVariant::Plain) ||
+      p.values_seqlen_major() != Cfg::kSeqlenMajorValues || (Cfg::kSeqlenMajorValues && p.is_paged()))
+    return false;
   const int box_rows = p.is_paged() ? page_box_rows<Cfg>(p) : 0;
   if (p.is_paged() && box_rows == 0) return false;
   static PerDevice<bool> sm90_code;
@@ -150,7 +158,9 @@ bool launch_forward_ws(const ForwardParams& p) {
                                                         encode_tiled(args.v, tiled_v_pages(p), box_rows) &&
                                                         encode_nan_rows(args.nan_rows, p.dtype, box_rows)
                                                   : encode_tiled(args.k, tiled_k(p), Cfg::kBlockN) &&
-                                                        encode_tiled(args.v, tiled_v(p), Cfg::kBlockN));
+                                                        (Cfg::kSeqlenMajorValues
+                                                             ? encode_tiled(args.v, tiled_v_seqlen_major(p), Cfg::kHeadDim)
+                                                             : encode_tiled(args.v, tiled_v(p), Cfg::kBlockN)));
   if (!kv_mapped) return false;
   // The general variants' kernels where the shape compiles them (else the plain one thrice).
   constexpr auto plain_kernel = forward_ws_kernel<Cfg, ScoreVariant::Plain>;
@@ -176,6 +186,8 @@ bool launch_forward_ws(const ForwardParams& p) {
 // where it takes the call (FLASHATTN_SM90_FORWARD_SHAPE=128x128 keeps plain calls on two).
 template <typename E, int kHeadDim>
 bool launch_tuned_forward_ws(const ForwardParams& p) {
+  if constexpr (std::is_same_v<E, __nv_fp8_e4m3>)
+    if (p.values_seqlen_major()) return launch_forward_ws<SeqlenMajorValuesWsForward<kHeadDim>>(p);
   if constexpr (kHeadDim == 64) {
     const bool tall = knobs::sm90_forward_shape() != knobs::Sm90ForwardShape::Rows128Keys128;
     if (tall && launch_forward_ws<TallWsForward<E>>(p)) return true;

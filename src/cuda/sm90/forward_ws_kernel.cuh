@@ -56,11 +56,16 @@
 namespace flashattn::detail::cuda::sm90 {
 
 template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, bool kHasGeneral_ = true,
-          int kConsumers_ = 2>
+          int kConsumers_ = 2, bool kSeqlenMajorValues_ = false>
 struct WsForwardConfig {
   using Element = Element_;
-  // FP8 (e4m3) inputs: out is bf16, and V is transposed in shared memory (transpose_values).
+  // FP8 (e4m3) inputs: out is bf16, and V is transposed in shared memory (transpose_values),
+  // unless the caller gives it (d, seqlen)-major (kSeqlenMajorValues): TMA then loads its
+  // columns as the transposed tiles themselves, and the consumers put P's registers in key
+  // order (s_to_p).
   static constexpr bool kFp8 = sizeof(Element) == 1;
+  static constexpr bool kSeqlenMajorValues = kSeqlenMajorValues_;
+  static constexpr bool kTransposes = kFp8 && !kSeqlenMajorValues;
   using OutElement = std::conditional_t<kFp8, __nv_bfloat16, Element>;
   static constexpr int kPanelCols = 128 / static_cast<int>(sizeof(Element));  // a 128-byte row
   static constexpr int kKStep = 32 / static_cast<int>(sizeof(Element));      // k of one wgmma
@@ -81,12 +86,13 @@ struct WsForwardConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
   static constexpr int kTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
   // FP8's transposed V tile: a 128-byte row per head-dim column, its first kBlockN bytes the
-  // block's keys (the swizzle's row; 64-key blocks leave half of each row unused).
-  static constexpr int kVtBytes = kFp8 ? kHeadDim * 128 : 0;
+  // block's keys (the swizzle's row; 64-key blocks leave half of each row unused). A
+  // (d, seqlen)-major V tile has that layout as TMA loads it (128 keys: kTileBytes).
+  static constexpr int kVtBytes = kTransposes ? kHeadDim * 128 : 0;
   // The rings: K and V, and with FP8 V's transposed copies (Vt), a full and an empty barrier
   // per buffer; the producer's other three warps transpose.
-  static constexpr int kRings = kFp8 ? 3 : 2;
-  static constexpr int kTransposeWarps = kFp8 ? 3 : 0;
+  static constexpr int kRings = kTransposes ? 3 : 2;
+  static constexpr int kTransposeWarps = kTransposes ? 3 : 0;
   static constexpr int kBarrierBytes = 8 * (4 + 2 * kRings * kStages);  // and FP8's end flag
   // 1 KiB to align the base to a swizzle atom, Q, the rings, the barriers, and the O buffer
   // (as large as Q) where the 227 KiB of an H100/H200 CTA hold it; else O is staged in Q's
@@ -104,9 +110,11 @@ struct WsForwardConfig {
   // together); the consumers take the rest, 232 or 224 (at head dim 256 with 128-key blocks
   // they needed 240 for S 64 + O 128 + P 16, which left the producer 24, where it spilled 84
   // bytes: 256 takes 64-key blocks). At 128-key blocks two units in flight with 48 / 224
-  // registers ran at 0.96-0.98x of one with 40 / 232 (H100, 2026-12-07).
-  static constexpr int kProducerRegisters = kFp8 ? (kBlockN == 64 ? 48 : 40) : kConsumers == 3 ? 32 : 24;
-  static constexpr int kConsumerRegisters = kFp8 ? (kBlockN == 64 ? 224 : 232) : kConsumers == 2 ? 240 : 160;
+  // registers ran at 0.96-0.98x of one with 40 / 232 (H100, 2026-12-07). (d, seqlen)-major
+  // values need no transposing warps: 24 / 240 as for 16-bit inputs, which holds S 64 + O 128
+  // + P 16 at head dim 256 with 128-key blocks.
+  static constexpr int kProducerRegisters = kTransposes ? (kBlockN == 64 ? 48 : 40) : kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegisters = kTransposes ? (kBlockN == 64 ? 224 : 232) : kConsumers == 2 ? 240 : 160;
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   // setmaxnreg shares out only the registers the CTA launched with (ptxas gives each thread
   // 65,536 / kThreads rounded down to a multiple of 8): asking for more makes the consumers'
@@ -120,6 +128,8 @@ struct WsForwardConfig {
   // descale block, and a tile's rows share a q descale.
   static_assert(!kFp8 || ((kBlockN == 64 || kBlockN == 128) && kConsumers == 2 && kBlockM == kFp8ScaleBlockRows),
                 "FP8 shapes");
+  // A (d, seqlen)-major V tile is one TMA box of 128 keys (128 bytes) by the head dim.
+  static_assert(!kSeqlenMajorValues || (kFp8 && kBlockN == 128), "(d, seqlen)-major values: FP8, 128-key blocks");
 };
 
 // The kernel's parameters: the four tensor maps (64-byte aligned, read by the TMA unit from
@@ -171,10 +181,11 @@ struct WsShared {
     return reinterpret_cast<uint32_t*>(barriers + 3 + 2 * Cfg::kRings * Cfg::kStages);
   }
 };
-// The rings; the consumers read V from the transposed one with FP8 (kReadValuesRing).
+// The rings; the consumers read V from the transposed one where FP8's is transposed here
+// (kReadValuesRing).
 inline constexpr int kKeysRing = 0, kValuesRing = 1, kTransposedRing = 2;
 template <typename Cfg>
-inline constexpr int kReadValuesRing = Cfg::kFp8 ? kTransposedRing : kValuesRing;
+inline constexpr int kReadValuesRing = Cfg::kTransposes ? kTransposedRing : kValuesRing;
 
 // The kernel's variants: plain calls (raw dot products, the scale folded into the exponent);
 // softcap, ALiBi or a non-positive scale (the scores modified first); and dropout, with any of
@@ -230,8 +241,8 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     sh.empty(kv, slot.stage).wait(slot.parity ^ 1);
     return Buffer{ring + slot.stage * Cfg::kTileBytes, kv, slot.stage, fixes};
   };
-  // After a V buffer's copies have landed, the warp zeroes its rows from `zero_from` on (a
-  // block at its sequence's end, whose rows past it are the next sequence's or anything: 0 x
+  // After a V buffer's copies have landed, the warp zeroes its keys from `zero_from` on (a
+  // block at its sequence's end, whose keys past it are the next sequence's or anything: 0 x
   // NaN is NaN) and completes the stage's full barrier itself.
   const auto fix_rows = [&](const Buffer& buffer, int zero_from) {
     buffer.landed(sh).wait((phases >> 1) & 1);
@@ -240,27 +251,52 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     // the tile loop and hold registers the producer does not have.)
     int fix_lane = lane;
     asm volatile("" : "+r"(fix_lane));
-    // Whole 128-byte rows of every panel: the swizzle only permutes chunks within a row.
-    for (int r = zero_from + fix_lane / 8; r < Cfg::kBlockN; r += 4)
+    if constexpr (Cfg::kSeqlenMajorValues) {
+      // A key is a byte of each head-dim row: the 16-byte chunks from zero_from's on, the
+      // first of them in part (its bytes below zero_from kept).
+      for (int unit = fix_lane; unit < Cfg::kHeadDim * 8; unit += 32) {
+        const int row = unit / 8, chunk = unit % 8, keep = zero_from - 16 * chunk;  // bytes kept
+        if (keep >= 16) continue;
+        const uint32_t at = buffer.dst + row * 128 + ((chunk ^ (row % 8)) << 4);
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (keep > 0) {
+          const auto kept = [keep](int word) {
+            const int bytes = keep - 4 * word;
+            return bytes >= 4 ? 0xffffffffu : bytes <= 0 ? 0u : (1u << (8 * bytes)) - 1u;
+          };
+          x = ptx::ld_shared_128(at);
+          x = make_uint4(x.x & kept(0), x.y & kept(1), x.z & kept(2), x.w & kept(3));
+        }
+        ptx::st_shared_128(at, x);
+      }
+    } else {
+      // Whole 128-byte rows of every panel: the swizzle only permutes chunks within a row.
+      for (int r = zero_from + fix_lane / 8; r < Cfg::kBlockN; r += 4)
 #pragma unroll
-      for (int panel = 0; panel < Cfg::kPanels; ++panel)
-        ptx::st_shared_128(buffer.dst + (panel * Cfg::kBlockN + r) * 128 + (fix_lane % 8) * 16, make_uint4(0, 0, 0, 0));
+        for (int panel = 0; panel < Cfg::kPanels; ++panel)
+          ptx::st_shared_128(buffer.dst + (panel * Cfg::kBlockN + r) * 128 + (fix_lane % 8) * 16,
+                             make_uint4(0, 0, 0, 0));
+    }
     ptx::fence_proxy_async_shared();  // the zeros, visible to the wgmmas that read the stage
     __syncwarp();
     if (issues) buffer.full(sh).arrive();
   };
   // Rows [row, row + kBlockN) of the tensor into the ring's next buffer, zeroed from
-  // `zero_from` on.
+  // `zero_from` on. (d, seqlen)-major values: one box of those keys by the head dim.
   const auto load_kv = [&](const void* map, uint32_t ring, int kv, int iteration, int64_t row, int head,
                            int batch, int zero_from) {
     const bool zeroes = zero_from < Cfg::kBlockN;
     const Buffer buffer = next_buffer(ring, kv, iteration, zeroes);
     if (issues) {
       buffer.landed(sh).arrive_expect_bytes(Cfg::kTileBytes);
+      if (Cfg::kSeqlenMajorValues && kv == kValuesRing) {
+        tma_load(buffer.dst, map, static_cast<int32_t>(row), 0, head, batch, buffer.landed(sh));
+      } else {
 #pragma unroll
-      for (int panel = 0; panel < Cfg::kPanels; ++panel)
-        tma_load(buffer.dst + panel * Cfg::kBlockN * 128, map, panel * Cfg::kPanelCols, static_cast<int32_t>(row), head,
-                 batch, buffer.landed(sh));
+        for (int panel = 0; panel < Cfg::kPanels; ++panel)
+          tma_load(buffer.dst + panel * Cfg::kBlockN * 128, map, panel * Cfg::kPanelCols, static_cast<int32_t>(row),
+                   head, batch, buffer.landed(sh));
+      }
     }
     if (zeroes) fix_rows(buffer, zero_from);
   };
@@ -351,7 +387,7 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     if (tile.n_blocks > 0) load_v(tile.n_blocks - 1);
     blocks_before += tile.n_blocks;
   }
-  if constexpr (Cfg::kFp8) {  // the transposing warps' end: the next V buffer, full of nothing
+  if constexpr (Cfg::kTransposes) {  // the transposing warps' end: the next V buffer, full of nothing
     const RingSlot slot = ring_slot<Cfg::kStages>(blocks_before);
     sh.empty(kValuesRing, slot.stage).wait(slot.parity ^ 1);
     if (issues) {
@@ -466,9 +502,11 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
 
   const ptx::WgmmaDescriptor q_desc = ptx::wgmma_descriptor(sh.q + consumer * 64 * 128, 16, 1024);
   const ptx::WgmmaDescriptor k_desc = ptx::wgmma_descriptor(sh.k, 16, 1024);
-  // V as stored (MN-major B), or FP8's transposed copy (K-major, like K).
-  const ptx::WgmmaDescriptor v_desc =
-      kFp8 ? ptx::wgmma_descriptor(sh.vt, 16, 1024) : ptx::wgmma_descriptor(sh.v, kBlockN * 128, 1024);
+  // V as stored (MN-major B), or FP8's transposed copy or (d, seqlen)-major tile (K-major,
+  // like K).
+  const ptx::WgmmaDescriptor v_desc = kFp8 ? ptx::wgmma_descriptor(Cfg::kTransposes ? sh.vt : sh.v, 16, 1024)
+                                           : ptx::wgmma_descriptor(sh.v, kBlockN * 128, 1024);
+  constexpr int kReadValuesBytes = Cfg::kTransposes ? Cfg::kVtBytes : Cfg::kTileBytes;  // a stage
   const auto panel_step = [](int kk, int rows) -> uint32_t {
     return static_cast<uint32_t>(((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4);
   };
@@ -484,7 +522,7 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
   };
   const auto issue_pv = [&](float (&o)[kOTiles * 4], const uint32_t (&pf)[kPSteps][4], int stage) {
     stage = __shfl_sync(0xffffffffu, stage, 0);  // warp-uniform: v_stage in uniform registers
-    const ptx::WgmmaDescriptor v_stage = v_desc + ((stage * (kFp8 ? Cfg::kVtBytes : Cfg::kTileBytes)) >> 4);
+    const ptx::WgmmaDescriptor v_stage = v_desc + ((stage * kReadValuesBytes) >> 4);
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) OMma::rs(o, pf[kk], v_stage + ((kFp8 ? kk * 32 : kk * 16 * 128) >> 4));
   };
@@ -584,20 +622,46 @@ __device__ __forceinline__ void consume(const WsForwardArgs& args, const WsShare
     // P as A fragments of the P V wgmma: the S accumulators of two adjacent n8 tiles are one
     // 16-key fragment. FP8: those of four n8 tiles one 32-key fragment, each register taking
     // two columns of two tiles, which the transposed V's slot order matches
-    // (transpose_values); P scaled by p_factor first (FP8's v descales).
+    // (transpose_values); P scaled by p_factor first (FP8's v descales). (d, seqlen)-major V
+    // holds its keys in order: a fragment register of lane q (lane % 4) must hold keys 4 q ..
+    // 4 q + 3 of its 16, of which the accumulators give this lane 2 q, 2 q + 1 (the even n8
+    // tile) and 8 + 2 q, 9 + 2 q (the odd one). Each lane packs both rows' pair of the even
+    // tile into one word (T) and of the odd tile into another (U); in two shuffles within
+    // the quad every lane gives one of them (the first: T on even lanes, U on odd; the
+    // second: the other) and takes the two words that hold its keys (q < 2: T of lanes 2 q
+    // and 2 q + 1; else U of lanes 2 q - 3 and 2 q - 4), then puts each row's pairs in order.
+    const int quad_lane = lane % 4, quad_first = lane - quad_lane;
+    const int take_first = quad_first + (quad_lane < 2 ? 2 * quad_lane : 2 * quad_lane - 3);
+    const int take_second = quad_first + (quad_lane < 2 ? 2 * quad_lane + 1 : 2 * quad_lane - 4);
+    const uint32_t give_first = quad_lane % 2 == 0 ? 0x3210u : 0x7654u;  // T or U of (T, U)
+    const uint32_t give_second = give_first ^ 0x4444u;
+    const uint32_t row_r_keys = quad_lane < 2 ? 0x5410u : 0x1054u;  // of (first, second)
+    const uint32_t row_r8_keys = row_r_keys + 0x2222u;
     const auto s_to_p = [&](float p_factor) {
       if constexpr (kFp8) {
         if (p_factor != 1.0f) {
 #pragma unroll
           for (int i = 0; i < kSTiles * 4; ++i) s[i] *= p_factor;
         }
+        if constexpr (Cfg::kSeqlenMajorValues) {
 #pragma unroll
-        for (int kk = 0; kk < kPSteps; ++kk) {
-          const float* x = s + 16 * kk;
-          pf[kk][0] = ptx::pack4_e4m3(x[0], x[1], x[4], x[5]);
-          pf[kk][1] = ptx::pack4_e4m3(x[2], x[3], x[6], x[7]);
-          pf[kk][2] = ptx::pack4_e4m3(x[8], x[9], x[12], x[13]);
-          pf[kk][3] = ptx::pack4_e4m3(x[10], x[11], x[14], x[15]);
+          for (int half = 0; half < 2 * kPSteps; ++half) {  // 16 keys: n8 tiles 2 half, 2 half + 1
+            const float* x = s + 8 * half;
+            const uint32_t t = ptx::pack4_e4m3(x[0], x[1], x[2], x[3]), u = ptx::pack4_e4m3(x[4], x[5], x[6], x[7]);
+            const uint32_t first = __shfl_sync(0xffffffffu, __byte_perm(t, u, give_first), take_first);
+            const uint32_t second = __shfl_sync(0xffffffffu, __byte_perm(t, u, give_second), take_second);
+            pf[half / 2][2 * (half % 2)] = __byte_perm(first, second, row_r_keys);
+            pf[half / 2][2 * (half % 2) + 1] = __byte_perm(first, second, row_r8_keys);
+          }
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < kPSteps; ++kk) {
+            const float* x = s + 16 * kk;
+            pf[kk][0] = ptx::pack4_e4m3(x[0], x[1], x[4], x[5]);
+            pf[kk][1] = ptx::pack4_e4m3(x[2], x[3], x[6], x[7]);
+            pf[kk][2] = ptx::pack4_e4m3(x[8], x[9], x[12], x[13]);
+            pf[kk][3] = ptx::pack4_e4m3(x[10], x[11], x[14], x[15]);
+          }
         }
       } else {
 #pragma unroll
@@ -816,12 +880,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __gr
     sh.q_full().init(1);
     sh.q_empty().init(4 * Cfg::kConsumers);  // every consumer warp
     for (int s = 0; s < Cfg::kStages; ++s) {
-      // FP8: V is read by the transposing warps, its transposed copy by the consumers.
+      // FP8: V is read by the transposing warps, its transposed copy by the consumers (where
+      // V came (d, seqlen)-major, by the consumers).
       sh.full(kKeysRing, s).init(1);
       sh.empty(kKeysRing, s).init(Cfg::kConsumers);
       sh.full(kValuesRing, s).init(1);
-      sh.empty(kValuesRing, s).init(Cfg::kFp8 ? Cfg::kTransposeWarps : Cfg::kConsumers);
-      if constexpr (Cfg::kFp8) {
+      sh.empty(kValuesRing, s).init(Cfg::kTransposes ? Cfg::kTransposeWarps : Cfg::kConsumers);
+      if constexpr (Cfg::kTransposes) {
         sh.full(kTransposedRing, s).init(Cfg::kTransposeWarps);
         sh.empty(kTransposedRing, s).init(Cfg::kConsumers);
       }
@@ -836,7 +901,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) forward_ws_kernel(const __gr
     const int warp = static_cast<int>(threadIdx.x) / 32;
     if (warp == 0)
       produce<Cfg>(args, sh);
-    else if constexpr (Cfg::kFp8)
+    else if constexpr (Cfg::kTransposes)
       transpose_values<Cfg>(sh, warp - 1);
     return;
   }

@@ -39,6 +39,13 @@ inline TiledTensor tiled_v(const ForwardParams& p) {
   return {p.v, p.dtype, p.head_dim_v, p.is_varlen() ? p.total_k : p.seqlen_k, p.heads_k, p.is_varlen() ? 1 : p.batch,
           p.v_row_stride, p.v_head_stride, p.v_batch_stride};
 }
+// FP8 v given (d, seqlen)-major (ForwardParams::values_seqlen_major): its keys are the
+// contiguous "columns" and its head-dim columns the "rows", so that a box of 128 keys by the
+// head dim lands as the transposed tile the P V wgmma reads.
+inline TiledTensor tiled_v_seqlen_major(const ForwardParams& p) {
+  return {p.v, p.dtype, p.is_varlen() ? p.total_k : p.seqlen_k, p.head_dim_v, p.heads_k, p.is_varlen() ? 1 : p.batch,
+          p.v_dim_stride, p.v_head_stride, p.v_batch_stride};
+}
 // Paged keys and values: (num_pages, page_size, Hk, D), a page per batch element.
 inline TiledTensor tiled_k_pages(const ForwardParams& p) {
   return {p.k, p.dtype, p.head_dim, p.page_size, p.heads_k, p.num_pages, p.k_row_stride, p.k_head_stride, p.k_batch_stride};
