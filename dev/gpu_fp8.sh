@@ -3,8 +3,10 @@
 # budget (FP8_LIMIT_S, default 560 s) leaves room for it:
 #   (FP8_GTEST_S: the limit of each C++ suite, FP8_PYTEST_S of each pytest run, in seconds.)
 #   1. the package built with CUDA for sm_90a and installed (its ptxas lines on the FP8
-#      kernels: spills, serialised wgmmas); unless FP8_GTEST=0, the C++ FP8 suites on CUDA
-#      (test_fp8_cuda, test_kvcache_cuda) built in the package's build tree and run;
+#      kernels: spills, serialised wgmmas), or with FP8_SITE=DIR the one installed there (as
+#      dev/gpu_backward256.sh leaves it in build-ab/site; no C++ suites then); unless
+#      FP8_GTEST=0, the C++ FP8 suites on CUDA (test_fp8_cuda, test_kvcache_cuda) built in
+#      the package's build tree and run;
 #   2. dev/fp8_diagnose.py (GPU against the CPU path on inputs that isolate the key order,
 #      the sums and the descales), tests/python/test_fp8.py (the Hopper kernel against its
 #      float64 emulation, varlen, paged; FP8_PYTEST_ARGS, default -x --tb=short) and, unless
@@ -38,6 +40,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 
 t=$SECONDS
+if [ -n "${FP8_SITE:-}" ]; then
+  export PYTHONPATH=$PWD/$FP8_SITE FP8_GTEST=0
+  row "package (FP8_SITE=$FP8_SITE)" "$("$py" -c 'import flashattn' && echo ok || echo FAIL)" 0 ""
+else
 # With FP8_GTEST the package's build also configures the C++ tests, which then link the
 # library it compiled (one build of the kernels, not two).
 tests_on=$([ "${FP8_GTEST:-1}" = 1 ] && echo ON || echo OFF)
@@ -49,6 +55,7 @@ row "package (sm_90a)" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t))
   "$(grep -c 'fp8.*serializ\|serializ.*fp8' "$out/pip.log") fp8 serialisation lines"
 grep -E "nv_fp8.*(spill|serializ)|(spill|serializ).*nv_fp8" "$out/pip.log" | sed 's/_ZN9flashattn6detail4cuda4sm90//' | cut -c1-160 | head
 [ $rc = 0 ] || { tail -30 "$out/pip.log"; exit 1; }
+fi
 if [ "${FP8_GTEST:-1}" = 1 ]; then
   cmake --build build-py/gpu --target test_fp8_cuda test_kvcache_cuda >"$out/gtest_build.log" 2>&1 &&
     t=$SECONDS && timeout "${FP8_GTEST_S:-200}" build-py/gpu/tests/test_fp8_cuda >"$out/gtest_fp8.log" 2>&1
@@ -86,8 +93,21 @@ for d, causal, block, sq, sk in ((128, False, False, 200, 333), (128, True, True
     x = [torch.randn(2, s, 2, d, device="cuda", generator=g) for s in (sq, sk, sk)]
     (q8, qd), (k8, kd), (v8, vd) = (flashattn.quantize_fp8(t, block_scaling=block) for t in x)
     out = flashattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    # v (d, seqlen)-major (kSeqlenMajorValues), its columns padded to 16-byte multiples
+    store = torch.zeros(2, 2, d, -(-sk // 16) * 16, device="cuda").to(v8.dtype)
+    store[..., :sk] = v8.permute(0, 2, 3, 1)
+    vt = store[..., :sk].permute(0, 3, 1, 2)
+    out_t = flashattn.flash_attn_func(q8, k8, vt, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    # varlen with it: the batch's two sequences packed
+    cu_q = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32, device="cuda")
+    packed = torch.zeros(2, d, -(-2 * sk // 16) * 16, device="cuda").to(v8.dtype)
+    packed[..., :2 * sk] = v8.flatten(0, 1).permute(1, 2, 0)
+    out_v = flashattn.flash_attn_varlen_func(q8.flatten(0, 1), k8.flatten(0, 1), packed[..., :2 * sk].permute(2, 0, 1),
+                                             cu_q, cu_k, sq, sk, causal=causal, q_descale=qd, k_descale=kd,
+                                             v_descale=vd)
     torch.cuda.synchronize()
-    print(d, causal, block, bool(out.isfinite().all()))
+    print(d, causal, block, bool(out.isfinite().all()), bool(out_t.isfinite().all()), bool(out_v.isfinite().all()))
 PY
   for tool in memcheck racecheck synccheck; do
     t=$SECONDS
