@@ -14,10 +14,11 @@ Two columns: the library's CPU path (exact dequantisation, fp32 arithmetic: the 
 input quantisation alone), and the same inputs with P = exp(s - max) rounded to e4m3 before
 P V, the sum unrounded, emulated in float64 here: what the GPU kernel will compute (FA3 rounds
 P so; docs/SPEC.md, "FP8 inputs"). bf16 inputs through the same CPU path are the reference
-line. Figures are measured on the CPU; the GPU kernel's own figure comes with it.
+line. With --cuda a third column: the same fp8 tensors through the GPU kernel (the Hopper
+one; its P rounded as emulated, its sums the FP8 tensor cores').
 
     python bench/fp8_accuracy.py [--batch 2 --seqlen 1024 --heads 8 --headdim 128 --seed 0]
-                                 [--quick] [--out DIR]   (DIR/fp8_accuracy.{json,md})
+                                 [--quick] [--cuda] [--out DIR]   (DIR/fp8_accuracy.{json,md})
 """
 import argparse
 import json
@@ -78,6 +79,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--quick", action="store_true", help="a small shape, for a first look")
+    parser.add_argument("--cuda", action="store_true", help="also run each fp8 call on the GPU")
     parser.add_argument("--out", type=pathlib.Path, help="also write fp8_accuracy.{json,md} here")
     args = parser.parse_args()
     if args.quick:
@@ -90,10 +92,14 @@ def main():
 
     bf16 = flashattn.flash_attn_func(*(t.to(torch.bfloat16) for t in (q, k, v)),
                                      causal=args.causal)
+    where = "the CPU" + (f" and {torch.cuda.get_device_name()}" if args.cuda else "")
     title = (f"outlier-heavy inputs {shape}, causal={args.causal}, seed {args.seed}; "
-             f"RMSE of out against float64 (measured on the CPU)")
+             f"RMSE of out against float64 (measured on {where})")
     rows = [{"scheme": "bf16 inputs (reference line)", "cpu_path": rmse(bf16, exact),
-             "p_in_e4m3": None}]
+             "p_in_e4m3": None, "cuda": None}]
+    if args.cuda:
+        rows[0]["cuda"] = rmse(flashattn.flash_attn_func(*(t.to(torch.bfloat16).cuda() for t in (q, k, v)),
+                                                         causal=args.causal).cpu(), exact)
 
     def quantise(scheme, x, rotate):
         if scheme == "per-tensor":
@@ -111,13 +117,20 @@ def main():
             emulated = attention_p_in_e4m3(dequantize_fp8(q8, qd).double(),
                                            dequantize_fp8(k8, kd).double(),
                                            dequantize_fp8(v8, vd).double(), args.causal)
+            gpu = None
+            if args.cuda:
+                gpu = rmse(flashattn.flash_attn_func(q8.cuda(), k8.cuda(), v8.cuda(), causal=args.causal,
+                                                     q_descale=qd.cuda(), k_descale=kd.cuda(),
+                                                     v_descale=vd.cuda()).cpu(), exact)
             rows.append({"scheme": scheme + (" + Hadamard" if rotate else ""),
-                         "cpu_path": rmse(out, exact), "p_in_e4m3": rmse(emulated, exact)})
+                         "cpu_path": rmse(out, exact), "p_in_e4m3": rmse(emulated, exact), "cuda": gpu})
 
-    lines = [title, "", "| scheme | CPU path | P in e4m3 |", "|---|---|---|"]
+    lines = [title, "", "| scheme | CPU path | P in e4m3 |" + (" GPU kernel |" if args.cuda else ""),
+             "|---|---|---|" + ("---|" if args.cuda else "")]
     for r in rows:
         emulated = "" if r["p_in_e4m3"] is None else f"{r['p_in_e4m3']:.2e}"
-        lines.append(f"| {r['scheme']} | {r['cpu_path']:.2e} | {emulated} |")
+        gpu = (f" {r['cuda']:.2e} |" if r["cuda"] is not None else " |") if args.cuda else ""
+        lines.append(f"| {r['scheme']} | {r['cpu_path']:.2e} | {emulated} |{gpu}")
     print("\n".join(lines))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@
 #      the sums and the descales), tests/python/test_fp8.py (the Hopper kernel against its
 #      float64 emulation, varlen, paged; FP8_PYTEST_ARGS, default -x --tb=short) and, unless
 #      FP8_FULL_PYTEST=0, the whole tests/python GPU file's forward cases;
+#      Then (FP8_ACCURACY=0: not) bench/fp8_accuracy.py --cuda: the RMSE on outlier-heavy inputs;
 #   3. compute-sanitizer memcheck, racecheck and synccheck on a few FP8 calls
 #      (FP8_SANITIZE=0: not);
 #   4. bench/forward_fp8.py (FP8_BENCH_ARGS, default the head dims 128 and 256 at 512 .. 16k,
@@ -76,6 +77,13 @@ rc=$?
 row "pytest test_fp8.py" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) "$(tail -1 "$out/pytest_fp8.log" | cut -c1-70)"
 [ $rc = 0 ] || grep -E "^(FAILED|E  |>|test_fp8.py:[0-9]+)" "$out/pytest_fp8.log" | cut -c1-200 | head -30
 fp8_ok=$rc
+if [ "${FP8_ACCURACY:-1}" = 1 ] && [ "$(left)" -gt 200 ]; then
+  t=$SECONDS
+  (cd bench && timeout 150 "$py" fp8_accuracy.py --cuda --out "$out/accuracy") >"$out/accuracy.log" 2>&1
+  rc=$?
+  row "bench/fp8_accuracy.py --cuda" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) \
+    "$(grep -E '^\| per-block \+ Hadamard' "$out/accuracy.log" | cut -c1-60)"
+fi
 
 if [ "${FP8_FULL_PYTEST:-1}" = 1 ] && [ "$(left)" -gt 300 ]; then
   t=$SECONDS
