@@ -352,7 +352,9 @@ TEST(Fp8Forward, ValuesSeqlenMajor) {
 }
 
 // Varlen with seqused_k: a sequence's last key block reaches into the next sequence's keys
-// (and past the last one, into the NaN padding), which no row may see.
+// (and past the last one, into the NaN padding), which no row may see. The CUDA backend
+// takes (d, seqlen)-major values in dense calls only (a sequence's first key need not start
+// a TMA box at a 16-byte multiple) and refuses this call, naming v.
 TEST(Fp8Forward, VarlenValuesSeqlenMajor) {
   const std::vector<int32_t> cu_q{0, 140, 140, 171}, cu_k{0, 150, 410, 431}, used{150, 200, 21};
   const int64_t B = 3, H = 4, Hk = 2, D = head_dim(24, 32), total_q = 171, total_k = 431;
@@ -380,6 +382,17 @@ TEST(Fp8Forward, VarlenValuesSeqlenMajor) {
     o.v_descale = vd.view;
     const TensorView qv = q.view({total_q, H, D}), kv = k.view({total_k, Hk, D}), ov = out.view({total_q, H, D}),
                      lv = lse.view({H, total_q});
+    if (kTestBackend == Backend::CUDA) {
+      try {
+        forward_on_backend(qv, kv, vt.view, ov, lv, o, &varlen);
+        ADD_FAILURE() << "accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+        EXPECT_EQ(e.argument(), "v") << e.what();
+        EXPECT_NE(e.expected().find("dense calls only"), std::string::npos) << e.what();
+      }
+      continue;
+    }
     forward_on_backend(qv, kv, vt.view, ov, lv, o, &varlen);
     expect_matches_reference(qv, kv, vt.view, ov, lv, o, &varlen);
   }
@@ -678,6 +691,31 @@ TEST(Fp8Errors, TheCudaBackendAsksForRowsOf16ByteMultiples) {
       EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
       EXPECT_EQ(e.argument(), "v") << e.what();
       EXPECT_NE(e.expected().find("16-byte aligned columns"), std::string::npos) << e.what();
+    }
+  }
+  // Aligned columns, but a varlen call: (d, seqlen)-major values go with dense calls there.
+  Buffer cu = int32_buffer({0, 16, 32});
+  Varlen varlen;
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = cu.view({3});
+  varlen.max_seqlen_q = varlen.max_seqlen_k = 16;
+  varlen.cu_seqlens_q.device = varlen.cu_seqlens_k.device = {DeviceType::CUDA, 0};
+  Buffer q32 = fp8_random(32 * 2 * 16), k32 = fp8_random(32 * 2 * 16), v32 = fp8_random(32 * 2 * 16);
+  Buffer out32(DType::BFloat16, 32 * 2 * 16);
+  q = q32.view({32, 2, 16});
+  k = k32.view({32, 2, 16});
+  v = v32.view({32, 2, 16}, {1, 16 * 32, 32});
+  out = out32.view({32, 2, 16});
+  for (TensorView* t : {&q, &k, &v, &out}) t->device = {DeviceType::CUDA, 0};
+  try {
+    forward_varlen(q, k, v, out, std::nullopt, varlen, {}, on_cuda);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    if (e.argument() == "backend") {
+      EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+    } else {
+      EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+      EXPECT_EQ(e.argument(), "v") << e.what();
+      EXPECT_NE(e.expected().find("dense calls only"), std::string::npos) << e.what();
     }
   }
 }

@@ -182,6 +182,13 @@ void check_disjoint(const std::string& out_name, const TensorView& out, const Ex
          "a view overlapping " + in_name + "'s memory");
 }
 
+// Whether a view that passed check_view is (d, seqlen)-major: its last dimension not
+// contiguous (fp8 values only, check_view's alternative).
+bool is_seqlen_major(const TensorView& t) {
+  const size_t last = static_cast<size_t>(t.ndim - 1);
+  return t.ndim >= 3 && t.sizes[last] > 1 && t.strides[last] != 1;
+}
+
 // The rows the CUDA backend needs. A call whose head dim is a multiple of 8 runs on the
 // caller's tensors, which the kernels copy in 16-byte chunks: 16-byte rows, the base pointer
 // and every stride but the last a multiple of 16 bytes. Any other head dim runs on padded
@@ -204,10 +211,8 @@ void check_rows_aligned(const std::string& name, const TensorView& t, int64_t he
   const int64_t elems_per_16_bytes = 16 / static_cast<int64_t>(dtype_size(t.dtype));
   // fp8 values given (d, seqlen)-major (check_view) have their sequence dimension (the third
   // from the end) contiguous: their head-dim columns are what the kernel loads.
-  const int last = t.ndim - 1;
-  const bool seqlen_major = t.ndim >= 3 && t.sizes[static_cast<size_t>(last)] > 1 &&
-                            t.strides[static_cast<size_t>(last)] != 1;
-  const int contiguous_dim = seqlen_major ? t.ndim - 3 : last;
+  const bool seqlen_major = is_seqlen_major(t);
+  const int contiguous_dim = seqlen_major ? t.ndim - 3 : t.ndim - 1;
   bool aligned = address % 16 == 0;
   for (int d = 0; d < t.ndim; ++d)
     aligned = aligned && (d == contiguous_dim || t.sizes[static_cast<size_t>(d)] <= 1 ||
@@ -974,6 +979,14 @@ ValidatedCall validate_forward(const TensorView& q, const TensorView& k, const T
   check_outputs_disjoint(inputs, out_checked, lse, lse_extent);
   call.backend = check_backend_memory(execution, q, call.head_dim, copied_by_rows, inputs,
                                       out_checked, lse);
+  // The Hopper kernel loads (d, seqlen)-major values by TMA boxes whose rows start at a
+  // sequence's key offset, which TMA needs at a 16-byte multiple in the contiguous dimension:
+  // cu_seqlens_k gives no such promise (and lives on the GPU), so varlen calls keep v
+  // row-major there.
+  if (call.backend == Backend::CUDA && is_varlen && is_seqlen_major(v))
+    unsupported("v", "a contiguous last dimension for varlen calls on the cuda backend ((d, seqlen)-major "
+                "values: dense calls only there)",
+                "strides " + strides_string(v));
   // Last, as in validate_kvcache: the values, after every structural check (host only).
   if (paged) check_paged_lengths(*varlen, call.batch, k, call.rows_k);
   return call;

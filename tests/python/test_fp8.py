@@ -454,29 +454,14 @@ def test_cuda_values_seqlen_major_match_the_kernel_emulation(d, causal):
 
 
 @hopper
-def test_cuda_varlen_values_seqlen_major():
-    """A ragged batch with v (d, seqlen)-major: a sequence's last key block reaches into the
-    next one's keys (zeroed by the producer) and past the last into the NaN padding."""
-    h, hk, d = 4, 2, 128
-    lengths_q, lengths_k = [130, 0, 257, 5], [300, 64, 511, 129]
-    g = torch.Generator().manual_seed(11)
-    cu_q = torch.tensor([0] + list(np.cumsum(lengths_q)), dtype=torch.int32)
-    cu_k = torch.tensor([0] + list(np.cumsum(lengths_k)), dtype=torch.int32)
-    q8 = quantized(1, sum(lengths_q), h, d, g, False)[0][0]
-    k8 = quantized(1, sum(lengths_k), hk, d, g, False)[0][0]
-    v8 = quantized(1, sum(lengths_k), hk, d, g, False)[0][0]
-    qd, kd, vd = (torch.exp2(torch.empty(4, hk, n).uniform_(-3, -1, generator=g)) for n in (3, 4, 4))
-    out = flashattn.flash_attn_varlen_func(q8.cuda(), k8.cuda(), seqlen_major(v8.cuda()), cu_q.cuda(), cu_k.cuda(),
-                                           max(lengths_q), max(lengths_k), causal=True, q_descale=qd.cuda(),
-                                           k_descale=kd.cuda(), v_descale=vd.cuda())
-    for s in range(4):
-        if lengths_q[s] == 0:
-            continue
-        rq, rk = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
-        blocks = lambda n: -(-n // 128)  # noqa: E731
-        one = (qd[s:s + 1, :, :blocks(lengths_q[s])], kd[s:s + 1, :, :blocks(lengths_k[s])],
-               vd[s:s + 1, :, :blocks(lengths_k[s])])
-        expect_kernel_result(out[None, rq], q8[None, rq], k8[None, rk], v8[None, rk], *one, causal=True)
+def test_cuda_refuses_varlen_values_seqlen_major():
+    """On CUDA (d, seqlen)-major values go with dense calls only: a varlen sequence's first key
+    need not start a TMA box at a 16-byte multiple. Refused before anything is written."""
+    q, k, v = random_fp8(60, 2, 128).cuda(), random_fp8(70, 2, 128).cuda(), random_fp8(70, 2, 128).cuda()
+    cu_q = torch.tensor([0, 20, 60], dtype=torch.int32).cuda()
+    cu_k = torch.tensor([0, 33, 70], dtype=torch.int32).cuda()
+    with pytest.raises(NotImplementedError, match="v: expected a contiguous last dimension for varlen calls"):
+        flashattn.flash_attn_varlen_func(q, k, seqlen_major(v), cu_q, cu_k, 40, 37)
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and flashattn.cuda_compiled())

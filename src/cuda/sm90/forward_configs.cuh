@@ -46,7 +46,10 @@ struct TunedWsForward<__nv_fp8_e4m3, kHeadDim> {
 };
 // FP8 v given (d, seqlen)-major: no transposing warps, so 24 / 240 registers, which hold
 // 128-key blocks at head dim 256 too (S 64 + O 128 + P 16); two stages (112 and 160 KiB).
-// Not yet tuned by measurement.
+// Dense calls only: a TMA box's start in the contiguous (key) dimension must be a 16-byte
+// multiple, and a varlen sequence's first key need not be (the validator refuses those; on
+// an H100 such a box raised an illegal-instruction error, 2026-12-07). Not yet tuned by
+// measurement.
 template <int kHeadDim>
 using SeqlenMajorValuesWsForward = WsForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, 2, kHeadDim <= 128, true, 2, true>;
 // At 64 plain calls (the general variant spills at 160 registers) take a second shape with
@@ -137,7 +140,7 @@ template <typename Cfg>
 bool launch_forward_ws(const ForwardParams& p) {
   const ScoreVariant variant = score_variant(p);
   if ((p.is_varlen() && !Cfg::kTakesVarlen) || (!Cfg::kHasGeneral && variant != ScoreVariant::Plain) ||
-      p.values_seqlen_major() != Cfg::kSeqlenMajorValues || (Cfg::kSeqlenMajorValues && p.is_paged()))
+      p.values_seqlen_major() != Cfg::kSeqlenMajorValues || (Cfg::kSeqlenMajorValues && p.is_varlen()))
     return false;
   const int box_rows = p.is_paged() ? page_box_rows<Cfg>(p) : 0;
   if (p.is_paged() && box_rows == 0) return false;

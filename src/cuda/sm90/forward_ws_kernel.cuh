@@ -241,9 +241,10 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     sh.empty(kv, slot.stage).wait(slot.parity ^ 1);
     return Buffer{ring + slot.stage * Cfg::kTileBytes, kv, slot.stage, fixes};
   };
-  // After a V buffer's copies have landed, the warp zeroes its keys from `zero_from` on (a
-  // block at its sequence's end, whose keys past it are the next sequence's or anything: 0 x
-  // NaN is NaN) and completes the stage's full barrier itself.
+  // After a V buffer's copies have landed, the warp zeroes its rows from `zero_from` on (a
+  // block at its sequence's end, whose rows past it are the next sequence's or anything: 0 x
+  // NaN is NaN) and completes the stage's full barrier itself. ((d, seqlen)-major values come
+  // in dense calls only, launch_forward_ws, so their blocks never need it.)
   const auto fix_rows = [&](const Buffer& buffer, int zero_from) {
     buffer.landed(sh).wait((phases >> 1) & 1);
     phases ^= 2;
@@ -251,32 +252,11 @@ __device__ __forceinline__ void produce(const WsForwardArgs& args, const WsShare
     // the tile loop and hold registers the producer does not have.)
     int fix_lane = lane;
     asm volatile("" : "+r"(fix_lane));
-    if constexpr (Cfg::kSeqlenMajorValues) {
-      // A key is a byte of each head-dim row: the 16-byte chunks from zero_from's on, the
-      // first of them in part (its bytes below zero_from kept).
-      for (int unit = fix_lane; unit < Cfg::kHeadDim * 8; unit += 32) {
-        const int row = unit / 8, chunk = unit % 8, keep = zero_from - 16 * chunk;  // bytes kept
-        if (keep >= 16) continue;
-        const uint32_t at = buffer.dst + row * 128 + ((chunk ^ (row % 8)) << 4);
-        uint4 x = make_uint4(0, 0, 0, 0);
-        if (keep > 0) {
-          const auto kept = [keep](int word) {
-            const int bytes = keep - 4 * word;
-            return bytes >= 4 ? 0xffffffffu : bytes <= 0 ? 0u : (1u << (8 * bytes)) - 1u;
-          };
-          x = ptx::ld_shared_128(at);
-          x = make_uint4(x.x & kept(0), x.y & kept(1), x.z & kept(2), x.w & kept(3));
-        }
-        ptx::st_shared_128(at, x);
-      }
-    } else {
-      // Whole 128-byte rows of every panel: the swizzle only permutes chunks within a row.
-      for (int r = zero_from + fix_lane / 8; r < Cfg::kBlockN; r += 4)
+    // Whole 128-byte rows of every panel: the swizzle only permutes chunks within a row.
+    for (int r = zero_from + fix_lane / 8; r < Cfg::kBlockN; r += 4)
 #pragma unroll
-        for (int panel = 0; panel < Cfg::kPanels; ++panel)
-          ptx::st_shared_128(buffer.dst + (panel * Cfg::kBlockN + r) * 128 + (fix_lane % 8) * 16,
-                             make_uint4(0, 0, 0, 0));
-    }
+      for (int panel = 0; panel < Cfg::kPanels; ++panel)
+        ptx::st_shared_128(buffer.dst + (panel * Cfg::kBlockN + r) * 128 + (fix_lane % 8) * 16, make_uint4(0, 0, 0, 0));
     ptx::fence_proxy_async_shared();  // the zeros, visible to the wgmmas that read the stage
     __syncwarp();
     if (issues) buffer.full(sh).arrive();
