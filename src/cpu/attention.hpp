@@ -25,6 +25,7 @@
 #include "common/philox.hpp"
 #include "cpu/amx.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/tiles.hpp"
 
 namespace flashattn::detail::cpu {
 
@@ -98,10 +99,10 @@ class TileArena {
  public:
   TileArena(int64_t threads, int head_dim, int head_dim_v);
   Tiles tiles(int thread) const { return Tiles(base_ + thread * per_thread_, head_dim_, head_dim_v_); }
-  size_t bytes() const { return storage_.size() * sizeof(float); }
+  size_t bytes() const { return storage_.bytes(); }
 
  private:
-  std::vector<float> storage_;
+  ScratchFloats storage_;
   float* base_ = nullptr;
   int64_t per_thread_ = 0;
   int head_dim_ = 0, head_dim_v_ = 0;

@@ -659,9 +659,8 @@ size_t backward_typed(const BackwardParams& bp) {
   const int64_t threads =
       std::min<int64_t>(p.num_threads > 0 ? p.num_threads : omp_get_max_threads(), work_items);
   const int64_t per_thread = Tiles::floats(p.head_dim, p.head_dim_v);
-  std::vector<float> workspace(static_cast<size_t>(threads * per_thread + kAlignFloats));
+  const ScratchFloats workspace(threads * per_thread);  // (uninitialised: cpu/attention.hpp)
   float* base = workspace.data();
-  while (reinterpret_cast<uintptr_t>(base) % (kAlignFloats * sizeof(float)) != 0) ++base;
 
   std::optional<DropoutRng> dropout;
   if (p.dropout_p > 0.0f)
@@ -710,7 +709,7 @@ size_t backward_typed(const BackwardParams& bp) {
           }
     }
   }
-  return workspace.size() * sizeof(float);
+  return workspace.bytes();
 }
 
 }  // namespace

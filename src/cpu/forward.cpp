@@ -130,13 +130,11 @@ Tiles::Tiles(float* base, int head_dim, int head_dim_v) {
 }
 
 TileArena::TileArena(int64_t threads, int head_dim, int head_dim_v)
-    : per_thread_(Tiles::floats_needed(head_dim, head_dim_v)),
+    : storage_(threads * Tiles::floats_needed(head_dim, head_dim_v)),
+      base_(storage_.data()),
+      per_thread_(Tiles::floats_needed(head_dim, head_dim_v)),
       head_dim_(head_dim),
-      head_dim_v_(head_dim_v) {
-  storage_.resize(static_cast<size_t>(threads * per_thread_ + kAlignFloats));
-  base_ = storage_.data();
-  while (reinterpret_cast<uintptr_t>(base_) % (kAlignFloats * sizeof(float)) != 0) ++base_;
-}
+      head_dim_v_(head_dim_v) {}
 
 namespace {
 
