@@ -273,23 +273,41 @@ TEST(EdgeCases, NanInOneQueryRowPoisonsOnlyThatRow) {
 
 // Each work item is computed by one thread (CPU) or one CTA (CUDA) in a fixed order, so the
 // result is bitwise the same on every run and for every CPU thread count.
+// The same bits for every thread count: under a causal mask or a right window the CPU
+// engine takes fewer query rows per work item where threads would go without (rows_per_item:
+// here 256, 128 and 64 rows across the counts), which must not change any row's result.
 TEST(Determinism, RepeatedRunsAreBitwiseEqual) {
-  Case c{.batch = 2, .seqlen_q = 150, .seqlen_k = 190, .heads = 4, .heads_k = 2, .head_dim = 64,
-         .dtype = DType::BFloat16, .causal = true};
-  Inputs in = make_inputs(c);
-  std::vector<unsigned char> first;
-  for (int threads : {1, 2, 3, 7, 0, 0}) {
-    Buffer out(c.dtype, 2 * 150 * 4 * 64);
-    out.poison();
-    Execution e;
-    e.num_threads = threads;
-    Options o;
-    o.causal = true;
-    forward_on_backend(in.q, in.k, in.v, out.view({2, 150, 4, 64}), std::nullopt, o, nullptr, e);
-    if (first.empty())
-      first = out.bytes;
-    else
-      EXPECT_EQ(out.bytes, first) << threads << " threads";
+  const Case cases[] = {
+      {.batch = 2, .seqlen_q = 150, .seqlen_k = 190, .heads = 4, .heads_k = 2, .head_dim = 64,
+       .dtype = DType::BFloat16, .causal = true},
+      {.batch = 1, .seqlen_q = 700, .seqlen_k = 700, .heads = 2, .heads_k = 1, .head_dim = 40,
+       .dtype = backend_dtype(DType::Float32), .causal = true},
+      {.batch = 1, .seqlen_q = 300, .seqlen_k = 500, .heads = 2, .heads_k = 2, .head_dim = 64,
+       .dtype = DType::Float16, .window_right = 30}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.describe());
+    Inputs in = make_inputs(c);
+    const int64_t elements = c.batch * c.seqlen_q * c.heads * c.head_dim;
+    std::vector<unsigned char> first, first_lse;
+    for (int threads : {1, 2, 3, 7, 0, 0}) {
+      Buffer out(c.dtype, elements), lse(DType::Float32, c.batch * c.heads * c.seqlen_q);
+      out.poison();
+      lse.poison();
+      Execution e;
+      e.num_threads = threads;
+      Options o;
+      o.causal = c.causal;
+      o.window_right = c.window_right;
+      forward_on_backend(in.q, in.k, in.v, out.view({c.batch, c.seqlen_q, c.heads, c.head_dim}),
+                         lse.view({c.batch, c.heads, c.seqlen_q}), o, nullptr, e);
+      if (first.empty()) {
+        first = out.bytes;
+        first_lse = lse.bytes;
+      } else {
+        EXPECT_EQ(out.bytes, first) << threads << " threads";
+        EXPECT_EQ(lse.bytes, first_lse) << threads << " threads";
+      }
+    }
   }
 }
 

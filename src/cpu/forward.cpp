@@ -1,6 +1,7 @@
 // The CPU forward engine: FlashAttention's tiling on the host.
 //
-// Work item = (batch, head, block of kBlockQ query rows). A thread loads its query block once
+// Work item = (batch, head, block of query rows: kBlockQ, or fewer where causal items need
+// balancing, rows_per_item). A thread loads its query block once
 // (converted to fp32, pre-scaled), then walks the visible key blocks: converts kBlockK keys
 // (transposed) and values to fp32, computes the score tile, applies softcap/ALiBi/mask, and
 // folds the tile into a running max, sum and output accumulator (online softmax), dropping
@@ -357,15 +358,32 @@ template void attend_rows<bfloat16_t>(const ForwardParams&, const SequenceView&,
 
 namespace {
 
-// One work item of a dense or ragged forward: query block `block` of (b, h) against all of
-// its sequence's keys, written to out/lse.
+// The query rows of a work item: kBlockQ, but where a causal mask or a right window makes
+// the items differ in cost (and no left window: every row's keys then start at key 0, so the
+// key blocks, and the result, do not depend on the rows per item), halved down to kTileRows
+// until each thread has 4 items to balance. 2-core AMD VM, fp32 head dim 128, 2 threads
+// (dev/cpu_ab.cpp, rows 256 against 64-128): causal 512 x 2 heads 1.14x, 1k x 1 head 1.11x,
+// 2k x 1 head 1.01x; without a mask, whose items cost the same, 1k x 1 head lost 3 % to
+// staging each key block for more items, so it keeps kBlockQ.
+int rows_per_item(const ForwardParams& p, int64_t longest_q) {
+  const bool items_differ = p.window_left < 0 && p.window_right >= 0;
+  const int64_t threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  int rows = kBlockQ;
+  while (items_differ && rows > kTileRows &&
+         int64_t{p.batch} * p.heads * ((longest_q + rows - 1) / rows) < 4 * threads)
+    rows /= 2;
+  return rows;
+}
+
+// One work item of a dense or ragged forward: query block `block` (of block_rows rows) of
+// (b, h) against all of its sequence's keys, written to out/lse.
 template <typename T>
 void attend_query_block(const ForwardParams& p, const DropoutRng* dropout, int32_t b,
-                        int32_t h, int64_t block, Tiles& t) {
+                        int32_t h, int64_t block, int block_rows, Tiles& t) {
   const SequenceView seq = sequence_view(p, b);
-  const int64_t i0 = block * kBlockQ;
+  const int64_t i0 = block * block_rows;
   if (i0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than max_seqlen_q
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.seqlen_q - i0));
+  const int rows = static_cast<int>(std::min<int64_t>(block_rows, seq.seqlen_q - i0));
   const KeyRows keys = KeyRows::of_sequence(p, b, seq, h / p.group_size());
   attend_rows<T>(p, seq, keys, {0, seq.seqlen_k}, dropout, b, RowBlock{i0, rows, h, 1}, t);
   T* out = static_cast<T*>(p.out) + b * p.out_batch_stride +
@@ -386,10 +404,11 @@ size_t forward_typed(const ForwardParams& p) {
     for (int32_t b = 0; b < p.batch; ++b)
       longest_q = std::max<int64_t>(longest_q, p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]);
   }
-  const int64_t query_blocks = (longest_q + kBlockQ - 1) / kBlockQ;
+  const int block_rows = rows_per_item(p, longest_q);
+  const int64_t query_blocks = (longest_q + block_rows - 1) / block_rows;
   return over_query_blocks(p, query_blocks, p.head_dim_v,
                            [&](const DropoutRng* dropout, int32_t b, int32_t h, int64_t block,
-                               Tiles& tiles) { attend_query_block<T>(p, dropout, b, h, block, tiles); });
+                               Tiles& tiles) { attend_query_block<T>(p, dropout, b, h, block, block_rows, tiles); });
 }
 
 }  // namespace
