@@ -19,6 +19,9 @@ far below their factor. Rotate q and k with the same ``seed`` (never v: P V woul
 rotated). The head dim must be a power of two; for other head dims zero-pad q and k to the next
 power of two first (zero columns add nothing to q k^T) and pass the padded tensors, with
 softmax_scale set for the original head dim.
+
+``seqlen_major(v8)`` stores quantised values (d, seqlen)-major, the layout the Hopper kernel
+reads without transposing them.
 """
 
 from typing import Optional, Tuple
@@ -100,3 +103,21 @@ def dequantize_fp8(x8: Tensor, descale: Tensor) -> Tensor:
         per_row = descale[:, :, None].expand(batch, heads_k, seqlen)
     per_row = per_row.repeat_interleave(nheads // heads_k, dim=1)  # (batch, nheads, seqlen)
     return x8.float() * per_row.transpose(1, 2)[..., None]
+
+
+def seqlen_major(v: Tensor) -> Tensor:
+    """v (batch, seqlen, nheads, headdim) or varlen (total, nheads, headdim) with the same sizes
+    but stored (d, seqlen)-major: each head-dim column of a head one contiguous run of the rows,
+    padded to a multiple of 16 (so that every column starts at 16 bytes, as the CUDA kernel
+    needs). Pass it as the fp8 forward's v: the Hopper kernel then loads it as the P V
+    product's operand instead of transposing each block (docs/SPEC.md, "FP8 inputs"; dense
+    calls on CUDA). One copy of v; the view keeps its storage alive."""
+    if v.dim() not in (3, 4):
+        raise ValueError(f"v: expected 3 or 4 dimensions ((total, nheads, headdim) or (batch, seqlen, "
+                         f"nheads, headdim)), given {v.dim()}")
+    rows = v.shape[-3]
+    padded = -(-rows // 16) * 16
+    storage = v.new_zeros(v.shape[:-3] + (v.shape[-2], v.shape[-1], padded))
+    storage[..., :rows] = v.movedim(-3, -1)
+    return storage[..., :rows].movedim(-1, -3)
+

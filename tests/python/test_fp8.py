@@ -109,6 +109,23 @@ def test_values_seqlen_major_equal_row_major(causal):
     assert torch.equal(varlen[0], row_major.flatten(0, 1))
 
 
+@pytest.mark.parametrize("shape", [(2, 37, 3, 32), (70, 2, 16)])
+def test_seqlen_major_helper(shape):
+    """flashattn.fp8.seqlen_major: the same values and sizes, the sequence dimension contiguous,
+    columns at 16-byte multiples; the forward takes it as it is (bit for bit on the CPU)."""
+    from flashattn.fp8 import seqlen_major as helper
+    v = random_fp8(*shape)
+    vt = helper(v)
+    assert vt.shape == v.shape and vt.dtype == v.dtype and torch.equal(vt.float(), v.float())
+    assert vt.stride(-3) == 1 and vt.stride(-1) % 16 == 0 and vt.stride(-1) >= shape[-3]
+    if len(shape) == 4:
+        q, k = random_fp8(2, 9, 3, 32), random_fp8(2, 37, 3, 32)
+        assert torch.equal(flashattn.flash_attn_func(q, k, vt, causal=True),
+                           flashattn.flash_attn_func(q, k, v, causal=True))
+    with pytest.raises(ValueError, match="v: expected 3 or 4 dimensions"):
+        helper(v[0, 0])
+
+
 def test_values_neither_row_nor_seqlen_major_are_copied():
     """A v with neither dimension contiguous (every other row of a (d, seqlen)-major one) runs
     on a row-major copy, as any other input."""
