@@ -647,77 +647,65 @@ TEST(Fp8Errors, ValuesSeqlenMajorOnlyWhereTaken) {
       ErrorCode::InvalidArgument, "v", "a contiguous last dimension (stride 1)", "strides (80, 1, 40, 5)");
 }
 
+// A call on the CUDA backend with host pointers marked as a GPU's (trust_devices): refused
+// before any memory is touched with this code, argument and expectation, or, in a CPU-only
+// build, for the backend itself.
+template <typename Call>
+void expect_refused_on_cuda(Call call, ErrorCode code, const std::string& argument, const std::string& expected) {
+  try {
+    call();
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    if (e.argument() == "backend") {
+      EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+    } else {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_EQ(e.argument(), argument) << e.what();
+      EXPECT_NE(e.expected().find(expected), std::string::npos) << e.what();
+    }
+  }
+}
+
 // On CUDA fp8 rows are never padded (the Hopper kernel's TMA boxes need rows of 16-byte
 // multiples): a head dim of 8 is refused before any memory is touched (these pointers are
-// host memory). A CPU-only build refuses the backend itself.
+// host memory). (d, seqlen)-major values need 16-byte columns instead, and a dense call.
 TEST(Fp8Errors, TheCudaBackendAsksForRowsOf16ByteMultiples) {
   ErrorCall c;
   Execution on_cuda;
   on_cuda.backend = Backend::CUDA;
   on_cuda.trust_devices = true;
-  TensorView q = c.qv(), k = c.kv(), v = c.vv(), out = c.ov();
-  for (TensorView* t : {&q, &k, &v, &out}) t->device = {DeviceType::CUDA, 0};
-  try {
-    forward(q, k, v, out, std::nullopt, c.options, on_cuda);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    if (e.argument() == "backend") {
-      EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
-    } else {
-      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
-      EXPECT_EQ(e.argument(), "q") << e.what();
-      EXPECT_NE(e.expected().find("16-byte aligned rows"), std::string::npos) << e.what();
-    }
-  }
+  const auto on_gpu = [](TensorView t) {
+    t.device = {DeviceType::CUDA, 0};
+    return t;
+  };
+  expect_refused_on_cuda(
+      [&] { forward(on_gpu(c.qv()), on_gpu(c.kv()), on_gpu(c.vv()), on_gpu(c.ov()), std::nullopt, c.options, on_cuda); },
+      ErrorCode::InvalidArgument, "q", "16-byte aligned rows");
   // (d, seqlen)-major values: their head-dim columns must start at 16-byte multiples.
-  ErrorCall d16;
-  d16.D = 16;
-  d16.q = fp8_random(d16.B * d16.S * d16.H * d16.D);
-  d16.k = fp8_random(d16.B * d16.S * d16.Hk * d16.D);
-  d16.v = fp8_random(d16.B * d16.S * d16.Hk * d16.D);
-  d16.out = Buffer(DType::BFloat16, d16.B * d16.S * d16.H * d16.D);
-  q = d16.qv();
-  k = d16.kv();
-  v = d16.v.view({d16.B, d16.S, d16.Hk, d16.D}, {d16.S * d16.Hk * d16.D, 1, d16.S * d16.D, d16.S});
-  out = d16.ov();
-  for (TensorView* t : {&q, &k, &v, &out}) t->device = {DeviceType::CUDA, 0};
-  try {
-    forward(q, k, v, out, std::nullopt, d16.options, on_cuda);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    if (e.argument() == "backend") {
-      EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
-    } else {
-      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
-      EXPECT_EQ(e.argument(), "v") << e.what();
-      EXPECT_NE(e.expected().find("16-byte aligned columns"), std::string::npos) << e.what();
-    }
-  }
+  const int64_t B = 2, S = 5, H = 4, Hk = 2, D = 16;
+  Buffer q = fp8_random(B * S * H * D), k = fp8_random(B * S * Hk * D), v = fp8_random(B * S * Hk * D);
+  Buffer out(DType::BFloat16, B * S * H * D);
+  expect_refused_on_cuda(
+      [&] {
+        forward(on_gpu(q.view({B, S, H, D})), on_gpu(k.view({B, S, Hk, D})),
+                on_gpu(v.view({B, S, Hk, D}, {S * Hk * D, 1, S * D, S})), on_gpu(out.view({B, S, H, D})),
+                std::nullopt, {}, on_cuda);
+      },
+      ErrorCode::InvalidArgument, "v", "16-byte aligned columns");
   // Aligned columns, but a varlen call: (d, seqlen)-major values go with dense calls there.
   Buffer cu = int32_buffer({0, 16, 32});
   Varlen varlen;
-  varlen.cu_seqlens_q = varlen.cu_seqlens_k = cu.view({3});
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = on_gpu(cu.view({3}));
   varlen.max_seqlen_q = varlen.max_seqlen_k = 16;
-  varlen.cu_seqlens_q.device = varlen.cu_seqlens_k.device = {DeviceType::CUDA, 0};
   Buffer q32 = fp8_random(32 * 2 * 16), k32 = fp8_random(32 * 2 * 16), v32 = fp8_random(32 * 2 * 16);
   Buffer out32(DType::BFloat16, 32 * 2 * 16);
-  q = q32.view({32, 2, 16});
-  k = k32.view({32, 2, 16});
-  v = v32.view({32, 2, 16}, {1, 16 * 32, 32});
-  out = out32.view({32, 2, 16});
-  for (TensorView* t : {&q, &k, &v, &out}) t->device = {DeviceType::CUDA, 0};
-  try {
-    forward_varlen(q, k, v, out, std::nullopt, varlen, {}, on_cuda);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    if (e.argument() == "backend") {
-      EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
-    } else {
-      EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
-      EXPECT_EQ(e.argument(), "v") << e.what();
-      EXPECT_NE(e.expected().find("dense calls only"), std::string::npos) << e.what();
-    }
-  }
+  expect_refused_on_cuda(
+      [&] {
+        forward_varlen(on_gpu(q32.view({32, 2, 16})), on_gpu(k32.view({32, 2, 16})),
+                       on_gpu(v32.view({32, 2, 16}, {1, 16 * 32, 32})), on_gpu(out32.view({32, 2, 16})), std::nullopt,
+                       varlen, {}, on_cuda);
+      },
+      ErrorCode::Unsupported, "v", "dense calls only");
 }
 
 }  // namespace
