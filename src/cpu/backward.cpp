@@ -659,7 +659,7 @@ size_t backward_typed(const BackwardParams& bp) {
   const int64_t threads =
       std::min<int64_t>(p.num_threads > 0 ? p.num_threads : omp_get_max_threads(), work_items);
   const int64_t per_thread = Tiles::floats(p.head_dim, p.head_dim_v);
-  const ScratchFloats workspace(threads * per_thread);  // (uninitialised: cpu/attention.hpp)
+  const ScratchFloats workspace(threads * per_thread);  // (uninitialised: cpu/tiles.hpp)
   float* base = workspace.data();
 
   std::optional<DropoutRng> dropout;
