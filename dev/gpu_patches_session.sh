@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Scratch: one device call for the forward experiments kept as dev/*.patch, run together on one
+# tree against main. From the main checkout:
+#   dev/device_snapshot.sh main .snap dev/forward_same_keys.patch dev/forward_k_ahead.patch \
+#     dev/fp8_values_copy.patch && dev/device_snapshot.sh main .snap_base
+# carry [".snap", ".snap_base"], then `cd .snap && bash dev/gpu_patches_session.sh`. Stages
+# (PATCHES_STAGES, default "ab tests sanitize"; each starts only while PATCHES_LIMIT_S leaves
+# room for it; a later call on the warm machine may run the rest, the builds are kept):
+#   ab        dev/ab.sh: both trees' packages, then bf16 forward (head dims 128, 256 at 512, 1k,
+#             16k, causal or not) and bench/forward_fp8.py (512, 2k, 8k; "ours" is the row-major
+#             v the copy patch runs on a (d, seqlen)-major copy), ours only, two alternating rounds
+#   tests     on the patched package: tests/python/test_gpu.py's forward, varlen and paged cases,
+#             tests/python/test_fp8.py's CUDA cases
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck on dense and varlen bf16 calls
+#             (two and three consumers, causal, GQA) and an fp8 call with a copied v
+#   cpu       bench/cpu.py on the host's threads, forward only at 512 and 1k, fp32 and bf16
+# Logs in $OUT (packed in one archive); a table printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit
+py=python3
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+limit=${PATCHES_LIMIT_S:-570}
+start=$SECONDS
+left() { echo $((limit - (SECONDS - start))); }
+rows=()
+row() { rows+=("$(printf '%-34s %-5s %5ss  %s' "$1" "$2" "$3" "$4")"); }
+echo "== dev/gpu_patches_session.sh $(date -u '+%Y-%m-%d %H:%M UTC') on $(cat COMMIT 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+[ -d .deps/wheels ] && "$py" -m pip install --no-index --find-links .deps/wheels -q scikit-build-core nanobind einops >/dev/null 2>&1
+export PATH="/usr/local/cuda/bin:$PATH" PYTHONUNBUFFERED=1
+site=$PWD/build-ab/site
+stages=" ${PATCHES_STAGES:-ab tests sanitize} "
+
+if [[ $stages == *" ab "* ]]; then
+  t=$SECONDS
+  OUT=$out AB_PASSES="forward forward_fp8" \
+    AB_ARGS_forward="--hdims 128 256 --seqlens 512 1024 16384 --peers= --target-s 0.1" \
+    AB_ARGS_forward_fp8="--hdims 128 256 --seqlens 512 2048 8192 --peers= --target-s 0.1" \
+    timeout $(($(left) - 150)) bash dev/ab.sh ../.snap_base >"$out/ab.log" 2>&1
+  rc=$?
+  row "ab.sh forward + forward_fp8" "rc$rc" $((SECONDS - t)) ""
+  grep -E "serializ|spill" "$out"/ab/build_this.log | grep -v " 0 bytes spill" | cut -c1-160 | head -5
+  $py - "$out/ab" <<'PY'
+import json, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+def load(run):
+    for name in ("forward.json", "forward_fp8.json"):
+        p = root / run / name
+        if p.exists():
+            return {(r["hdim"], r["causal"], r["seqlen"]): r["results"] for r in json.loads(p.read_text())["rows"]}
+    return None
+def tflops(res, system, method):
+    try:
+        return res[system][method]["tflops"]
+    except (KeyError, TypeError):
+        return None
+for bench, systems in (("forward", ("ours",)), ("forward_fp8", ("ours", "ours_vt"))):
+    print("==", bench, "this / base TFLOP/s: eager (ratio), kernel (ratio)")
+    for rnd in (1, 2):
+        b, t = load(f"{bench}_base_{rnd}"), load(f"{bench}_this_{rnd}")
+        if not b or not t:
+            print("  round", rnd, "missing"); continue
+        for key in sorted(t):
+            for system in systems:
+                cells = []
+                for method in ("eager", "kernel"):
+                    x, y = tflops(b.get(key), system, method), tflops(t[key], system, method)
+                    cells.append(f"{x or 0:.0f} -> {y or 0:.0f} ({(y / x) if x and y else float('nan'):.3f})")
+                print(f"  r{rnd} d{key[0]} {'causal' if key[1] else 'full  '} {key[2]:>5} {system:8} " + ", ".join(cells))
+PY
+fi
+
+if [[ $stages == *" tests "* ]] && [ "$(left)" -gt 90 ]; then
+  t=$SECONDS
+  (cd /tmp && PYTHONPATH=$site timeout $(($(left) / 2)) "$py" -m pytest -q -x -p no:cacheprovider --tb=short \
+     "$OLDPWD/tests/python/test_gpu.py" -k "forward or varlen or paged") >"$out/pytest_gpu.log" 2>&1
+  rc=$?
+  row "pytest test_gpu.py forward|varlen|paged" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) "$(tail -1 "$out/pytest_gpu.log" | cut -c1-60)"
+  [ $rc = 0 ] || grep -E "^(FAILED|E  )" "$out/pytest_gpu.log" | cut -c1-200 | head -20
+  t=$SECONDS
+  (cd /tmp && PYTHONPATH=$site timeout $(($(left) - 60)) "$py" -m pytest -q -p no:cacheprovider --tb=short \
+     "$OLDPWD/tests/python/test_fp8.py" -k cuda) >"$out/pytest_fp8.log" 2>&1
+  rc=$?
+  row "pytest test_fp8.py -k cuda" "$([ $rc = 0 ] && echo ok || echo FAIL)" $((SECONDS - t)) "$(tail -1 "$out/pytest_fp8.log" | cut -c1-60)"
+  [ $rc = 0 ] || grep -E "^(FAILED|E  )" "$out/pytest_fp8.log" | cut -c1-200 | head -20
+fi
+
+if [[ $stages == *" sanitize "* ]] && [ "$(left)" -gt 60 ]; then
+  cat >"$out/calls.py" <<'PY'
+import torch, flashattn
+g = torch.Generator(device="cuda").manual_seed(1)
+def rnd(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", generator=g).to(dtype)
+# dense: two consumers (128, 256), three (64), causal, GQA, several tiles a CTA
+for d, causal, hq, hk, sq, sk in ((128, False, 4, 4, 333, 517), (128, True, 8, 2, 700, 700), (256, False, 2, 2, 300, 257),
+                                   (64, False, 4, 4, 1100, 4500), (64, True, 4, 1, 513, 1000)):
+    q, k, v = rnd(2, sq, hq, d), rnd(2, sk, hk, d), rnd(2, sk, hk, d)
+    o = flashattn.flash_attn_func(q, k, v, causal=causal)
+    print("dense", d, causal, bool(o.isfinite().all()))
+# varlen, empty and one-row sequences among them
+lens = [0, 1, 130, 700, 64, 257]
+cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+n = sum(lens)
+for d, causal in ((128, True), (256, False), (64, False)):
+    q, k, v = rnd(n, 4, d), rnd(n, 2, d), rnd(n, 2, d)
+    o = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+    print("varlen", d, causal, bool(o.isfinite().all()))
+# fp8 with 2100 query rows per key: the copy patch runs it on a (d, seqlen)-major copy of v
+x = [rnd(2, s, 2, 128, dtype=torch.float32) for s in (2100, 333, 333)]
+(q8, qd), (k8, kd), (v8, vd) = (flashattn.quantize_fp8(t) for t in x)
+o = flashattn.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
+torch.cuda.synchronize()
+print("fp8", bool(o.isfinite().all()))
+PY
+  for tool in memcheck racecheck synccheck; do
+    [ "$(left)" -gt 40 ] || break
+    t=$SECONDS
+    PYTHONPATH=$site timeout $(($(left) - 20 < 150 ? $(left) - 20 : 150)) compute-sanitizer --tool $tool --error-exitcode 99 \
+      "$py" "$out/calls.py" >"$out/sanitize_$tool.log" 2>&1
+    rc=$?
+    row "compute-sanitizer $tool" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) \
+      "$(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1 | sed 's/^=* *//')"
+    [ $rc = 0 ] || grep -E -A4 'Race reported|Error:|Invalid|Barrier' "$out/sanitize_$tool.log" |
+      sed 's/^=* *//; s/_ZN9flashattn6detail4cuda//g' | cut -c1-220 | head -16
+  done
+fi
+
+if [[ $stages == *" cpu "* ]] && [ "$(left)" -gt 60 ]; then
+  for dtype in fp32 bf16; do
+    [ "$(left)" -gt 40 ] || break
+    t=$SECONDS
+    PYTHONPATH=$site timeout $(($(left) / 2)) "$py" bench/cpu.py --threads "$(nproc)" --dtype $dtype --heads 16 \
+      --seqlens 512,1024 --modes fwd --repeat 3 --min-time-s 0.3 --out "$out/cpu_$dtype" >"$out/cpu_$dtype.log" 2>&1
+    row "bench/cpu.py $dtype 512,1k fwd" "rc$?" $((SECONDS - t)) ""
+    tail -14 "$out/cpu_$dtype.log"
+  done
+fi
+
+tar czf /tmp/patches_results.tgz -C "$out" . && find "$out" -mindepth 1 -delete && mv /tmp/patches_results.tgz "$out/"
+echo
+printf '%s\n' "${rows[@]}"
