@@ -13,6 +13,9 @@
 #             tests/python/test_fp8.py's CUDA cases
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck on dense and varlen bf16 calls
 #             (two and three consumers, causal, GQA) and an fp8 call with a copied v
+#   profile   Nsight Compute on the base tree's bf16 forward (PATCHES_PROFILE_SHAPES, "hdim seqlen"
+#             pairs, default 128 x 16k and 128 x 512): pipes, warp states, samples per SASS
+#             instruction summarised by dev/ncu_source_stalls.py
 #   cpu       bench/cpu.py on the host's threads, forward only at 512 and 1k, fp32 and bf16
 # Logs in $OUT (packed in one archive); a table printed last.
 set -uo pipefail
@@ -124,6 +127,36 @@ PY
       "$(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1 | sed 's/^=* *//')"
     [ $rc = 0 ] || grep -E -A4 'Race reported|Error:|Invalid|Barrier' "$out/sanitize_$tool.log" |
       sed 's/^=* *//; s/_ZN9flashattn6detail4cuda//g' | cut -c1-220 | head -16
+  done
+fi
+
+if [[ $stages == *" profile "* ]] && [ "$(left)" -gt 90 ]; then
+  # Nsight Compute on one bf16 forward launch per shape of the base tree's package: the pipes,
+  # the warp states, and the samples per SASS instruction (where the consumers wait, for what).
+  cat >"$out/ncu_call.py" <<'PY'
+import sys, torch, flashattn
+d, s = int(sys.argv[1]), int(sys.argv[2])
+x = [torch.randn(16384 // s, s, 2048 // d, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+for _ in range(2):
+    flashattn.flash_attn_func(*x, causal=len(sys.argv) > 3)
+torch.cuda.synchronize()
+PY
+  metrics=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed.avg.per_cycle_active,gpu__time_duration.sum
+  # shellcheck disable=SC2086
+  set -- ${PATCHES_PROFILE_SHAPES:-128 16384 128 512}
+  while [ $# -ge 2 ] && [ "$(left)" -gt 60 ]; do
+    t=$SECONDS
+    rep="$out/src_$1_$2"
+    PYTHONPATH=$PWD/../.snap_base/build-ab/site timeout 120 ncu --kernel-name regex:forward_ws --launch-skip 1 --launch-count 1 \
+      --metrics "$metrics" --section WarpStateStats --section SourceCounters -f -o "$rep" "$py" "$out/ncu_call.py" "$1" "$2" >"$rep.log" 2>&1
+    rc=$?
+    ncu --import "$rep.ncu-rep" --page details >"$rep.txt" 2>&1
+    ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" 2>>"$rep.log"
+    row "ncu source d$1 s$2" "rc$rc" $((SECONDS - t)) ""
+    echo "== ncu d$1 s$2"
+    grep -E "pct_of_peak|per_cycle|duration|Stall|Warp Cycles Per Issued" "$rep.txt" | sed 's/  */ /g' | head -20
+    "$py" dev/ncu_source_stalls.py "$rep.csv" 50 >"$rep.stalls" 2>&1; head -70 "$rep.stalls"
+    shift 2
   done
 fi
 
