@@ -129,7 +129,7 @@ struct DenseOptions {
   }
 };
 
-void run_dense(const Case& c) {
+RunInfo run_dense(const Case& c) {
   SCOPED_TRACE(describe(c));
   Buffer q = fp8_random(c.B * c.Sq * c.H * c.D), k = fp8_random(c.B * c.Sk * c.Hk * c.D),
          v = fp8_random(c.B * c.Sk * c.Hk * c.D);
@@ -144,6 +144,7 @@ void run_dense(const Case& c) {
   const RunInfo info = forward_on_backend(qv, kv, vv, ov, lv, o);
   EXPECT_EQ(info.backend, kTestBackend);
   expect_matches_reference(qv, kv, vv, ov, lv, o, nullptr);
+  return info;
 }
 
 TEST(Fp8Forward, DensePerHeadDescales) { run_dense({}); }
@@ -197,6 +198,27 @@ TEST(Fp8Forward, DenseMqaHeadDim256) {
   c.D = 256;
   c.k_scaling = Scaling::PerBlock;
   run_dense(c);
+}
+
+// A call that reads each key often (queries per key/value head x Sq >= 2048): on CUDA it runs
+// on a (d, seqlen)-major copy of v (cuda/fp8_values.hpp), which RunInfo counts as workspace:
+// its keys rounded up to 16 per head-dim column. The same rules as every call.
+TEST(Fp8Forward, ValuesReadOftenRunOnASeqlenMajorCopyOnCuda) {
+  for (const bool causal : {false, true})
+    for (const int64_t D : {head_dim(40, 64), int64_t{256}}) {
+      Case c;
+      c.B = 1;
+      c.Sq = 520;
+      c.Sk = 333;
+      c.H = 4;
+      c.Hk = 1;
+      c.D = D;
+      c.causal = causal;
+      c.v_scaling = causal ? Scaling::PerBlock : Scaling::PerHead;
+      const RunInfo info = run_dense(c);
+      if (kTestBackend == Backend::CUDA)
+        EXPECT_EQ(info.workspace_bytes, static_cast<size_t>(c.B * c.Hk * c.D * ((c.Sk + 15) / 16 * 16)));
+    }
 }
 
 // No keys: every row sees none (out 0, lse -inf); no queries: nothing to write.

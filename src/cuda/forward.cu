@@ -13,6 +13,7 @@
 #include "cuda/common/per_device.hpp"
 #include "cuda/common/stream_allocation.hpp"
 #include "cuda/forward.hpp"
+#include "cuda/fp8_values.hpp"
 #include "cuda/head_dim_padding.hpp"
 #include "cuda/sm80/forward_configs.cuh"
 #include "cuda/sm90/forward_configs.cuh"
@@ -59,16 +60,26 @@ void run_bucket(const ForwardParams& p, knobs::KernelFamily forced) {
 // 128-column buckets (TMA fills the columns past the head dim with zeros: no padded copies);
 // elsewhere (no sm_90a code or no Hopper GPU here, tensors TMA cannot describe, the sm80
 // kernels forced) the call is refused before anything is written.
-void run_fp8(const ForwardParams& p, knobs::KernelFamily forced) {
-  const bool ran = forced != knobs::KernelFamily::Sm80 &&
-                   (p.head_dim <= 128 ? sm90::run_forward<__nv_fp8_e4m3, 128>(p)
-                                      : sm90::run_forward<__nv_fp8_e4m3, 256>(p));
+// A row-major v that the call reads often enough runs on a (d, seqlen)-major copy
+// (cuda/fp8_values.hpp): returns the copy's bytes, the call's workspace.
+size_t run_fp8(const ForwardParams& p, knobs::KernelFamily forced) {
+  const auto run = [](const ForwardParams& call) {
+    return call.head_dim <= 128 ? sm90::run_forward<__nv_fp8_e4m3, 128>(call)
+                                : sm90::run_forward<__nv_fp8_e4m3, 256>(call);
+  };
+  if (forced != knobs::KernelFamily::Sm80 && copies_values_seqlen_major(p)) {
+    const size_t bytes = seqlen_major_values_bytes(p);
+    const StreamAllocation copy(bytes, static_cast<cudaStream_t>(p.stream), "(d, seqlen)-major copy of fp8 v");
+    if (run(with_seqlen_major_values(p, copy.data()))) return bytes;
+  }
+  const bool ran = forced != knobs::KernelFamily::Sm80 && run(p);
   if (!ran)
     throw Error(ErrorCode::Unsupported, "q",
                 "dtype fp16 or bf16 for this call (fp8_e4m3 runs on the Hopper kernel only: sm_90a "
                 "code, a Hopper GPU, tensors TMA can describe, pages of a multiple of 64 keys)",
                 "dtype fp8_e4m3 (head dim " + std::to_string(p.head_dim) + ") on cuda device " +
                     std::to_string(p.device));
+  return 0;
 }
 
 }  // namespace
@@ -79,11 +90,11 @@ size_t forward(const ForwardParams& p) {
   if (p.batch == 0 || p.seqlen_q == 0) return 0;
   const CurrentDevice on_the_tensors_gpu(p.device);
   if (p.dtype == DType::Float8E4M3) {
-    run_fp8(p, forced);
+    const size_t workspace = run_fp8(p, forced);
     throw_if_failed(cudaGetLastError(), "a successful kernel launch");
-    return 0;
+    return workspace;
   }
-  // The forward allocates nothing itself: its workspace is the padded copies, if any.
+  // The 16-bit forward allocates nothing itself: its workspace is the padded copies, if any.
   return run_with_padded_head_dim(p, [forced](const ForwardParams& padded) -> size_t {
 #ifdef FLASHATTN_SM80_TUNING
     // A tuning candidate serves unpaged calls (its paged variant is not compiled).

@@ -471,6 +471,22 @@ def test_cuda_values_seqlen_major_match_the_kernel_emulation(d, causal):
 
 
 @hopper
+@pytest.mark.parametrize("d", [128, 256, 80])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_row_major_values_read_often_match_the_kernel_emulation(d, causal):
+    """A dense call whose keys are each read by >= 2048 query rows (4 query heads per key/value
+    head x 600) runs on a (d, seqlen)-major copy of its row-major v: the same rules."""
+    b, sq, sk, h, hk = 1, 600, 397, 4, 1
+    g = torch.Generator().manual_seed(d + 3 * causal)
+    (q8, qd), (k8, kd), (v8, vd) = (quantized(b, s, n, d, g, causal, num_heads_k=hk)
+                                    for s, n in ((sq, h), (sk, hk), (sk, hk)))
+    out, lse, _ = flashattn.flash_attn_func(q8.cuda(), k8.cuda(), v8.cuda(), causal=causal, q_descale=qd.cuda(),
+                                            k_descale=kd.cuda(), v_descale=vd.cuda(), return_attn_probs=True)
+    expect_kernel_result(out, q8, k8, v8, qd, kd, vd, causal=causal)
+    expect_lse(lse, q8, k8, v8, qd, kd, vd, causal, (-1, -1), 0.0)
+
+
+@hopper
 def test_cuda_refuses_varlen_values_seqlen_major():
     """On CUDA (d, seqlen)-major values go with dense calls only: a varlen sequence's first key
     need not start a TMA box at a 16-byte multiple. Refused before anything is written."""
