@@ -6,7 +6,7 @@
 # Then: run with carry [".snap"] and a command starting `cd .snap && ...`. For an A/B, a
 # second snapshot: `dev/device_snapshot.sh main .snap_base`, carry [".snap", ".snap_base"],
 # and `cd .snap && bash dev/ab.sh ../.snap_base`. Patches after the directory are applied to the
-# copy (`dev/device_snapshot.sh main .snap_keys dev/forward_k_ahead.patch`): the experiments
+# copy (`dev/device_snapshot.sh main .snap_bwd dev/backward_split_tma.patch`): the experiments
 # kept as dev/*.patch run as trees of their own without a branch.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -97,7 +97,7 @@ if [ "${FP8_SANITIZE:-1}" = 1 ] && [ "$(left)" -gt 200 ]; then
   cat >"$out/fp8_calls.py" <<'PY'
 import torch, flashattn
 g = torch.Generator(device="cuda").manual_seed(0)
-# (the last: 2100 query rows per key, which dev/fp8_values_copy.patch runs on a copy of v)
+# (the last: 2100 query rows per key, which the library runs on a (d, seqlen)-major copy of v)
 for d, causal, block, sq, sk in ((128, False, False, 200, 333), (128, True, True, 257, 257), (256, True, False, 130, 400),
                                  (96, False, True, 64, 129), (128, True, False, 2100, 333)):
     x = [torch.randn(2, s, 2, d, device="cuda", generator=g) for s in (sq, sk, sk)]

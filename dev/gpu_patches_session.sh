@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Scratch: one device call for the forward experiments kept as dev/*.patch, run together on one
-# tree against main. From the main checkout:
-#   dev/device_snapshot.sh main .snap dev/forward_same_keys.patch dev/forward_k_ahead.patch \
-#     dev/fp8_values_copy.patch && dev/device_snapshot.sh main .snap_base
-# carry [".snap", ".snap_base"], then `cd .snap && bash dev/gpu_patches_session.sh`. Stages
+# Scratch: one device call for forward experiments kept as dev/*.patch, applied together to one
+# tree and run against main. From the main checkout:
+#   dev/device_snapshot.sh main .snap dev/A.patch dev/B.patch ... && dev/device_snapshot.sh main .snap_base
+# carry [".snap", ".snap_base"], then `cd .snap && bash dev/gpu_patches_session.sh`. (Its run of
+# 2026-12-07 took the patches of f3d39c8: `git show f3d39c8:dev/forward_k_ahead.patch`, ...) Stages
 # (PATCHES_STAGES, default "ab tests sanitize"; each starts only while PATCHES_LIMIT_S leaves
-# room for it; a later call on the warm machine may run the rest, the builds are kept):
+# room for it; the device keeps no uncarried folder between calls, so a later call rebuilds):
 #   ab        dev/ab.sh: both trees' packages, then bf16 forward (head dims 128, 256 at 512, 1k,
-#             16k, causal or not) and bench/forward_fp8.py (512, 2k, 8k; "ours" is the row-major
-#             v the copy patch runs on a (d, seqlen)-major copy), ours only, two alternating rounds
+#             16k, causal or not) and bench/forward_fp8.py (512, 2k, 8k; v row-major and
+#             (d, seqlen)-major), ours only, two alternating rounds
 #   tests     on the patched package: tests/python/test_gpu.py's forward, varlen and paged cases,
 #             tests/python/test_fp8.py's CUDA cases
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck on dense and varlen bf16 calls
-#             (two and three consumers, causal, GQA) and an fp8 call with a copied v
+#             (two and three consumers, causal, GQA) and an fp8 call whose v is copied
 #   profile   Nsight Compute on the base tree's bf16 forward (PATCHES_PROFILE_SHAPES, "hdim seqlen"
 #             pairs, default 128 x 16k and 128 x 512): pipes, warp states, samples per SASS
 #             instruction summarised by dev/ncu_source_stalls.py
@@ -45,34 +45,9 @@ if [[ $stages == *" ab "* ]]; then
   rc=$?
   row "ab.sh forward + forward_fp8" "rc$rc" $((SECONDS - t)) ""
   grep -E "serializ|spill" "$out"/ab/build_this.log | grep -v " 0 bytes spill" | cut -c1-160 | head -5
-  $py - "$out/ab" <<'PY'
-import json, pathlib, sys
-root = pathlib.Path(sys.argv[1])
-def load(run):
-    for name in ("forward.json", "forward_fp8.json"):
-        p = root / run / name
-        if p.exists():
-            return {(r["hdim"], r["causal"], r["seqlen"]): r["results"] for r in json.loads(p.read_text())["rows"]}
-    return None
-def tflops(res, system, method):
-    try:
-        return res[system][method]["tflops"]
-    except (KeyError, TypeError):
-        return None
-for bench, systems in (("forward", ("ours",)), ("forward_fp8", ("ours", "ours_vt"))):
-    print("==", bench, "this / base TFLOP/s: eager (ratio), kernel (ratio)")
-    for rnd in (1, 2):
-        b, t = load(f"{bench}_base_{rnd}"), load(f"{bench}_this_{rnd}")
-        if not b or not t:
-            print("  round", rnd, "missing"); continue
-        for key in sorted(t):
-            for system in systems:
-                cells = []
-                for method in ("eager", "kernel"):
-                    x, y = tflops(b.get(key), system, method), tflops(t[key], system, method)
-                    cells.append(f"{x or 0:.0f} -> {y or 0:.0f} ({(y / x) if x and y else float('nan'):.3f})")
-                print(f"  r{rnd} d{key[0]} {'causal' if key[1] else 'full  '} {key[2]:>5} {system:8} " + ", ".join(cells))
-PY
+  for metric in "" --kernel; do
+    "$py" dev/ab_harness_table.py "$out/ab" forward forward_fp8 $metric --systems=ours,ours_vt
+  done
 fi
 
 if [[ $stages == *" tests "* ]] && [ "$(left)" -gt 90 ]; then
