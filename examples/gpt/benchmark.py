@@ -9,7 +9,8 @@ and the loss curves overlaid.
 Training: --tokens-per-step tokens a step (batch = tokens / seqlen) in micro-batches of at
 most --micro-tokens, AdamW, autocast in --dtype, --warmup untimed steps then --steps timed ones
 (each synchronised). The attentions train one after the other from the same initial weights
-on the same batches (one model resident at a time: 1.3B parameters with AdamW take 21 GB).
+on the same batches (one model resident at a time: 1.3B parameters with AdamW take 21 GB), in
+--rounds rounds whose order rotates; --profile-kernels adds each one's kernel times.
 Model FLOPs per token are Config.flops_per_token (6 per weight, 6 L S d for causal attention);
 MFU divides by --peak-tflops (the H100/H200 SXM dense bf16 datasheet figure by default: say
 which in any table). Generation: greedy, from the initial weights, a --prompt-tokens prefill
@@ -43,42 +44,82 @@ def train_all(args, size, seqlen, data, initial):
     """Every attention's model from the same initial weights on the same batches, one after
     the other (only one model and its optimizer state are resident: the 1.3B one with AdamW
     holds 21 GB). A step of --tokens-per-step tokens runs as micro-batches of at most
-    --micro-tokens (gradients accumulated), so that activations fit at every length."""
+    --micro-tokens (gradients accumulated), so that activations fit at every length. The
+    attentions take turns in --rounds rounds whose order rotates (round r starts with the r-th),
+    each round from the initial weights: a system's place in the process (the first model's
+    allocations, clocks) then touches all alike; tokens/s is over every round's timed steps.
+    With --profile-kernels, one more step of each attention in the first round runs under
+    torch.profiler and its kernels' device time is recorded, largest first."""
     cfg = SIZES[size]
     batch = max(1, args.tokens_per_step // seqlen)
     micro = max(1, min(batch, args.micro_tokens // seqlen))
     device_type = torch.device(args.device).type
-    rows = []
-    for attention in args.attentions:
-        model = load(cfg, attention, initial, args.device)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-        stream = batches(data, batch, seqlen, torch.Generator().manual_seed(args.seed))
-        losses, seconds = [], 0.0
-        for step in range(args.warmup + args.steps):
-            x, y = (t.to(args.device) for t in next(stream))
-            synchronize(args.device)
-            start = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            step_loss = torch.zeros((), device=args.device)
-            for xs, ys in zip(x.split(micro), y.split(micro)):
-                with autocast(device_type, DTYPES[args.dtype]):
-                    logits = model(xs)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), ys.flatten()) * (len(xs) / batch)
-                loss.backward()
-                step_loss += loss.detach()
-            opt.step()
-            synchronize(args.device)
-            if step >= args.warmup:
-                seconds += time.perf_counter() - start
-            losses.append(step_loss.item())
-        del model, opt
-        free_memory(args.device)
-        rate = args.steps * batch * seqlen / seconds
-        tflops = rate * cfg.flops_per_token(seqlen) / 1e12
-        rows.append({"size": size, "seqlen": seqlen, "batch": batch, "micro_batch": micro, "attention": attention,
-                     "parameters": cfg.parameters(), "tokens_per_s": rate, "model_tflops": tflops,
-                     "mfu": tflops / args.peak_tflops, "losses": losses})
-    return rows
+    rows = {a: {"size": size, "seqlen": seqlen, "batch": batch, "micro_batch": micro, "attention": a,
+                "parameters": cfg.parameters(), "tokens_per_s_rounds": [], "places": []} for a in args.attentions}
+    for round_index in range(args.rounds):
+        shift = round_index % len(args.attentions)
+        for place, attention in enumerate(args.attentions[shift:] + args.attentions[:shift]):
+            model = load(cfg, attention, initial, args.device)
+            opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+            stream = batches(data, batch, seqlen, torch.Generator().manual_seed(args.seed))
+
+            def step():
+                x, y = (t.to(args.device) for t in next(stream))
+                synchronize(args.device)
+                start = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                step_loss = torch.zeros((), device=args.device)
+                for xs, ys in zip(x.split(micro), y.split(micro)):
+                    with autocast(device_type, DTYPES[args.dtype]):
+                        logits = model(xs)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), ys.flatten()) * (len(xs) / batch)
+                    loss.backward()
+                    step_loss += loss.detach()
+                opt.step()
+                synchronize(args.device)
+                return time.perf_counter() - start, step_loss.item()
+
+            losses, seconds = [], 0.0
+            for index in range(args.warmup + args.steps):
+                took, loss = step()
+                if index >= args.warmup:
+                    seconds += took
+                losses.append(loss)
+            row = rows[attention]
+            row["tokens_per_s_rounds"].append(args.steps * batch * seqlen / seconds)
+            row["places"].append(place)  # its turn in this round, 0 = first
+            if round_index == 0:
+                row["losses"] = losses
+                if args.profile_kernels:
+                    row["kernels"] = profile_kernels(step, device_type)
+            del model, opt
+            free_memory(args.device)
+    for row in rows.values():
+        # The mean rate over the rounds' timed steps (total tokens / total seconds).
+        row["tokens_per_s"] = len(row["tokens_per_s_rounds"]) / sum(1 / r for r in row["tokens_per_s_rounds"])
+        row["model_tflops"] = row["tokens_per_s"] * cfg.flops_per_token(seqlen) / 1e12
+        row["mfu"] = row["model_tflops"] / args.peak_tflops
+    return list(rows.values())
+
+
+def profile_kernels(step, device_type, top=15):
+    """One training step under torch.profiler: the `top` operations by their own device time
+    (CPU time on a CPU run), as [name, milliseconds, calls] rows, and the step's total."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device_type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+    events = prof.key_averages()
+
+    def own_time(e):  # microseconds (the attribute's name moved between torch versions)
+        if not cuda:
+            return e.self_cpu_time_total
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+    ranked = sorted(events, key=own_time, reverse=True)
+    return {"total_ms": sum(own_time(e) for e in events) / 1e3,
+            "top": [[e.key, own_time(e) / 1e3, e.count] for e in ranked[:top] if own_time(e) > 0]}
 
 
 def generate_all(args, size, initial):
@@ -146,11 +187,18 @@ def write_report(results: dict, out: pathlib.Path) -> str:
     returns the table."""
     meta, training, generation = results["meta"], results["training"], results["generation"]
     lines = [f"# GPT end to end ({meta['device']}, {meta['dtype']}, peak {meta['peak_tflops']} TFLOP/s for MFU)", "",
-             "| size | seqlen | batch | attention | tokens/s | model TFLOP/s | MFU | vs first |", "|---|---:|---:|---|---:|---:|---:|---:|"]
+             "| size | seqlen | batch | attention | tokens/s | each round | model TFLOP/s | MFU | vs first |",
+             "|---|---:|---:|---|---:|---|---:|---:|---:|"]
     for r in training:
         first = next(x for x in training if x["size"] == r["size"] and x["seqlen"] == r["seqlen"])
+        rounds = ", ".join(f"{x:,.0f}" for x in r.get("tokens_per_s_rounds", []))
         lines.append(f"| {r['size']} | {r['seqlen']} | {r['batch']} | {r['attention']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['model_tflops']:.1f} | {r['mfu']:.3f} | {r['tokens_per_s'] / first['tokens_per_s']:.2f}x |")
+                     f"{rounds} | {r['model_tflops']:.1f} | {r['mfu']:.3f} | {r['tokens_per_s'] / first['tokens_per_s']:.2f}x |")
+    for r in training:
+        if r.get("kernels"):
+            lines += ["", f"{r['size']} s{r['seqlen']} {r['attention']}: one step's operations by their own device time "
+                      f"(total {r['kernels']['total_ms']:.1f} ms)", "", "| operation | ms | calls |", "|---|---:|---:|"]
+            lines += [f"| {name[:90]} | {ms:.2f} | {calls} |" for name, ms, calls in r["kernels"]["top"]]
     lines += ["", "| size | batch | attention | decode | generated tokens/s |", "|---|---:|---|---|---:|"]
     lines += [f"| {r['size']} | {r['batch']} | {r['attention']} | "
               f"{'CUDA graph' + ('' if r['same_tokens_as_eager'] else ' (tokens differ from eager!)') if r['cuda_graph'] else 'eager'} | "
@@ -183,6 +231,10 @@ def main(argv=None) -> int:
                    help="tokens per forward/backward (the step accumulates its gradients)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of all attentions, each round's order rotated (tokens/s over all of them)")
+    p.add_argument("--profile-kernels", action="store_true",
+                   help="record each attention's kernels (device time) over one extra step of the first round")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--device", default="cuda")
@@ -197,6 +249,8 @@ def main(argv=None) -> int:
     p.add_argument("--render", type=pathlib.Path, default=None, metavar="JSON",
                    help="only write benchmark.md and loss.png into --out from an earlier run's benchmark.json")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds: expected at least 1, got {args.rounds}")
     if args.render is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         print(write_report(json.loads(args.render.read_text()), args.out))

@@ -62,13 +62,22 @@ def test_benchmark_smoke_run(tmp_path, capsys):
     assert benchmark.main(["--sizes", "tiny", "--seqlens", "32", "--device", "cpu", "--dtype", "fp32",
                            "--attentions", "flashattn", "sdpa-math", "--steps", "2", "--warmup", "1",
                            "--gen-batches", "2", "--gen-tokens", "4", "--prompt-tokens", "8",
-                           "--tokens-per-step", "64", "--corpus-mb", "0.25", "--out", str(tmp_path)]) == 0
+                           "--tokens-per-step", "64", "--corpus-mb", "0.25", "--rounds", "3", "--profile-kernels",
+                           "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "benchmark.json").read_text())
     ours, sdpa = result["training"]
     assert len(ours["losses"]) == 3 and ours["losses"] == pytest.approx(sdpa["losses"], rel=1e-4)
+    # Three rounds, the order rotated: each attention first, second, first.
+    assert ours["places"] == [0, 1, 0] and sdpa["places"] == [1, 0, 1]
+    assert len(ours["tokens_per_s_rounds"]) == 3
+    assert ours["tokens_per_s"] == pytest.approx(3 / sum(1 / r for r in ours["tokens_per_s_rounds"]))
+    # The profiled step: its operations by their own time, largest first, our attention among them.
+    top = ours["kernels"]["top"]
+    assert [ms for _, ms, _ in top] == sorted((ms for _, ms, _ in top), reverse=True)
+    assert ours["kernels"]["total_ms"] > 0 and any("Attention" in name or "flashattn" in name for name, _, _ in top), top
     assert [r["attention"] for r in result["generation"]] == ["flashattn", "sdpa-math"]
     table = (tmp_path / "benchmark.md").read_text()
-    assert "| tiny | 32 | 2 | flashattn |" in table
+    assert "| tiny | 32 | 2 | flashattn |" in table and "one step's operations" in table
     again = tmp_path / "again"
     assert benchmark.main(["--render", str(tmp_path / "benchmark.json"), "--out", str(again)]) == 0
     assert (again / "benchmark.md").read_text() == table
