@@ -66,37 +66,11 @@ if [[ $stages == *" tests "* ]] && [ "$(left)" -gt 90 ]; then
 fi
 
 if [[ $stages == *" sanitize "* ]] && [ "$(left)" -gt 60 ]; then
-  cat >"$out/calls.py" <<'PY'
-import torch, flashattn
-g = torch.Generator(device="cuda").manual_seed(1)
-def rnd(*shape, dtype=torch.bfloat16):
-    return torch.randn(*shape, device="cuda", generator=g).to(dtype)
-# dense: two consumers (128, 256), three (64), causal, GQA, several tiles a CTA
-for d, causal, hq, hk, sq, sk in ((128, False, 4, 4, 333, 517), (128, True, 8, 2, 700, 700), (256, False, 2, 2, 300, 257),
-                                   (64, False, 4, 4, 1100, 4500), (64, True, 4, 1, 513, 1000)):
-    q, k, v = rnd(2, sq, hq, d), rnd(2, sk, hk, d), rnd(2, sk, hk, d)
-    o = flashattn.flash_attn_func(q, k, v, causal=causal)
-    print("dense", d, causal, bool(o.isfinite().all()))
-# varlen, empty and one-row sequences among them
-lens = [0, 1, 130, 700, 64, 257]
-cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
-n = sum(lens)
-for d, causal in ((128, True), (256, False), (64, False)):
-    q, k, v = rnd(n, 4, d), rnd(n, 2, d), rnd(n, 2, d)
-    o = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
-    print("varlen", d, causal, bool(o.isfinite().all()))
-# fp8 with 2100 query rows per key: the copy patch runs it on a (d, seqlen)-major copy of v
-x = [rnd(2, s, 2, 128, dtype=torch.float32) for s in (2100, 333, 333)]
-(q8, qd), (k8, kd), (v8, vd) = (flashattn.quantize_fp8(t) for t in x)
-o = flashattn.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
-torch.cuda.synchronize()
-print("fp8", bool(o.isfinite().all()))
-PY
   for tool in memcheck racecheck synccheck; do
     [ "$(left)" -gt 40 ] || break
     t=$SECONDS
     PYTHONPATH=$site timeout $(($(left) - 20 < 150 ? $(left) - 20 : 150)) compute-sanitizer --tool $tool --error-exitcode 99 \
-      "$py" "$out/calls.py" >"$out/sanitize_$tool.log" 2>&1
+      "$py" dev/sanitize_forward_calls.py >"$out/sanitize_$tool.log" 2>&1
     rc=$?
     row "compute-sanitizer $tool" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) \
       "$(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1 | sed 's/^=* *//')"

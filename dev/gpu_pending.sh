@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Scratch: one device call for the work prepared without a GPU on 2026-12-08, on one build of
+# main + dev/forward_stale_max.patch. From the main checkout:
+#   dev/device_snapshot.sh main .snap dev/forward_stale_max.patch
+# carry [".snap"], then `cd .snap && bash dev/gpu_pending.sh`. Stages, each started only while
+# PENDING_LIMIT_S (default 570) leaves it room:
+#   1. dev/gpu_knob_ab.sh with KNOB=FLASHATTN_DEV_STALE_MAX: the package, the GPU forward tests
+#      with the stale max on, bf16 forward under 0 and 1 in two rounds (issue 29);
+#   2. compute-sanitizer racecheck, synccheck and memcheck on dev/sanitize_forward_calls.py with
+#      it on;
+#   3. examples/gpt/benchmark.py, the 125M model at 2k and 8k with --rounds 2 --profile-kernels,
+#      the stale max off (FLASHATTN_DEV_STALE_MAX=0: main's arithmetic; issue 33's 0.90x FA2);
+#   4. Nsight Compute's samples per SASS instruction on one backward launch each at head dims
+#      128 (the TMA kernel) and 256 (the cp.async kernel) (issue 30: where the backward waits).
+# Results in $OUT; a table printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit
+out=${OUT:-gpu-results}; mkdir -p "$out"; out=$(cd "$out" && pwd)
+limit=${PENDING_LIMIT_S:-570}
+left() { echo $((limit - SECONDS)); }
+rows=()
+row() { rows+=("$(printf '%-36s %-5s %5ss  %s' "$1" "$2" "$3" "$4")"); }
+echo "== dev/gpu_pending.sh $(date -u '+%Y-%m-%d %H:%M UTC') on $(cat COMMIT 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+
+t=$SECONDS
+OUT=$out KNOB=FLASHATTN_DEV_STALE_MAX KNOB_TEST_S=120 bash dev/gpu_knob_ab.sh 2>&1 | tail -40
+row "stale max: tests and A/B" "rc${PIPESTATUS[0]}" $((SECONDS - t)) ""
+export PYTHONPATH=$PWD/build-ab/site PATH="/usr/local/cuda/bin:$PATH"
+
+for tool in racecheck synccheck memcheck; do
+  [ "$(left)" -gt 260 ] || break
+  t=$SECONDS
+  FLASHATTN_DEV_STALE_MAX=1 timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 python3 dev/sanitize_forward_calls.py \
+    >"$out/sanitize_$tool.log" 2>&1
+  rc=$?
+  row "compute-sanitizer $tool" "$([ $rc = 0 ] && echo ok || echo "rc$rc")" $((SECONDS - t)) \
+    "$(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1 | sed 's/^=* *//')"
+  [ $rc = 0 ] || grep -E -A4 'Race reported|Error:|Invalid|Barrier' "$out/sanitize_$tool.log" | cut -c1-200 | head -12
+done
+
+if [ "$(left)" -gt 200 ]; then
+  t=$SECONDS
+  FLASHATTN_DEV_STALE_MAX=0 timeout $(($(left) - 80)) python3 examples/gpt/benchmark.py --device cuda --sizes 125m \
+    --seqlens 2048 8192 --rounds 2 --steps 6 --profile-kernels --gen-batches 1 --gen-tokens 32 --out "$out/gpt" \
+    >"$out/gpt.log" 2>&1
+  row "GPT 125M, rounds 2, kernels" "rc$?" $((SECONDS - t)) ""
+  sed -n '/^| size | seqlen/,/^| size | batch/p' "$out/gpt/benchmark.md" 2>/dev/null | head -12
+  grep -A12 "one step's operations" "$out/gpt/benchmark.md" 2>/dev/null | head -60
+fi
+
+cat >"$out/backward_call.py" <<'PY'
+import sys, torch, flashattn
+d, s = int(sys.argv[1]), int(sys.argv[2])
+q, k, v = (torch.randn(16384 // s, s, 2048 // d, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+out = flashattn.flash_attn_func(q, k, v, causal=True)
+dout = torch.randn_like(out)
+for _ in range(2):
+    torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+torch.cuda.synchronize()
+PY
+for shape in "128 8192" "256 8192"; do
+  [ "$(left)" -gt 40 ] || break
+  read -r d n <<<"$shape"
+  t=$SECONDS
+  rep="$out/bwd_src_${d}_$n"
+  timeout $(($(left) - 10 < 120 ? $(left) - 10 : 120)) ncu --kernel-name regex:'backward_(ws|dkdv)' --launch-skip 1 --launch-count 1 \
+    --section WarpStateStats --section SourceCounters -f -o "$rep" python3 "$out/backward_call.py" "$d" "$n" >"$rep.log" 2>&1
+  rc=$?
+  ncu --import "$rep.ncu-rep" --page details >"$rep.txt" 2>&1
+  ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" 2>>"$rep.log"
+  python3 dev/ncu_source_stalls.py "$rep.csv" 40 >"$rep.stalls" 2>&1
+  row "ncu backward d$d s$n causal" "rc$rc" $((SECONDS - t)) "$(grep -m1 -E 'Function Name|backward' "$rep.txt" | cut -c1-50)"
+  tail -16 "$rep.stalls"
+done
+
+tar czf /tmp/pending_results.tgz -C "$out" . && find "$out" -mindepth 1 -delete && mv /tmp/pending_results.tgz "$out/"
+echo
+printf '%s\n' "${rows[@]}"
