@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Scratch: one device call for the work prepared without a GPU on 2026-12-08, on one build of
-# main + dev/forward_stale_max.patch. From the main checkout:
-#   dev/device_snapshot.sh main .snap dev/forward_stale_max.patch
+# main + dev/forward_stale_max.patch + dev/fp8_copy_threshold.patch. From the main checkout:
+#   dev/device_snapshot.sh main .snap dev/forward_stale_max.patch dev/fp8_copy_threshold.patch
 # carry [".snap"], then `cd .snap && bash dev/gpu_pending.sh`. Stages, each started only while
 # PENDING_LIMIT_S (default 570) leaves it room:
 #   1. dev/gpu_knob_ab.sh with KNOB=FLASHATTN_DEV_STALE_MAX: the package, the GPU forward tests
 #      with the stale max on, bf16 forward under 0 and 1 in two rounds (issue 29);
-#   2. compute-sanitizer racecheck, synccheck and memcheck on dev/sanitize_forward_calls.py with
-#      it on;
+#   1b. the FP8 copy's threshold, FLASHATTN_DEV_FP8_COPY_MIN 2048 (the default) against 256:
+#      bench/forward_fp8.py at head dim 256, 512 and 1k, the same build (issue 31);
+#   2. compute-sanitizer racecheck and synccheck on dev/sanitize_forward_calls.py, stale max on;
 #   3. examples/gpt/benchmark.py, the 125M model at 2k and 8k with --rounds 2 --profile-kernels,
 #      the stale max off (FLASHATTN_DEV_STALE_MAX=0: main's arithmetic; issue 33's 0.90x FA2);
-#   4. Nsight Compute's samples per SASS instruction on one backward launch each at head dims
+#   4. call 642 of the GPU sweep again, verbose (issue 34: an lse off by 1.5e-3);
+#   5. Nsight Compute's samples per SASS instruction on one backward launch each at head dims
 #      128 (the TMA kernel) and 256 (the cp.async kernel) (issue 30: where the backward waits).
 # Results in $OUT; a table printed last.
 set -uo pipefail
@@ -28,8 +30,16 @@ OUT=$out KNOB=FLASHATTN_DEV_STALE_MAX KNOB_TEST_S=120 bash dev/gpu_knob_ab.sh 2>
 row "stale max: tests and A/B" "rc${PIPESTATUS[0]}" $((SECONDS - t)) ""
 export PYTHONPATH=$PWD/build-ab/site PATH="/usr/local/cuda/bin:$PATH"
 
-for tool in racecheck synccheck memcheck; do
-  [ "$(left)" -gt 260 ] || break
+if [ "$(left)" -gt 330 ]; then
+  t=$SECONDS
+  OUT=$out KNOB=FLASHATTN_DEV_FP8_COPY_MIN KNOB_VALUES="2048 256" KNOB_BUILD=0 KNOB_TEST_S=0 KNOB_BENCH=forward_fp8 \
+    KNOB_SYSTEMS=ours,ours_vt KNOB_BENCH_ARGS="--hdims 256 --seqlens 512 1024 --target-s 0.05" \
+    bash dev/gpu_knob_ab.sh 2>&1 | tail -30
+  row "fp8 copy threshold A/B" "rc${PIPESTATUS[0]}" $((SECONDS - t)) ""
+fi
+
+for tool in racecheck synccheck; do
+  [ "$(left)" -gt 200 ] || break
   t=$SECONDS
   FLASHATTN_DEV_STALE_MAX=1 timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 python3 dev/sanitize_forward_calls.py \
     >"$out/sanitize_$tool.log" 2>&1
@@ -39,14 +49,21 @@ for tool in racecheck synccheck memcheck; do
   [ $rc = 0 ] || grep -E -A4 'Race reported|Error:|Invalid|Barrier' "$out/sanitize_$tool.log" | cut -c1-200 | head -12
 done
 
-if [ "$(left)" -gt 200 ]; then
+if [ "$(left)" -gt 210 ]; then
   t=$SECONDS
-  FLASHATTN_DEV_STALE_MAX=0 timeout $(($(left) - 80)) python3 examples/gpt/benchmark.py --device cuda --sizes 125m \
+  FLASHATTN_DEV_STALE_MAX=0 timeout $(($(left) - 90)) python3 examples/gpt/benchmark.py --device cuda --sizes 125m \
     --seqlens 2048 8192 --rounds 2 --steps 6 --profile-kernels --gen-batches 1 --gen-tokens 32 --out "$out/gpt" \
     >"$out/gpt.log" 2>&1
   row "GPT 125M, rounds 2, kernels" "rc$?" $((SECONDS - t)) ""
   sed -n '/^| size | seqlen/,/^| size | batch/p' "$out/gpt/benchmark.md" 2>/dev/null | head -12
   grep -A12 "one step's operations" "$out/gpt/benchmark.md" 2>/dev/null | head -60
+fi
+
+if [ "$(left)" -gt 60 ]; then
+  t=$SECONDS
+  timeout 60 python3 scripts/gpu_sweep.py --device cuda --seed 2 --only 642 --verbose >"$out/sweep_642.log" 2>&1
+  row "gpu_sweep.py --seed 2 --only 642" "rc$?" $((SECONDS - t)) "$(tail -1 "$out/sweep_642.log" | cut -c1-60)"
+  tail -6 "$out/sweep_642.log" | cut -c1-400
 fi
 
 cat >"$out/backward_call.py" <<'PY'
