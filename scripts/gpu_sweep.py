@@ -675,6 +675,25 @@ def run_kvcache(r, device, dtypes, kind):
     check(tuple(out.shape) == (b, sq, h, d) and out.dtype == dtype, f"out: {out.shape}")
     check(tuple(lse.shape) == (b, h, sq) and lse.dtype == torch.float32, f"lse: {lse.shape}")
 
+    def cpu_backend_beside(i, lse64, got):
+        """For a CUDA call that failed: the CPU backend's lse on the same inputs and caches, its
+        error and ours against the float64 reference (which of the kernel or the rule is off)."""
+        if device == "cpu":
+            return ""
+        try:
+            cpu_kw = {name: (x.cpu() if torch.is_tensor(x) else x) for name, x in kw.items()}
+            _, cpu_lse = flash_attn_with_kvcache(q.cpu(), before[0].cpu().clone(), before[1].cpu().clone(), **cpu_kw)
+        except ERRORS as e:  # (the CPU backend refused it: say so)
+            return f"; the CPU backend refused it: {str(e)[:120]}"
+        keep = torch.isfinite(lse64)
+        ours = (got[i].double().cpu() - lse64.cpu())[keep.cpu()].abs()
+        cpu = (cpu_lse[i].double() - lse64.cpu())[keep.cpu()].abs()
+        return (f"; beside it the CPU backend's lse is off by {cpu.max().item():.3g} (ours "
+                f"{ours.max().item():.3g}, worst row {int(ours.argmax())}: ours "
+                f"{got[i].double().cpu()[keep.cpu()][ours.argmax()].item():.6f}, CPU "
+                f"{cpu_lse[i].double()[keep.cpu()][ours.argmax()].item():.6f}, float64 "
+                f"{lse64.cpu()[keep.cpu()][ours.argmax()].item():.6f})")
+
     # The reference: append (rotated, rounded to the cache dtype) into float64 copies.
     k64, v64 = before[0].to(F64), before[1].to(F64)
     written = torch.zeros(k64.shape[:2], dtype=torch.bool, device=device)
@@ -738,7 +757,7 @@ def run_kvcache(r, device, dtypes, kind):
             assert_rule("out", out[i], o64, olow, dtype, 2)
             assert_lse(lse[i], l64, llow if dtype != torch.float32 else None)
         except Failure as e:
-            raise Failure(f"sequence {i}: {e}") from None
+            raise Failure(f"sequence {i}: {e}{cpu_backend_beside(i, l64, lse)}") from None
     # The caches: appended rows within a unit of rounding, every other element bit for bit.
     for name, got, want in (("k_cache", kc, k64), ("v_cache", vc, v64)):
         got = got.to(F64)
