@@ -10,7 +10,8 @@ Training: --tokens-per-step tokens a step (batch = tokens / seqlen) in micro-bat
 most --micro-tokens, AdamW, autocast in --dtype, --warmup untimed steps then --steps timed ones
 (each synchronised). The attentions train one after the other from the same initial weights
 on the same batches (one model resident at a time: 1.3B parameters with AdamW take 21 GB), in
---rounds rounds whose order rotates; --profile-kernels adds each one's kernel times.
+--rounds rounds whose order rotates; --profile-kernels adds each one's kernel times; --compile
+runs each model through torch.compile.
 Model FLOPs per token are Config.flops_per_token (6 per weight, 6 L S d for causal attention);
 MFU divides by --peak-tflops (the H100/H200 SXM dense bf16 datasheet figure by default: say
 which in any table). Generation: greedy, from the initial weights, a --prompt-tokens prefill
@@ -60,6 +61,7 @@ def train_all(args, size, seqlen, data, initial):
         shift = round_index % len(args.attentions)
         for place, attention in enumerate(args.attentions[shift:] + args.attentions[:shift]):
             model = load(cfg, attention, initial, args.device)
+            step_model = torch.compile(model) if args.compile else model
             opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
             stream = batches(data, batch, seqlen, torch.Generator().manual_seed(args.seed))
 
@@ -71,7 +73,7 @@ def train_all(args, size, seqlen, data, initial):
                 step_loss = torch.zeros((), device=args.device)
                 for xs, ys in zip(x.split(micro), y.split(micro)):
                     with autocast(device_type, DTYPES[args.dtype]):
-                        logits = model(xs)
+                        logits = step_model(xs)
                     loss = F.cross_entropy(logits.float().flatten(0, 1), ys.flatten()) * (len(xs) / batch)
                     loss.backward()
                     step_loss += loss.detach()
@@ -95,8 +97,11 @@ def train_all(args, size, seqlen, data, initial):
             del model, opt
             free_memory(args.device)
     for row in rows.values():
-        # The mean rate over the rounds' timed steps (total tokens / total seconds).
-        row["tokens_per_s"] = len(row["tokens_per_s_rounds"]) / sum(1 / r for r in row["tokens_per_s_rounds"])
+        # The mean rate over the rounds' timed steps (total tokens / total seconds); compiled
+        # models leave out the first round, whose steps (compilations and recompilations)
+        # warm the compiler's cache up for the rounds after it.
+        rates = row["tokens_per_s_rounds"][1:] if args.compile and args.rounds > 1 else row["tokens_per_s_rounds"]
+        row["tokens_per_s"] = len(rates) / sum(1 / r for r in rates)
         row["model_tflops"] = row["tokens_per_s"] * cfg.flops_per_token(seqlen) / 1e12
         row["mfu"] = row["model_tflops"] / args.peak_tflops
     return list(rows.values())
@@ -233,6 +238,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2,
                    help="rounds of all attentions, each round's order rotated (tokens/s over all of them)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each model (ours stays one custom op in the graph); with --rounds 2 or "
+                        "more, the first round warms the compiler up and is left out of tokens/s")
     p.add_argument("--profile-kernels", action="store_true",
                    help="record each attention's kernels (device time) over one extra step of the first round")
     p.add_argument("--lr", type=float, default=3e-4)
@@ -276,7 +284,7 @@ def main(argv=None) -> int:
                   f"{r['tokens_per_s']:,.1f} tokens/s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else args.device,
-            "torch": torch.__version__, "dtype": args.dtype, "peak_tflops": args.peak_tflops,
+            "torch": torch.__version__, "dtype": args.dtype, "peak_tflops": args.peak_tflops, "compile": args.compile,
             "command": " ".join(sys.argv)}
     results = {"meta": meta, "training": training, "generation": generation}
     (args.out / "benchmark.json").write_text(json.dumps(results, indent=1) + "\n")

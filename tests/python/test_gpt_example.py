@@ -1,6 +1,7 @@
 """examples/gpt on the CPU: the model on flashattn equals the same weights on SDPA, cached
 generation equals recomputation, and train.py / generate.py run end to end (a few steps)."""
 import json
+import math
 import pathlib
 import sys
 
@@ -81,6 +82,21 @@ def test_benchmark_smoke_run(tmp_path, capsys):
     again = tmp_path / "again"
     assert benchmark.main(["--render", str(tmp_path / "benchmark.json"), "--out", str(again)]) == 0
     assert (again / "benchmark.md").read_text() == table
+
+
+def test_benchmark_compiled_leaves_the_warm_up_round_out(tmp_path):
+    """--compile: the model through torch.compile (our attention one op in its graph); the first
+    round, which compiles, is left out of tokens/s."""
+    import benchmark
+    assert benchmark.main(["--sizes", "tiny", "--seqlens", "32", "--device", "cpu", "--dtype", "fp32",
+                           "--attentions", "flashattn", "--steps", "1", "--warmup", "1", "--gen-batches", "1",
+                           "--gen-tokens", "2", "--prompt-tokens", "4", "--tokens-per-step", "64",
+                           "--corpus-mb", "0.25", "--rounds", "2", "--compile", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "benchmark.json").read_text())
+    (ours,) = result["training"]
+    assert result["meta"]["compile"] and len(ours["tokens_per_s_rounds"]) == 2
+    assert ours["tokens_per_s"] == pytest.approx(ours["tokens_per_s_rounds"][1])
+    assert all(math.isfinite(x) for x in ours["losses"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA-graph decode is not tested")
