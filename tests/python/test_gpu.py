@@ -152,6 +152,34 @@ def test_forward_and_gradients_vs_float64(dtype, causal, b, sq, sk, h, hk, d):
     check_lse(lse, lse64)
 
 
+# Keys whose scores grow from one 128-key block to the next (each key row scaled by growth(j)):
+# the running max grows gently (later blocks' probabilities above 1 against an earlier max), in
+# steps past any fixed margin, and past 2^128 against the first block's max (an exponential
+# that would overflow): every step of an online softmax that rescales, or one that skips the
+# block's own max, must give the float64 answer.
+GROWTH = {
+    "gentle": lambda j: 1.0 + j / 700.0,
+    "steps": lambda j: 4.0 ** (j // 128),
+    "shrinking": lambda j: 4.0 ** -(j // 128),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("growth", sorted(GROWTH))
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_forward_scores_growing_across_key_blocks(dtype, causal, growth, d):
+    b, sq, sk, h = 2, 300, 700, 2
+    scale = torch.tensor([GROWTH[growth](j) for j in range(sk)], device="cuda").view(1, sk, 1, 1)
+    q, v = make((b, sq, h, d), dtype), make((b, sk, h, d), dtype)
+    k = (torch.randn((b, sk, h, d), device="cuda") * scale).to(dtype)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    out64, _, out_low, _ = references(dense_reference(causal=causal), (q, k, v), None)
+    check_forward(out, out64, out_low, dtype)
+    _, lse64 = attention_reference(q.double(), k.double(), v.double(), causal=causal)
+    check_lse(lse, lse64)
+
+
 FEATURES = [
     dict(window_size=(17, 5)),
     dict(causal=True, window_size=(40, -1)),
