@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Scratch: an A/B of a runtime knob in one build (KNOB=NAME, values KNOB_VALUES, default "0 1"):
 # the package built with CUDA (kept where it is already built: KNOB_BUILD=0), the GPU forward
-# tests under the last value (KNOB_TEST_S=0: not), then bench/$KNOB_BENCH.py (default forward;
+# tests under the last value (KNOB_TEST_S=0: not; KNOB_PYTEST: other pytest arguments as a
+# shell word list, absolute paths), then bench/$KNOB_BENCH.py (default forward;
 # KNOB_BENCH_ARGS) under each value in two alternating rounds, ours only; the table by
 # dev/ab_harness_table.py (eager, then kernel time; KNOB_SYSTEMS, default ours). Results in
 # $OUT/knob_<KNOB_BENCH>.tgz.
@@ -19,8 +20,10 @@ t0=$SECONDS
   -C cmake.define.FLASHATTN_CUDA_ARCHS=sm_90a . >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
 echo "build: $((SECONDS - t0)) s"
 export PYTHONPATH=$PWD/build-ab/site
-[ "${KNOB_TEST_S:-90}" = 0 ] || (cd /tmp && env "$knob=${values[-1]}" timeout "${KNOB_TEST_S:-90}" python3 -m pytest -q -x -p no:cacheprovider --tb=short \
-  "$OLDPWD/tests/python/test_gpu.py" -k "forward or varlen or paged") >"$out/pytest.log" 2>&1
+pytest_args=("$PWD/tests/python/test_gpu.py" -k "forward or varlen or paged")
+[ -z "${KNOB_PYTEST:-}" ] || eval "pytest_args=($KNOB_PYTEST)"  # (a shell word list: quotes hold)
+[ "${KNOB_TEST_S:-90}" = 0 ] || (cd /tmp && env "$knob=${values[-1]}" timeout "${KNOB_TEST_S:-90}" python3 -m pytest -q \
+  -p no:cacheprovider --tb=short "${pytest_args[@]}") >"$out/pytest.log" 2>&1
 if [ "${KNOB_TEST_S:-90}" != 0 ]; then
   echo "pytest ($knob=${values[-1]}): $(tail -1 "$out/pytest.log")"
   grep -E "^(FAILED|E  )" "$out/pytest.log" | head -10
