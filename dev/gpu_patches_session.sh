@@ -96,15 +96,13 @@ PY
   while [ $# -ge 2 ] && [ "$(left)" -gt 60 ]; do
     t=$SECONDS
     rep="$out/src_$1_$2"
-    PYTHONPATH=$PWD/../.snap_base/build-ab/site timeout 120 ncu --kernel-name regex:forward_ws --launch-skip 1 --launch-count 1 \
-      --metrics "$metrics" --section WarpStateStats --section SourceCounters -f -o "$rep" "$py" "$out/ncu_call.py" "$1" "$2" >"$rep.log" 2>&1
+    PYTHONPATH=$PWD/../.snap_base/build-ab/site NCU_METRICS=$metrics bash dev/ncu_source.sh "$rep" forward_ws 120 \
+      "$py" "$out/ncu_call.py" "$1" "$2"
     rc=$?
-    ncu --import "$rep.ncu-rep" --page details >"$rep.txt" 2>&1
-    ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" 2>>"$rep.log"
     row "ncu source d$1 s$2" "rc$rc" $((SECONDS - t)) ""
     echo "== ncu d$1 s$2"
     grep -E "pct_of_peak|per_cycle|duration|Stall|Warp Cycles Per Issued" "$rep.txt" | sed 's/  */ /g' | head -20
-    "$py" dev/ncu_source_stalls.py "$rep.csv" 50 >"$rep.stalls" 2>&1; head -70 "$rep.stalls"
+    head -70 "$rep.stalls"
     shift 2
   done
 fi

@@ -98,12 +98,9 @@ for shape in "128 8192" "256 8192"; do
   read -r d n <<<"$shape"
   t=$SECONDS
   rep="$out/bwd_src_${d}_$n"
-  timeout $(($(left) - 10 < 120 ? $(left) - 10 : 120)) ncu --kernel-name regex:'backward_(ws|dkdv)' --launch-skip 1 --launch-count 1 \
-    --section WarpStateStats --section SourceCounters -f -o "$rep" python3 "$out/backward_call.py" "$d" "$n" >"$rep.log" 2>&1
+  bash dev/ncu_source.sh "$rep" 'backward_(ws|dkdv)' $(($(left) - 10 < 120 ? $(left) - 10 : 120)) \
+    python3 "$out/backward_call.py" "$d" "$n"
   rc=$?
-  ncu --import "$rep.ncu-rep" --page details >"$rep.txt" 2>&1
-  ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" 2>>"$rep.log"
-  python3 dev/ncu_source_stalls.py "$rep.csv" 40 >"$rep.stalls" 2>&1
   row "ncu backward d$d s$n causal" "rc$rc" $((SECONDS - t)) ""
   tail -16 "$rep.stalls"
 done
