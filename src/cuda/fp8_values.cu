@@ -15,9 +15,11 @@ namespace {
 // there (2k, no mask: docs/PERFORMANCE.md "FP8").
 constexpr int64_t kMinQueriesPerKey = 2048;
 constexpr int kTileKeys = 64, kTileDims = 64;  // one block's tile of v: 4 KiB
-constexpr int64_t kKeyMultiple = 16;           // a column of the copy starts at 16 bytes
+// A thread's load or store: 16 bytes (fp8 elements). The head dim must be whole chunks, and each
+// column of the copy starts at a multiple of one (the kernel's TMA boxes need that).
+constexpr int kChunk = 16;
 
-int64_t copy_keys(const ForwardParams& p) { return (p.seqlen_k + kKeyMultiple - 1) / kKeyMultiple * kKeyMultiple; }
+int64_t copy_keys(const ForwardParams& p) { return (p.seqlen_k + kChunk - 1) / kChunk * kChunk; }
 
 // Block (b h, dims tile, keys tile) of the copy: its 64 keys x 64 dims of v loaded as rows
 // (16-byte loads: the validator has every v row and stride at 16 bytes, and the head dim here is
@@ -34,7 +36,7 @@ __global__ void __launch_bounds__(256) copy_values_seqlen_major(const unsigned c
   const int64_t key0 = int64_t{blockIdx.z} * kTileKeys;
   const int t = static_cast<int>(threadIdx.x);
   {
-    const int row = t / 4, d = 16 * (t % 4);  // a key of the tile, its 16 dims from d
+    const int row = t / 4, d = kChunk * (t % 4);  // a key of the tile, its chunk of dims from d
     uint4 x = make_uint4(0, 0, 0, 0);
     if (key0 + row < seqlen_k && d0 + d < dims)
       x = *reinterpret_cast<const uint4*>(v + b * batch_stride + (key0 + row) * row_stride + h * head_stride + d0 + d);
@@ -43,7 +45,7 @@ __global__ void __launch_bounds__(256) copy_values_seqlen_major(const unsigned c
     for (int i = 0; i < 4; ++i) *reinterpret_cast<uint32_t*>(&tile[row][d + 4 * i]) = words[i];
   }
   __syncthreads();
-  const int column = t / 4, key = 16 * (t % 4);  // a dim of the tile, its 16 keys from key
+  const int column = t / 4, key = kChunk * (t % 4);  // a dim of the tile, its chunk of keys from key
   if (d0 + column < dims && key0 + key < keys) {
     uint32_t words[4];
 #pragma unroll
@@ -60,7 +62,7 @@ __global__ void __launch_bounds__(256) copy_values_seqlen_major(const unsigned c
 bool copies_values_seqlen_major(const ForwardParams& p) {
   const int64_t blocks_of_keys = (copy_keys(p) + kTileKeys - 1) / kTileKeys;
   return p.dtype == DType::Float8E4M3 && !p.is_varlen() && !p.values_seqlen_major() && p.seqlen_k > 0 &&
-         p.head_dim_v % kKeyMultiple == 0 && int64_t{p.heads / p.heads_k} * p.seqlen_q >= kMinQueriesPerKey &&
+         p.head_dim_v % kChunk == 0 && int64_t{p.heads / p.heads_k} * p.seqlen_q >= kMinQueriesPerKey &&
          blocks_of_keys <= 65535 && int64_t{p.batch} * p.heads_k <= INT32_MAX;  // the grid's extents
 }
 
